@@ -1,0 +1,3 @@
+from lbtune.cli import main
+
+main()

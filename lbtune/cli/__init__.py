@@ -1,0 +1,83 @@
+"""The ``lbtune`` command line: parse, call the library, render. No logic lives here.
+
+Each command group is a small module in this package that imports the library
+lazily inside its functions, so ``lbtune --help`` stays fast and importing
+``lbtune.cli`` pulls in neither locust/gevent, optuna, pandas nor ansible-runner.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from lbtune import __version__
+from lbtune.cli import cluster as _cluster
+from lbtune.errors import LbtuneError
+
+app = typer.Typer(
+    name="lbtune",
+    help=(
+        "Load-test LLM inference clusters behind a load balancer and tune the balancer.\n\n"
+        "Start with `lbtune cluster up` to run the embedded default cluster "
+        "(simulated vLLM replicas behind HAProxy, scraped by Prometheus)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(_cluster.app, name="cluster")
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"lbtune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+    ),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More log output (-vv)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors."),
+) -> None:
+    """Configure logging on stderr; results go to stdout."""
+    level = logging.WARNING if quiet else (logging.DEBUG if verbose > 1 else logging.INFO)
+    if verbose == 0 and not quiet:
+        level = logging.WARNING
+    _configure_logging(level)
+
+
+def _configure_logging(level: int) -> None:
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=False)
+    logging.basicConfig(level=level, handlers=[handler], format="%(message)s", force=True)
+
+
+def main() -> None:
+    """Console-script entry point: user-fixable errors become one line and exit 2/3."""
+    try:
+        app(standalone_mode=False)
+    except LbtuneError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors carry their own exit codes
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise

@@ -1,0 +1,46 @@
+"""Errors a user can act on.
+
+Every subclass of :class:`LbtuneError` is shown by the CLI as one line on stderr,
+without a traceback, and the process exits with ``exit_code``. Anything else that
+escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class LbtuneError(Exception):
+    """Shown to the user as one line, without a traceback."""
+
+    exit_code = 2
+
+
+class ConfigError(LbtuneError):
+    """A scenario, space, cluster or parameter file is invalid."""
+
+
+class TargetError(LbtuneError):
+    """The target, the balancer or Prometheus is unreachable or misbehaves."""
+
+    exit_code = 3
+
+
+class ClusterError(LbtuneError):
+    """The embedded cluster cannot be started, stopped or inspected."""
+
+    exit_code = 3
+
+
+class DependencyError(LbtuneError):
+    """A required external program (haproxy, prometheus, ...) is missing."""
+
+    exit_code = 3
+
+
+class ApplyError(LbtuneError):
+    """A playbook or runtime change failed; the last known good config was kept."""
+
+    exit_code = 3
+
+
+class TrialFailed(LbtuneError):
+    """One trial could not be measured; the study goes on."""

@@ -1,0 +1,69 @@
+"""Per-request measurement records: the exact samples every figure is computed from.
+
+Times are wall-clock seconds (``time.time()`` on the generator host, the same
+clock the simulator's ground truth uses). Definitions (see docs/metrics.md):
+
+* TTFT: ``first_token_at - sent_at`` (first chunk with non-empty content).
+* ITL: gaps between consecutive content chunks.
+* TPOT: ``(ended_at - first_token_at) / (output_tokens - 1)``.
+* In open loop, latencies are also reported from ``scheduled_at`` so that a
+  generator that fell behind cannot hide it (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Outcome = Literal["ok", "http_error", "broken_stream", "timeout", "connect_error"]
+OUTCOMES: tuple[Outcome, ...] = ("ok", "http_error", "broken_stream", "timeout", "connect_error")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    request_id: str
+    index: int
+    model: str
+    api: str
+    stream: bool
+    sent_at: float
+    ended_at: float
+    outcome: Outcome
+    status_code: int | None = None
+    scheduled_at: float | None = None
+    """Open loop: when the request was due; closed loop: ``None``."""
+    headers_at: float | None = None
+    first_token_at: float | None = None
+    chunk_times: tuple[float, ...] = field(default_factory=tuple)
+    """Arrival time of every content chunk (the first one included)."""
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    replica: str | None = None
+    error: str | None = None
+    priority: int | None = None
+    prefix_group: int | None = None
+    session_id: int | None = None
+    worker: str = "local"
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.sent_at
+
+    @property
+    def e2e(self) -> float:
+        return self.ended_at - self.sent_at
+
+    @property
+    def lateness(self) -> float | None:
+        return None if self.scheduled_at is None else self.sent_at - self.scheduled_at
+
+    @property
+    def itls(self) -> tuple[float, ...]:
+        c = self.chunk_times
+        return tuple(b - a for a, b in zip(c, c[1:], strict=False))
+
+    @property
+    def tpot(self) -> float | None:
+        if self.first_token_at is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.ended_at - self.first_token_at) / (self.output_tokens - 1)
