@@ -14,6 +14,7 @@ import typer
 
 from lbtune import __version__
 from lbtune.cli import cluster as _cluster
+from lbtune.cli import scenarios as _scenarios
 from lbtune.errors import LbtuneError
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(_cluster.app, name="cluster")
+app.add_typer(_scenarios.app, name="scenarios")
 
 
 def _version_callback(value: bool) -> None:

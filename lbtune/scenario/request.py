@@ -21,7 +21,9 @@ class RequestSpec:
     max_tokens: int
     stream: bool
     prompt_tokens: int
-    """Prompt length in tokens by lbtune's tokenizer (see :mod:`lbtune.tokens`)."""
+    """Prompt length in tokens: the sum over message contents, counted by the tokenizer in
+    use (lbtune's approximate one, :mod:`lbtune.tokens`, or a ``--tokenizer`` file).
+    Chat-template tokens are not included."""
     messages: tuple[dict[str, str], ...] | None = None
     """Chat messages (``api == "chat"``)."""
     prompt: str | None = None
@@ -34,6 +36,9 @@ class RequestSpec:
     turn: int = 0
     """Multi-turn session and turn number (turn > 0 resends the growing history)."""
     extra_body: dict[str, Any] = field(default_factory=dict)
+    """Merged into the body last (built-ins send ``ignore_eos: true``)."""
+    traffic_class: str | None = None
+    """Name of the scenario's traffic class (``"default"`` when it has no ``classes``)."""
 
     def path(self) -> str:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"

@@ -1,0 +1,160 @@
+"""`lbtune scenarios list|show|validate` — the built-in and user scenario files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from lbtune.scenario import Scenario
+
+app = typer.Typer(
+    help="List, inspect and validate load scenarios (scenarios/*.yaml).", no_args_is_help=True
+)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output only.")]
+_PREVIEW_N = 1000
+_PREVIEW_PCTS = (50.0, 68.0, 90.0, 99.0, 99.9, 100.0)
+
+
+def _summary(sc: Scenario) -> dict[str, Any]:
+    from lbtune.scenario import plan_load
+
+    plan = plan_load(sc)
+    level = (
+        f"{plan.max_users} users max"
+        if plan.mode == "closed"
+        else f"{max(s.level_at(s.end_s) for s in plan.stages):g} req/s max"
+    )
+    return {
+        "name": sc.name,
+        "description": sc.description,
+        "mode": sc.mode,
+        "shape": sc.load.type,
+        "load": level,
+        "duration_s": sc.duration_s,
+        "models": sc.model_names(),
+    }
+
+
+@app.command("list")
+def list_(as_json: JsonFlag = False) -> None:
+    """List the built-in scenarios: name, loop mode, duration, models, description."""
+    from lbtune.scenario import list_scenarios
+
+    rows = [_summary(sc) for sc in list_scenarios()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False)
+    for col in ("name", "mode", "load", "duration", "models", "description"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(
+            r["name"],
+            f"{r['mode']} ({r['shape']})",
+            r["load"],
+            f"{r['duration_s']:g} s",
+            ", ".join(r["models"]),
+            r["description"],
+        )
+    Console(width=160).print(table)
+
+
+def _preview(sc: Scenario) -> dict[str, Any]:
+    """Spec vs sampled percentiles of the first requests (prompt and output tokens)."""
+    from lbtune.scenario import build_workload
+    from lbtune.scenario.distributions import mixture_quantile
+    from lbtune.scenario.workload import resolve_classes
+
+    w = build_workload(sc)
+    reqs = [w.request(i) for i in range(_PREVIEW_N)]
+    mixes = resolve_classes(sc)
+
+    def pct(values: list[int], p: float) -> int:
+        s = sorted(values)
+        return s[min(len(s) - 1, max(0, round(p / 100 * len(s)) - 1))]
+
+    out: dict[str, Any] = {"requests": _PREVIEW_N}
+    for key, sampled in (
+        ("prompt_tokens", [r.prompt_tokens for r in reqs]),
+        ("output_tokens", [r.max_tokens for r in reqs]),
+    ):
+        parts = [(m.weight, getattr(m, key)) for m in mixes]
+        out[key] = {
+            f"p{p:g}": {
+                "spec": round(mixture_quantile(parts, p / 100)),
+                "sampled": pct(sampled, p),
+            }
+            for p in _PREVIEW_PCTS
+        }
+    out["note"] = (
+        "spec = the distribution of each new message (max_tokens for output); sampled "
+        "prompt_tokens also count shared system prompts and resent session history"
+    )
+    out["sessions"] = sum(r.session_id is not None for r in reqs)
+    out["prefix_shared"] = sum(r.prefix_group is not None for r in reqs)
+    return out
+
+
+def _tidy(value: Any) -> Any:
+    """YAML-friendly dump: ``type`` first, whole-number float keys as ints."""
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: kv[0] != "type")
+        return {
+            (int(k) if isinstance(k, float) and k.is_integer() else k): _tidy(v) for k, v in items
+        }
+    if isinstance(value, list):
+        return [_tidy(v) for v in value]
+    return value
+
+
+@app.command()
+def show(
+    name: Annotated[str, typer.Argument(help="Built-in scenario name or path to a YAML file.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Show the full validated scenario and a preview of its first 1000 requests."""
+    from lbtune.scenario import load_scenario
+
+    sc = load_scenario(name)
+    preview = _preview(sc)
+    if as_json:
+        data = sc.model_dump(mode="json", by_alias=True, exclude_none=True)
+        typer.echo(json.dumps({"scenario": data, "summary": _summary(sc), "preview": preview}))
+        return
+    import yaml
+
+    data = _tidy(sc.model_dump(mode="python", by_alias=True, exclude_none=True))
+    typer.echo(yaml.safe_dump(data, sort_keys=False, width=100).rstrip())
+    typer.echo(f"\n# preview: first {preview['requests']} requests (seed {sc.seed})")
+    typer.echo(f"# {preview['note']}")
+    for key in ("prompt_tokens", "output_tokens"):
+        typer.echo(f"{key:>14}  " + "  ".join(f"{p:>12}" for p in preview[key]))
+        for col in ("spec", "sampled"):
+            row = "  ".join(f"{v[col]:>12}" for v in preview[key].values())
+            typer.echo(f"{col:>14}  {row}")
+    typer.echo(
+        f"session turns: {preview['sessions']}, with a shared prefix: {preview['prefix_shared']}"
+    )
+
+
+@app.command()
+def validate(
+    file: Annotated[Path, typer.Argument(help="Scenario YAML file to check.")],
+) -> None:
+    """Check a scenario file; prints one ok line, or one error line and exits 2."""
+    from lbtune.scenario import load_scenario, plan_load
+
+    sc = load_scenario(file)
+    plan = plan_load(sc)
+    typer.echo(
+        f"ok: {file}: scenario '{sc.name}', {plan.mode} loop ({sc.load.type}), "
+        f"{sc.duration_s:g} s, models: {', '.join(sc.model_names())}"
+    )

@@ -1,0 +1,177 @@
+"""The validated scenario model: what ``scenarios/*.yaml`` may contain.
+
+Users type these files, so every model forbids unknown fields and every error
+names its field path (see :mod:`lbtune.scenario.loader`). The traffic fields
+(``api``, ``models``, ``prompt_tokens``, ``output_tokens``, ``prefix``,
+``sessions``, ``stream``, ``priority``) describe the default traffic; optional
+``classes`` mix several kinds of traffic, each class inheriting every traffic
+field it does not set.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from lbtune.scenario.distributions import Distribution
+from lbtune.scenario.shapes import LoadShape
+
+ApiName = Literal["chat", "completions"]
+_DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
+
+
+def _seconds(value: Any) -> Any:
+    """Accept 0.35, "0.35", "350ms" or "2s" as seconds."""
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value)
+        if not m:
+            raise ValueError(f"expected seconds or a duration like '350ms' or '2s', got {value!r}")
+        number = float(m.group(1))
+        return number / 1000 if m.group(2) == "ms" else number
+    return value
+
+
+Seconds = Annotated[float, BeforeValidator(_seconds), Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Slo(_Strict):
+    """Service-level objectives, in seconds (``"350ms"`` strings are accepted)."""
+
+    ttft: Seconds | None = Field(default=None, description="Time to first token.")
+    e2e: Seconds | None = Field(default=None, description="End-to-end latency.")
+    itl: Seconds | None = Field(default=None, description="Inter-token latency.")
+    tpot: Seconds | None = Field(default=None, description="Time per output token.")
+
+
+class PrefixGroups(_Strict):
+    """``groups`` system prompts of ``tokens`` tokens, shared by ``fraction`` of requests."""
+
+    groups: int = Field(ge=1, le=100_000)
+    tokens: int = Field(ge=1, description="Length of each shared system prompt.")
+    fraction: float = Field(gt=0, le=1, description="Share of requests that carry one.")
+
+
+class Sessions(_Strict):
+    """Multi-turn chats: ``fraction`` of requests are turns of ``turns``-turn sessions."""
+
+    fraction: float = Field(gt=0, le=1)
+    turns: int = Field(ge=2, le=256)
+
+
+_Weight = Annotated[float, Field(gt=0)]
+Weights = Annotated[dict[str, _Weight], Field(min_length=1)]
+ApiMix = ApiName | Annotated[dict[ApiName, _Weight], Field(min_length=1)]
+PriorityMix = Annotated[dict[int, _Weight], Field(min_length=1)]
+
+
+class TrafficClass(_Strict):
+    """One kind of traffic in a mix; unset fields are inherited from the scenario."""
+
+    name: str = Field(min_length=1)
+    weight: float = Field(gt=0, description="Relative share of requests.")
+    api: ApiMix | None = None
+    models: Weights | None = None
+    prompt_tokens: Distribution | None = None
+    output_tokens: Distribution | None = None
+    prefix: PrefixGroups | Literal[False] | None = Field(
+        default=None, description="false = no shared prefix even if the scenario has one."
+    )
+    sessions: Sessions | Literal[False] | None = Field(
+        default=None, description="false = single requests even if the scenario has sessions."
+    )
+    stream: bool | Annotated[float, Field(ge=0, le=1)] | None = None
+    priority: PriorityMix | None = None
+
+
+class Scenario(_Strict):
+    """A named, seeded traffic pattern and load shape."""
+
+    name: str = Field(default="", description="Defaults to the file name.")
+    description: str = ""
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    duration_s: float = Field(
+        default=60.0, gt=0, description="Default test length (steps: their total)."
+    )
+    warmup_s: float = Field(default=0.0, ge=0, description="Excluded from the figures.")
+    cooldown_s: float = Field(default=0.0, ge=0, description="Excluded from the figures.")
+    slo: Slo = Field(default_factory=Slo)
+    load: LoadShape
+
+    api: ApiMix = "chat"
+    models: Weights = Field(description="Model name -> weight.")
+    prompt_tokens: Distribution = Field(description="Length of each new user message.")
+    output_tokens: Distribution = Field(description="max_tokens of each request.")
+    prefix: PrefixGroups | None = None
+    sessions: Sessions | None = None
+    stream: bool | Annotated[float, Field(ge=0, le=1)] = Field(
+        default=True, description="true, false, or the fraction of streamed requests."
+    )
+    priority: PriorityMix | None = Field(
+        default=None, description="priority value -> weight (sent as RequestSpec.priority)."
+    )
+    classes: list[TrafficClass] | None = Field(default=None, min_length=1)
+
+    turn_gap: int = Field(
+        default=64, ge=2, le=100_000, description="Requests between two turns of a session."
+    )
+    ignore_eos: bool = Field(
+        default=True, description="Ask the server to generate exactly max_tokens."
+    )
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict, description="Merged into every request body."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps_duration(cls, data: Any) -> Any:
+        # A steps shape without duration_s lasts as long as its steps.
+        if isinstance(data, dict) and "duration_s" not in data:
+            load = data.get("load")
+            if isinstance(load, dict) and load.get("type") == "steps":
+                steps = load.get("steps")
+                if isinstance(steps, list) and steps:
+                    try:
+                        total = sum(float(s["duration"]) for s in steps)
+                    except (TypeError, KeyError, ValueError):
+                        return data
+                    if total > 0:
+                        return {**data, "duration_s": total}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.warmup_s + self.cooldown_s >= self.duration_s:
+            raise ValueError(
+                f"warmup_s + cooldown_s ({self.warmup_s + self.cooldown_s:g} s) leave no "
+                f"measurement window in duration_s ({self.duration_s:g} s)"
+            )
+        need = self.load.min_duration()
+        if need > self.duration_s:
+            raise ValueError(
+                f"load: the {self.load.type} shape needs {need:g} s, more than duration_s "
+                f"({self.duration_s:g} s); lengthen duration_s or shorten the shape"
+            )
+        if self.classes is not None:
+            names = [c.name for c in self.classes]
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                raise ValueError(f"classes: duplicate name(s) {', '.join(sorted(dup))}")
+        return self
+
+    @property
+    def mode(self) -> Literal["closed", "open"]:
+        """``closed`` (users) or ``open`` (arrival rate) loop."""
+        return self.load.mode()
+
+    def model_names(self) -> list[str]:
+        """Every model the scenario sends to (classes included), in first-seen order."""
+        seen = dict.fromkeys(self.models)
+        for c in self.classes or []:
+            seen.update(dict.fromkeys(c.models or {}))
+        return list(seen)

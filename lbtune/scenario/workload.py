@@ -1,0 +1,318 @@
+"""The request sequence of a scenario: request ``i`` is a pure function of (scenario, seed, i).
+
+Layout. The index space is cut into blocks of ``turn_gap`` requests. Turn ``t``
+of a session that starts in block ``m`` sits in block ``m + t`` (so a session's
+turns are about ``turn_gap`` requests apart, time for the previous answer to
+arrive), at a position given by a seeded shuffle of the block. Each block starts
+``weight * sessions.fraction * turn_gap / turns`` sessions of each class on
+average (stochastic rounding, seeded per block); the remaining positions are
+single requests of a class drawn by weight. Any process computes block ``m``
+alone, so request ``i`` needs no knowledge of requests before it.
+
+Lengths. ``prompt_tokens`` is the length of each *new* user message; a request
+also carries its group's shared system prompt and, for turn ``t > 0``, the
+session's history (earlier user messages and the assistant replies, each
+synthesized with that turn's ``max_tokens`` — not the server's actual text).
+``RequestSpec.prompt_tokens`` is the total of the message contents (chat
+template tokens are not counted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import accumulate
+from typing import Any
+
+from lbtune.scenario import draws
+from lbtune.scenario.distributions import _Dist
+from lbtune.scenario.models import PrefixGroups, Scenario, Sessions, TrafficClass
+from lbtune.scenario.prompts import TextSynth
+from lbtune.scenario.request import Api, RequestSpec
+
+
+@dataclass(frozen=True)
+class TrafficMix:
+    """One traffic class with every field resolved (classes inherit from the scenario)."""
+
+    name: str
+    weight: float
+    apis: tuple[Api, ...]
+    api_cum: list[float]
+    models: tuple[str, ...]
+    model_cum: list[float]
+    prompt_tokens: _Dist
+    output_tokens: _Dist
+    prefix: PrefixGroups | None
+    sessions: Sessions | None
+    stream: float
+    priorities: tuple[int, ...]
+    priority_cum: list[float]
+
+
+def resolve_classes(sc: Scenario) -> list[TrafficMix]:
+    """The scenario's traffic classes with inherited fields filled in."""
+    classes: list[TrafficClass | None] = list(sc.classes) if sc.classes else [None]
+    out: list[TrafficMix] = []
+    for c in classes:
+
+        def get(field: str, c: TrafficClass | None = c) -> Any:
+            value = None if c is None else getattr(c, field)
+            return getattr(sc, field) if value is None else value
+
+        api: Api | dict[Api, float] = get("api")
+        apis: dict[Api, float] = {api: 1.0} if isinstance(api, str) else dict(api)
+        models: dict[str, float] = get("models")
+        prio: dict[int, float] = get("priority") or {}
+        out.append(
+            TrafficMix(
+                name="default" if c is None else c.name,
+                weight=1.0 if c is None else c.weight,
+                apis=tuple(apis),
+                api_cum=list(accumulate(apis.values())),
+                models=tuple(models),
+                model_cum=list(accumulate(models.values())),
+                prompt_tokens=get("prompt_tokens"),
+                output_tokens=get("output_tokens"),
+                prefix=get("prefix") or None,
+                sessions=get("sessions") or None,
+                stream=float(get("stream")),
+                priorities=tuple(prio),
+                priority_cum=list(accumulate(prio.values())),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class _Single:
+    cls: int
+
+
+@dataclass(frozen=True)
+class _Turn:
+    cls: int
+    block: int
+    slot: int
+    turn: int
+
+
+@dataclass(frozen=True)
+class _Session:
+    api: Api
+    model: str
+    group: int | None
+    system: tuple[str, int] | None
+    priority: int | None
+    users: tuple[tuple[str, int], ...]
+    replies: tuple[tuple[str, int], ...]
+    max_tokens: tuple[int, ...]
+    stream: tuple[bool, ...]
+
+
+class Workload:
+    """Random-access, deterministic request sequence of one scenario and seed."""
+
+    def __init__(
+        self, scenario: Scenario, seed: int | None = None, tokenizer_path: str | None = None
+    ) -> None:
+        self.scenario = scenario
+        self.seed = scenario.seed if seed is None else seed
+        self.classes = resolve_classes(scenario)
+        self.synth = TextSynth(tokenizer_path)
+        self._gap = scenario.turn_gap
+        total = sum(c.weight for c in self.classes)
+        self._started = [  # sessions started per block, on average, by class
+            (c.weight / total) * c.sessions.fraction * self._gap / c.sessions.turns
+            if c.sessions
+            else 0.0
+            for c in self.classes
+        ]
+        single_w = [
+            c.weight * (1 - (c.sessions.fraction if c.sessions else 0.0)) for c in self.classes
+        ]
+        if sum(single_w) <= 0:
+            single_w = [c.weight for c in self.classes]
+        self._single_cum = list(accumulate(single_w))
+        extra = {"ignore_eos": True} if scenario.ignore_eos else {}
+        self._extra: dict[str, Any] = {**extra, **scenario.extra_body}
+        self._layout: Callable[[int], tuple[_Single | _Turn, ...]] = lru_cache(maxsize=256)(
+            self._block_layout
+        )
+        self._session: Callable[[int, int, int], _Session] = lru_cache(maxsize=4096)(
+            self._make_session
+        )
+        self._system: Callable[[int, int], tuple[str, int]] = lru_cache(maxsize=1024)(
+            self._make_system
+        )
+
+    # -- layout -------------------------------------------------------------
+
+    def _n_started(self, block: int, cls: int) -> int:
+        lam = self._started[cls]
+        if block < 0 or lam <= 0:
+            return 0
+        base = math.floor(lam)
+        return base + (draws.uniform(self.seed, draws.LAYOUT, block, cls) < lam - base)
+
+    def _block_layout(self, block: int) -> tuple[_Single | _Turn, ...]:
+        turns: list[_Single | _Turn] = []
+        for c, mix in enumerate(self.classes):
+            if mix.sessions is None:
+                continue
+            for t in range(mix.sessions.turns):
+                start = block - t
+                turns.extend(_Turn(c, start, j, t) for j in range(self._n_started(start, c)))
+        turns.sort(key=lambda x: x.turn if isinstance(x, _Turn) else 0)
+        slots: list[_Single | _Turn] = turns[: self._gap]  # overflow: latest turns dropped
+        u = draws.uniforms(self.seed, draws.LAYOUT, block, -1, n=2 * self._gap)
+        for k in range(self._gap - len(slots)):
+            slots.append(_Single(draws.choose(u[self._gap + k], self._single_cum)))
+        for k in range(len(slots) - 1, 0, -1):  # Fisher-Yates
+            j = int(u[k] * (k + 1))
+            slots[k], slots[j] = slots[j], slots[k]
+        return tuple(slots)
+
+    # -- pieces -------------------------------------------------------------
+
+    def _make_system(self, group: int, n: int) -> tuple[str, int]:
+        return self.synth.text(self.seed, (draws.PREFIX, group), n)
+
+    def _prefix(self, mix: TrafficMix, u_has: float, u_group: float) -> tuple[int | None, Any]:
+        if mix.prefix is None or u_has >= mix.prefix.fraction:
+            return None, None
+        g = min(int(u_group * mix.prefix.groups), mix.prefix.groups - 1)
+        return g, self._system(g, mix.prefix.tokens)
+
+    def _priority(self, mix: TrafficMix, u: float) -> int | None:
+        return mix.priorities[draws.choose(u, mix.priority_cum)] if mix.priorities else None
+
+    def _make_session(self, cls: int, block: int, slot: int) -> _Session:
+        mix = self.classes[cls]
+        assert mix.sessions is not None
+        k = mix.sessions.turns
+        u = draws.uniforms(self.seed, draws.SESSION, cls, block, slot, n=5 + 3 * k)
+        group, system = self._prefix(mix, u[2], u[3])
+        users, replies, max_tokens, stream = [], [], [], []
+        for t in range(k):
+            ut = u[5 + 3 * t : 8 + 3 * t]
+            key = (draws.SESSION, cls, block, slot, t)
+            users.append(self.synth.text(self.seed, (*key, 0), mix.prompt_tokens.sample(ut[0])))
+            out = mix.output_tokens.sample(ut[1])
+            max_tokens.append(out)
+            replies.append(self.synth.text(self.seed, (*key, 1), out))
+            stream.append(ut[2] < mix.stream)
+        return _Session(
+            api=mix.apis[draws.choose(u[0], mix.api_cum)],
+            model=mix.models[draws.choose(u[1], mix.model_cum)],
+            group=group,
+            system=system,
+            priority=self._priority(mix, u[4]),
+            users=tuple(users),
+            replies=tuple(replies),
+            max_tokens=tuple(max_tokens),
+            stream=tuple(stream),
+        )
+
+    # -- requests -----------------------------------------------------------
+
+    def request(self, i: int) -> RequestSpec:
+        """Request ``i`` (0-based); identical in every process for the same scenario and seed."""
+        if i < 0:
+            raise IndexError(f"request index must be >= 0, got {i}")
+        slot = self._layout(i // self._gap)[i % self._gap]
+        if isinstance(slot, _Turn):
+            return self._turn_request(i, slot)
+        return self._single_request(i, slot.cls)
+
+    def __getitem__(self, i: int) -> RequestSpec:
+        return self.request(i)
+
+    def _single_request(self, i: int, cls: int) -> RequestSpec:
+        mix = self.classes[cls]
+        u = draws.uniforms(self.seed, draws.SINGLE, i, n=8)
+        group, system = self._prefix(mix, u[4], u[5])
+        user = self.synth.text(self.seed, (draws.SINGLE, i), mix.prompt_tokens.sample(u[2]))
+        parts = ([("system", system)] if system else []) + [("user", user)]
+        return self._spec(
+            i,
+            mix,
+            api=mix.apis[draws.choose(u[0], mix.api_cum)],
+            model=mix.models[draws.choose(u[1], mix.model_cum)],
+            max_tokens=mix.output_tokens.sample(u[3]),
+            stream=u[6] < mix.stream,
+            parts=parts,
+            priority=self._priority(mix, u[7]),
+            group=group,
+            session=None,
+            turn=0,
+        )
+
+    def _turn_request(self, i: int, slot: _Turn) -> RequestSpec:
+        mix = self.classes[slot.cls]
+        s = self._session(slot.cls, slot.block, slot.slot)
+        parts: list[tuple[str, tuple[str, int]]] = [("system", s.system)] if s.system else []
+        for t in range(slot.turn):
+            parts += [("user", s.users[t]), ("assistant", s.replies[t])]
+        parts.append(("user", s.users[slot.turn]))
+        sid = (slot.block * len(self.classes) + slot.cls) * self._gap + slot.slot
+        return self._spec(
+            i,
+            mix,
+            api=s.api,
+            model=s.model,
+            max_tokens=s.max_tokens[slot.turn],
+            stream=s.stream[slot.turn],
+            parts=parts,
+            priority=s.priority,
+            group=s.group,
+            session=sid,
+            turn=slot.turn,
+        )
+
+    def _spec(
+        self,
+        i: int,
+        mix: TrafficMix,
+        *,
+        api: Api,
+        model: str,
+        max_tokens: int,
+        stream: bool,
+        parts: list[tuple[str, tuple[str, int]]],
+        priority: int | None,
+        group: int | None,
+        session: int | None,
+        turn: int,
+    ) -> RequestSpec:
+        n_tokens = sum(n for _, (_, n) in parts)
+        messages = prompt = None
+        if api == "chat":
+            messages = tuple({"role": role, "content": text} for role, (text, _) in parts)
+        else:
+            prompt = "\n\n".join(text for _, (text, _) in parts)
+        return RequestSpec(
+            index=i,
+            api=api,
+            model=model,
+            max_tokens=max_tokens,
+            stream=stream,
+            prompt_tokens=n_tokens,
+            messages=messages,
+            prompt=prompt,
+            priority=priority,
+            prefix_group=group,
+            session_id=session,
+            turn=turn,
+            extra_body=dict(self._extra),
+            traffic_class=mix.name,
+        )
+
+
+def build_workload(
+    scenario: Scenario, seed: int | None = None, tokenizer_path: str | None = None
+) -> Workload:
+    """The deterministic request sequence of ``scenario`` (``seed`` overrides its seed)."""
+    return Workload(scenario, seed=seed, tokenizer_path=tokenizer_path)
