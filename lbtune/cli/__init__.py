@@ -62,24 +62,13 @@ def _configure_logging(level: int) -> None:
 
 
 def main() -> None:
-    """Console-script entry point: user-fixable errors become one line and exit 2/3."""
+    """Console-script entry point: user-fixable errors become one line and exit 2/3.
+
+    Click (standalone mode) already turns usage errors into a message and exit 2;
+    lbtune's own errors pass through it and are printed here without a traceback.
+    """
     try:
-        app(standalone_mode=False)
+        app()
     except LbtuneError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors carry their own exit codes
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise

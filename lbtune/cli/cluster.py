@@ -1,8 +1,182 @@
-"""`lbtune cluster up|down|status` — the embedded default target (placeholder)."""
+"""`lbtune cluster up|down|status` — the embedded default target.
+
+A thin layer over :mod:`lbtune.cluster.api`: parse options, call the library, render
+tables (stdout) and progress (stderr). The library is imported inside the commands so
+that ``lbtune --help`` stays fast.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
 import typer
 
-app = typer.Typer(help="Run the embedded default cluster: simulated replicas, HAProxy, Prometheus.",
-                  no_args_is_help=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from lbtune.cluster.health import ClusterStatus
+    from lbtune.cluster.state import Endpoints
+
+app = typer.Typer(
+    help=(
+        "Run the embedded default cluster: simulated vLLM replicas behind HAProxy, "
+        "scraped by Prometheus (all on 127.0.0.1)."
+    ),
+    no_args_is_help=True,
+)
+
+StateDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help=(
+            "State dir (PID files, logs, configs, endpoints.json). Default: $LBTUNE_STATE_DIR, "
+            "else ~/.local/state/lbtune/<cluster name> (down/status: the one running there)."
+        ),
+    ),
+]
+
+
+def _progress(msg: str) -> None:
+    typer.echo(msg, err=True)
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # piped: do not cut URLs at 80 columns
+        console = Console(width=max(console.width, 160))
+    return console
+
+
+def _endpoints_table(ep: Endpoints, health: dict[str, str] | None = None) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"cluster {ep.config_name}  ({ep.state_dir})")
+    for col in ("name", "URL", "GPU", "models", "health"):
+        table.add_column(col, no_wrap=col in ("URL", "health"))
+    health = health or {}
+    ok = "[green]up[/green]"
+    table.add_row("balancer (HAProxy)", ep.balancer_url, "", ", ".join(ep.models), ok)
+    table.add_row("HAProxy stats", ep.stats_url, "", "", ok)
+    table.add_row("HAProxy metrics", ep.haproxy_metrics_url, "", "", ok)
+    table.add_row("Prometheus", ep.prometheus_url, "", "", ok)
+    table.add_row("lbtune exporter", ep.exporter_url, "", "", "reserved")
+    for r in ep.replicas:
+        gpu = r.gpu or ("external" if r.external else "")
+        table.add_row(r.name, r.url, gpu, ", ".join(r.models), health.get(r.name, ok))
+    console = _console()
+    console.print(table)
+    console.print(f"runtime API: {ep.runtime_socket}    master CLI: {ep.master_socket}")
+
+
+def _status_tables(st: ClusterStatus) -> None:
+    from rich.table import Table
+
+    console = _console()
+    if st.endpoints is None:
+        console.print(f"not running (state dir {st.state_dir})")
+        for p in st.problems:
+            console.print(f"  {p}")
+        return
+
+    def num(v: float | None, fmt: str = "{:.0f}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    health = {r.name: "[green]up[/green]" if r.healthy else "[red]down[/red]" for r in st.replicas}
+    _endpoints_table(st.endpoints, health)
+    procs = Table(title="processes")
+    for col in ("component", "pid", "running", "log"):
+        procs.add_column(col)
+    for c in st.components:
+        procs.add_row(c.name, str(c.pid), "yes" if c.running else "[red]no[/red]", c.log)
+    console.print(procs)
+    load = Table(title="replica load")
+    for col in ("replica", "GPU", "running", "waiting", "KV usage", "HAProxy", "sessions"):
+        load.add_column(col, justify="right" if col in ("running", "waiting") else "left")
+    for r in st.replicas:
+        load.add_row(
+            r.name,
+            r.gpu or "-",
+            num(r.running),
+            num(r.waiting),
+            "-" if r.kv_usage is None else f"{100 * r.kv_usage:.1f} %",
+            r.haproxy_status or "-",
+            "-" if r.sessions is None else str(r.sessions),
+        )
+    console.print(load)
+    verdict = "[green]healthy[/green]" if st.healthy else "[red]unhealthy[/red]"
+    console.print(f"cluster {st.endpoints.config_name}: {verdict}")
+    for p in st.problems:
+        console.print(f"  [red]problem:[/red] {p}")
+
+
+@app.command()
+def up(
+    config: Annotated[
+        str,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Preset name from clusters/ (hetero4, mini2, ...) or a path to a cluster YAML.",
+        ),
+    ] = "hetero4",
+    state_dir: StateDirOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the endpoints as JSON to stdout only.")
+    ] = False,
+) -> None:
+    """Start the replicas, HAProxy and Prometheus; wait until all are healthy.
+
+    Idempotent: if the same cluster is already running and healthy, report it.
+    On any failure everything this command started is stopped again.
+    """
+    from lbtune.cluster import api
+
+    ep = api.up(config, state_dir, progress=_progress)
+    if as_json:
+        typer.echo(ep.model_dump_json(indent=2))
+    else:
+        _endpoints_table(ep)
+
+
+@app.command()
+def down(
+    state_dir: StateDirOption = None,
+) -> None:
+    """Stop exactly what `up` started (by recorded PID, never by name). Idempotent."""
+    from lbtune.cluster import api
+
+    stopped = api.down(state_dir)
+    if not stopped:
+        typer.echo("nothing was running")
+    else:
+        typer.echo(
+            "stopped "
+            + ", ".join(f"{n} (pids {' '.join(map(str, p))})" for n, p in stopped.items())
+        )
+
+
+@app.command()
+def status(
+    state_dir: StateDirOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print endpoints, health and load as JSON (for scripts).")
+    ] = False,
+) -> None:
+    """Show health and per-replica load (running/waiting requests, KV usage, HAProxy state).
+
+    Exits 0 when healthy, 1 when not running or unhealthy.
+    """
+    from lbtune.cluster import api
+
+    st = api.status(state_dir)
+    if as_json:
+        typer.echo(json.dumps(st.model_dump(mode="json"), indent=2))
+    else:
+        _status_tables(st)
+    if not st.healthy:
+        raise typer.Exit(1)

@@ -1,0 +1,377 @@
+"""The cluster YAML: what replicas run (or which existing ones to use), and on which ports.
+
+A cluster file is validated on load; every error names the file and the field path,
+e.g. ``clusters/x.yaml: replicas[2].gpu: Unknown GPU profile 'h200'. Available: ...``.
+Presets are resolved by name from the repository's ``clusters/`` directory, or a path
+is given. :func:`resolve` turns a validated config into concrete replicas and ports
+(picking free loopback ports where the file asks for ``auto`` or ``0``).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+import lbtune
+from lbtune.errors import ConfigError
+
+CLUSTERS_DIR = Path(lbtune.__file__).resolve().parent.parent / "clusters"
+DEFAULT_PRESET = "hetero4"
+LOOPBACK = "127.0.0.1"
+
+# Used only when lbtune.sim.profiles cannot be imported (it is the source of truth).
+_FALLBACK_GPUS = ("a100-80g", "h100-80g", "l4-24g")
+_FALLBACK_MODELS = ("llama-3.1-70b-instruct-awq", "llama-3.1-8b-instruct")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Model names end up inside HAProxy regexes and quoted strings: keep them plain.
+_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$")
+
+
+def _profile_names(kind: Literal["gpu", "model"]) -> list[str]:
+    """Names of the simulator's GPU or model profiles."""
+    try:
+        from lbtune.sim import profiles
+    except ImportError:
+        return list(_FALLBACK_GPUS if kind == "gpu" else _FALLBACK_MODELS)
+    attr = "GPU_PROFILES" if kind == "gpu" else "MODEL_PROFILES"
+    table = getattr(profiles, attr, None)
+    if table is None:
+        return list(_FALLBACK_GPUS if kind == "gpu" else _FALLBACK_MODELS)
+    return sorted(str(k) for k in table)
+
+
+def _check_name(value: str, what: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError(
+            f"Invalid {what} {value!r}: use letters, digits, '-', '_' and '.', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def _check_models(models: list[str]) -> list[str]:
+    for m in models:
+        if not _MODEL_RE.match(m):
+            raise ValueError(f"Invalid model name {m!r}: no spaces or quotes")
+    if len(set(models)) != len(models):
+        raise ValueError(f"Duplicate model names in {models}")
+    return models
+
+
+class PortsConfig(BaseModel):
+    """Loopback ports; ``0`` asks for a free port (``ports: auto`` sets them all to 0)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    balancer: int = Field(default=8000, ge=0, le=65535, description="HAProxy frontend.")
+    stats: int = Field(default=8404, ge=0, le=65535, description="HAProxy stats + /metrics.")
+    prometheus: int = Field(default=9490, ge=0, le=65535, description="Prometheus web/API.")
+    exporter: int = Field(
+        default=9491, ge=0, le=65535, description="Reserved for lbtune's client-side exporter."
+    )
+    replica_base: int = Field(
+        default=8100, ge=0, le=65535, description="First simulated replica; the rest follow."
+    )
+
+
+class ReplicaGroup(BaseModel):
+    """``count`` simulated replicas on one GPU profile, serving the same models."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu: str
+    count: int = Field(default=1, ge=1, le=64)
+    models: list[str] = Field(min_length=1)
+    name: str | None = Field(
+        default=None, description="Name prefix; default the GPU family ('h100' → h100-0, h100-1)."
+    )
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str) -> str:
+        available = _profile_names("gpu")
+        if v not in available:
+            raise ValueError(f"Unknown GPU profile {v!r}. Available: {', '.join(available)}")
+        return v
+
+    @field_validator("models")
+    @classmethod
+    def _known_models(cls, v: list[str]) -> list[str]:
+        available = _profile_names("model")
+        for m in v:
+            if m not in available:
+                raise ValueError(f"Unknown model profile {m!r}. Available: {', '.join(available)}")
+        return _check_models(v)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, v: str | None) -> str | None:
+        return None if v is None else _check_name(v, "name prefix")
+
+    @model_validator(mode="after")
+    def _models_fit(self) -> ReplicaGroup:
+        """The weights of every served model fit in 90 % of the GPU (vLLM's default share)."""
+        try:
+            from lbtune.sim import profiles
+        except ImportError:
+            return self
+        gpu = profiles.GPU_PROFILES.get(self.gpu)
+        if gpu is None:
+            return self
+        weights = sum(
+            profiles.MODEL_PROFILES[m].weight_bytes
+            for m in self.models
+            if m in profiles.MODEL_PROFILES
+        )
+        budget = 0.9 * gpu.memory_bytes
+        if weights > budget:
+            raise ValueError(
+                f"Models {', '.join(self.models)} need {weights / 2**30:.1f} GiB of weights; "
+                f"{self.gpu} has {budget / 2**30:.1f} GiB (90 %) for weights and KV cache"
+            )
+        return self
+
+    @property
+    def prefix(self) -> str:
+        return self.name or self.gpu.split("-")[0]
+
+
+class ExternalReplica(BaseModel):
+    """An existing OpenAI-compatible server (e.g. a real vLLM) put behind the balancer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    url: str = Field(description="http://HOST:PORT of the server (no path).")
+    models: list[str] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, v: str) -> str:
+        return _check_name(v, "replica name")
+
+    @field_validator("models")
+    @classmethod
+    def _valid_models(cls, v: list[str]) -> list[str]:
+        return _check_models(v)
+
+    @field_validator("url")
+    @classmethod
+    def _valid_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ValueError(f"Expected http://HOST:PORT, got {v!r}")
+        if parts.path not in ("", "/") or parts.query:
+            raise ValueError(f"Expected no path in {v!r}: the balancer forwards /v1/... as is")
+        return f"http://{parts.netloc}"
+
+
+class ClusterConfig(BaseModel):
+    """A cluster file: simulated replica groups or external replicas, and ports."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    time_scale: float = Field(default=1.0, gt=0, description="Sim speed-up: 4 = 4x real time.")
+    seed: int = 0
+    balancer: Literal["haproxy"] = "haproxy"
+    ports: PortsConfig = PortsConfig()
+    replicas: list[ReplicaGroup] = Field(default_factory=list)
+    external: list[ExternalReplica] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, v: str) -> str:
+        return _check_name(v, "cluster name")
+
+    @field_validator("ports", mode="before")
+    @classmethod
+    def _auto_ports(cls, v: Any) -> Any:
+        if v == "auto":
+            return {k: 0 for k in PortsConfig.model_fields}
+        if isinstance(v, str):
+            raise ValueError(f"Expected 'auto' or a mapping of ports, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ClusterConfig:
+        if bool(self.replicas) == bool(self.external):
+            raise ValueError(
+                "Give either 'replicas' (simulated groups) or 'external' (existing servers)"
+            )
+        names = [r.name for r in self.external]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"Duplicate replica names: {', '.join(dupes)}")
+        return self
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _message(err: dict[str, Any]) -> str:
+    msg = str(err["msg"])
+    return msg.removeprefix("Value error, ")
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in CLUSTERS_DIR.glob("*.yaml"))
+
+
+def config_path(ref: str | Path | None) -> Path:
+    """The file for a preset name or a path (``None`` → the default preset)."""
+    if ref is None:
+        ref = DEFAULT_PRESET
+    p = Path(ref)
+    if p.suffix in (".yaml", ".yml") or len(p.parts) > 1 or p.exists():
+        if not p.is_file():
+            raise ConfigError(f"{ref}: no such cluster file")
+        return p
+    preset = CLUSTERS_DIR / f"{ref}.yaml"
+    if not preset.is_file():
+        raise ConfigError(
+            f"Unknown cluster preset {str(ref)!r}. Available: {', '.join(available_presets())} "
+            "(or give a path to a YAML file)"
+        )
+    return preset
+
+
+def parse_config(data: Any, source: str) -> ClusterConfig:
+    """Validate already-parsed YAML; errors name ``source`` and the field path."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        return ClusterConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{_loc(tuple(e['loc']))}: {_message(dict(e))}" for e in exc.errors()]
+        raise ConfigError(f"{source}: " + "; ".join(lines)) from None
+
+
+def load_config(ref: str | Path | None = None) -> tuple[ClusterConfig, Path]:
+    """Load and validate a preset by name or a cluster file by path."""
+    path = config_path(ref)
+    source = _display(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}".replace("\n", " ")) from None
+    return parse_config(data, source), path
+
+
+# ---------------------------------------------------------------------------------------
+# Resolution: concrete names, ports and URLs.
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One replica behind the balancer (simulated or external)."""
+
+    name: str
+    host: str
+    port: int
+    models: tuple[str, ...]
+    gpu: str | None = None
+    external: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    balancer: int
+    stats: int
+    prometheus: int
+    exporter: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedCluster:
+    """A config with every name and port decided."""
+
+    config: ClusterConfig
+    ports: Ports
+    replicas: tuple[Replica, ...]
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({m for r in self.replicas for m in r.models})
+
+    @property
+    def simulated(self) -> tuple[Replica, ...]:
+        return tuple(r for r in self.replicas if not r.external)
+
+    def serving(self, model: str) -> list[Replica]:
+        return [r for r in self.replicas if model in r.models]
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port the OS says is free right now on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def resolve(config: ClusterConfig, pick_port: Callable[[], int] = free_port) -> ResolvedCluster:
+    """Name the replicas and fix every port (``0`` → a free port)."""
+    taken: set[int] = set()
+
+    def port(value: int) -> int:
+        if value > 65535:
+            raise ConfigError(f"cluster {config.name!r}: replica port {value} is out of range")
+        p = value
+        while p == 0 or p in taken:
+            if value != 0:
+                raise ConfigError(f"cluster {config.name!r}: port {value} is used twice")
+            p = pick_port()
+        taken.add(p)
+        return p
+
+    cp = config.ports
+    ports = Ports(
+        balancer=port(cp.balancer),
+        stats=port(cp.stats),
+        prometheus=port(cp.prometheus),
+        exporter=port(cp.exporter),
+    )
+    replicas: list[Replica] = []
+    if config.external:
+        for ext in config.external:
+            parts = urlsplit(ext.url)
+            assert parts.hostname is not None and parts.port is not None
+            replicas.append(
+                Replica(ext.name, parts.hostname, parts.port, tuple(ext.models), external=True)
+            )
+    else:
+        counters: dict[str, int] = {}
+        for group in config.replicas:
+            for _ in range(group.count):
+                i = counters.get(group.prefix, 0)
+                counters[group.prefix] = i + 1
+                base = cp.replica_base
+                p = port(base + len(replicas) if base else 0)
+                replicas.append(
+                    Replica(f"{group.prefix}-{i}", LOOPBACK, p, tuple(group.models), group.gpu)
+                )
+    return ResolvedCluster(config=config, ports=ports, replicas=tuple(replicas))

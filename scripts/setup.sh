@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install everything lbtune needs on a fresh Debian/Ubuntu machine, idempotently:
+#   - system packages: haproxy, prometheus (promtool), chromium (report screenshot test)
+#   - a virtualenv in .venv with lbtune and its dev extras (editable)
+# Re-running is cheap: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+APT_PACKAGES=(haproxy prometheus)
+[ "${LBTUNE_SKIP_BROWSER:-0}" = 1 ] || APT_PACKAGES+=(chromium)
+
+need=()
+command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+if [[ " ${APT_PACKAGES[*]} " == *" chromium "* ]] && ! command -v chromium >/dev/null 2>&1; then
+  need+=(chromium)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  echo "setup: installing system packages: ${need[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV" >&2
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.lbtune-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing lbtune and its dependencies into $VENV" >&2
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev]"
+  touch "$stamp"
+fi
