@@ -1,0 +1,120 @@
+"""PromQL builders (pure strings) for the figures read from Prometheus.
+
+Every query is an *instant* query evaluated at the window's end ``t1`` with a
+range selector ``[W]`` covering the window (``W = t1 - t0``), so that each figure
+covers exactly the measurement window. Per-replica figures group by the
+``replica`` target label that the cluster's scrape config sets; HAProxy figures
+group by its own ``proxy`` / ``server`` labels.
+"""
+
+from __future__ import annotations
+
+REPLICA = "replica"
+
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"
+VLLM_PREFIX_HITS = "vllm:prefix_cache_hits_total"
+VLLM_PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
+VLLM_SUCCESS = "vllm:request_success_total"
+VLLM_TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
+DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+HAPROXY_BACKEND_QUEUE = "haproxy_backend_current_queue"
+HAPROXY_SERVER_SESSIONS = "haproxy_server_current_sessions"
+HAPROXY_SERVER_RESPONSES = "haproxy_server_http_responses_total"
+LBTUNE_REQUESTS = "lbtune_requests_total"
+LBTUNE_TTFT_BUCKET = "lbtune_ttft_seconds_bucket"
+LBTUNE_E2E_BUCKET = "lbtune_e2e_seconds_bucket"
+LBTUNE_ITL_BUCKET = "lbtune_itl_seconds_bucket"
+LBTUNE_OUTPUT_TOKENS = "lbtune_output_tokens_total"
+
+
+def duration(seconds: float) -> str:
+    """A PromQL duration: whole seconds as ``30s``, else milliseconds (``2500ms``)."""
+    ms = round(seconds * 1000)
+    if ms <= 0:
+        raise ValueError(f"a PromQL range must be positive, got {seconds!r} s")
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+def avg_by(metric: str, window_s: float, by: str = REPLICA, agg: str = "sum") -> str:
+    """``agg by (label) (avg_over_time(metric[W]))``; ``sum`` adds a replica's series."""
+    return f"{agg} by ({by}) (avg_over_time({metric}[{duration(window_s)}]))"
+
+
+def max_by(metric: str, window_s: float, by: str = REPLICA) -> str:
+    return f"max by ({by}) (max_over_time({metric}[{duration(window_s)}]))"
+
+
+def increase_by(metric: str, window_s: float, by: str = REPLICA, selector: str = "") -> str:
+    return f"sum by ({by}) (increase({metric}{selector}[{duration(window_s)}]))"
+
+
+def ratio_of_increases(num: str, den: str, window_s: float, by: str | None = REPLICA) -> str:
+    """``increase(num) / increase(den)`` (NaN, read as missing, when nothing was counted)."""
+    w = duration(window_s)
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} (increase({num}[{w}])) / sum{grouping} (increase({den}[{w}]))"
+
+
+def histogram_quantile(
+    q: float, bucket_metric: str, window_s: float, by: str | None = None, selector: str = ""
+) -> str:
+    labels = f"{by}, le" if by else "le"
+    return (
+        f"histogram_quantile({q:g}, sum by ({labels}) "
+        f"(increase({bucket_metric}{selector}[{duration(window_s)}])))"
+    )
+
+
+def busy_fraction(window_s: float, step_s: float = 1.0) -> str:
+    """Fraction of the window with at least one running request (subquery at ``step_s``)."""
+    return (
+        f"avg_over_time((sum by ({REPLICA}) ({VLLM_RUNNING}) > bool 0)"
+        f"[{duration(window_s)}:{duration(step_s)}])"
+    )
+
+
+def server_side_queries(
+    window_s: float, *, job: str = "lbtune", step_s: float = 1.0
+) -> dict[str, str]:
+    """Every query :func:`lbtune.metrics.serverside.collect` sends, by key, in order."""
+    sel = f'{{job="{job}"}}'
+    w = window_s
+    return {
+        # lbtune's own exporter first: it is what the cross-check needs.
+        "client_requests_by_outcome": increase_by(LBTUNE_REQUESTS, w, "outcome", sel),
+        "client_requests_by_replica": increase_by(LBTUNE_REQUESTS, w, REPLICA, sel),
+        "client_ttft_p50": histogram_quantile(0.5, LBTUNE_TTFT_BUCKET, w, selector=sel),
+        "client_ttft_p99": histogram_quantile(0.99, LBTUNE_TTFT_BUCKET, w, selector=sel),
+        "client_ttft_buckets": increase_by(LBTUNE_TTFT_BUCKET, w, "le", sel),
+        "client_e2e_p50": histogram_quantile(0.5, LBTUNE_E2E_BUCKET, w, selector=sel),
+        "client_e2e_p99": histogram_quantile(0.99, LBTUNE_E2E_BUCKET, w, selector=sel),
+        "client_e2e_buckets": increase_by(LBTUNE_E2E_BUCKET, w, "le", sel),
+        "client_output_tokens": f"sum(increase({LBTUNE_OUTPUT_TOKENS}{sel}[{duration(w)}]))",
+        # vLLM, per replica.
+        "running_avg": avg_by(VLLM_RUNNING, w),
+        "running_max": max_by(VLLM_RUNNING, w),
+        "waiting_avg": avg_by(VLLM_WAITING, w),
+        "waiting_max": max_by(VLLM_WAITING, w),
+        "kv_usage_avg": avg_by(VLLM_KV_USAGE, w, agg="max"),
+        "kv_usage_max": max_by(VLLM_KV_USAGE, w),
+        "prefix_cache_hit_rate": ratio_of_increases(VLLM_PREFIX_HITS, VLLM_PREFIX_QUERIES, w),
+        "prefix_cache_hit_rate_all": ratio_of_increases(
+            VLLM_PREFIX_HITS, VLLM_PREFIX_QUERIES, w, by=None
+        ),
+        "preemptions": increase_by(VLLM_PREEMPTIONS, w),
+        "requests_finished": increase_by(VLLM_SUCCESS, w),
+        "server_ttft_p50": histogram_quantile(0.5, VLLM_TTFT_BUCKET, w, by=REPLICA),
+        "server_ttft_p99": histogram_quantile(0.99, VLLM_TTFT_BUCKET, w, by=REPLICA),
+        # GPUs (DCGM, percent) and the fallback busy fraction.
+        "gpu_util": avg_by(DCGM_GPU_UTIL, w, agg="avg"),
+        "busy_fraction": busy_fraction(w, step_s),
+        # HAProxy.
+        "haproxy_queue_avg": avg_by(HAPROXY_BACKEND_QUEUE, w, by="proxy"),
+        "haproxy_queue_max": max_by(HAPROXY_BACKEND_QUEUE, w, by="proxy"),
+        "haproxy_sessions_avg": avg_by(HAPROXY_SERVER_SESSIONS, w, by="server"),
+        "haproxy_sessions_max": max_by(HAPROXY_SERVER_SESSIONS, w, by="server"),
+        "haproxy_responses": increase_by(HAPROXY_SERVER_RESPONSES, w, "server, code"),
+    }

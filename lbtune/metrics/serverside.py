@@ -1,0 +1,216 @@
+"""Collect the server side (vLLM, GPUs, HAProxy) and lbtune's exporter over a window.
+
+:func:`collect` sends the queries of :func:`lbtune.metrics.promql.server_side_queries`
+one by one at the window's end. A query that fails is recorded as missing and the
+collection goes on; when Prometheus stops answering, the collection stops, keeps
+what it has and marks the result incomplete — a report is still written.
+
+Call it at least one scrape interval after the window's end, so that the last
+samples of the window have been scraped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from collections.abc import Mapping
+from typing import Literal
+
+from lbtune.errors import TargetError
+from lbtune.metrics import promql
+from lbtune.metrics.prom import PrometheusUnreachable, Querier, Sample
+from lbtune.metrics.summary import (
+    HaproxyQueue,
+    HaproxyServer,
+    PromClientSide,
+    ReplicaServerSide,
+    ServerSide,
+    Window,
+)
+
+log = logging.getLogger(__name__)
+
+Results = Mapping[str, list[Sample]]
+
+_REPLICA_FIELDS = (
+    "running_avg",
+    "running_max",
+    "waiting_avg",
+    "waiting_max",
+    "kv_usage_avg",
+    "kv_usage_max",
+    "prefix_cache_hit_rate",
+    "preemptions",
+    "requests_finished",
+    "server_ttft_p50",
+    "server_ttft_p99",
+)
+
+
+def collect(
+    prom: Querier, window: Window, *, job: str = "lbtune", scrape_interval_s: float = 1.0
+) -> ServerSide:
+    """Every server-side figure over ``window``; tolerates Prometheus dying mid-way."""
+    queries = promql.server_side_queries(window.duration, job=job, step_s=scrape_interval_s)
+    results: dict[str, list[Sample]] = {}
+    missing: list[str] = []
+    notes: list[str] = []
+    incomplete = False
+    began = time.monotonic()
+    keys = list(queries)
+    for i, key in enumerate(keys):
+        try:
+            results[key] = prom.query(queries[key], at=window.end)
+        except PrometheusUnreachable as exc:
+            missing.extend(keys[i:])
+            incomplete = True
+            elapsed = time.monotonic() - began
+            notes.append(
+                f"Prometheus unreachable after {elapsed:.0f} s ({i} of {len(keys)} queries "
+                f"answered): server-side figures missing ({exc})"
+            )
+            log.warning("%s", notes[-1])
+            break
+        except TargetError as exc:
+            missing.append(key)
+            incomplete = True
+            notes.append(f"query {key!r} failed: {exc}")
+            log.warning("%s", notes[-1])
+    return assemble(
+        results,
+        window=window,
+        queries=queries,
+        missing=tuple(missing),
+        incomplete=incomplete,
+        notes=tuple(notes),
+    )
+
+
+def assemble(
+    results: Results,
+    *,
+    window: Window,
+    queries: Mapping[str, str],
+    missing: tuple[str, ...] = (),
+    incomplete: bool = False,
+    notes: tuple[str, ...] = (),
+) -> ServerSide:
+    """Turn raw query results into a :class:`ServerSide` (pure)."""
+    by_replica = {key: _by_label(results.get(key, []), promql.REPLICA) for key in results}
+    names: set[str] = set()
+    for key in (*_REPLICA_FIELDS, "gpu_util", "busy_fraction"):
+        names.update(by_replica.get(key, {}))
+    all_notes = list(notes)
+    replicas = []
+    sources: set[str] = set()
+    for name in sorted(names):
+        figures = {k: by_replica.get(k, {}).get(name) for k in _REPLICA_FIELDS}
+        gpu_pct = by_replica.get("gpu_util", {}).get(name)
+        gpu = None if gpu_pct is None else gpu_pct / 100.0
+        busy = gpu if gpu is not None else by_replica.get("busy_fraction", {}).get(name)
+        if busy is not None:
+            sources.add("gpu_util" if gpu is not None else "busy")
+        replicas.append(
+            ReplicaServerSide(replica=name, gpu_util=gpu, busy_fraction=busy, **figures)
+        )
+    busy_values = [r.busy_fraction for r in replicas if r.busy_fraction is not None]
+    balance = statistics.pstdev(busy_values) if len(busy_values) >= 2 else None
+    source: Literal["gpu_util", "busy", "mixed"] | None = None
+    if sources == {"gpu_util"}:
+        source = "gpu_util"
+    elif sources == {"busy"}:
+        source = "busy"
+    elif sources:
+        source = "mixed"
+    if names and "gpu_util" in results and not results["gpu_util"]:
+        all_notes.append(
+            f"no {promql.DCGM_GPU_UTIL} series: replica balance from the fraction of time "
+            "with running requests"
+        )
+    hit_all = results.get("prefix_cache_hit_rate_all", [])
+    return ServerSide(
+        window=window,
+        replicas=tuple(replicas),
+        replica_balance=balance,
+        balance_source=source,
+        prefix_cache_hit_rate=hit_all[0].value if hit_all else None,
+        haproxy_queues=_haproxy_queues(results),
+        haproxy_servers=_haproxy_servers(results),
+        client=_client(results),
+        queries=dict(queries),
+        missing=missing,
+        incomplete=incomplete,
+        notes=tuple(all_notes),
+    )
+
+
+def _by_label(samples: list[Sample], label: str) -> dict[str, float | None]:
+    return {s.labels[label]: s.value for s in samples if label in s.labels}
+
+
+def _single(results: Results, key: str) -> float | None:
+    samples = results.get(key, [])
+    return samples[0].value if samples else None
+
+
+def _haproxy_queues(results: Results) -> tuple[HaproxyQueue, ...]:
+    avg = _by_label(results.get("haproxy_queue_avg", []), "proxy")
+    mx = _by_label(results.get("haproxy_queue_max", []), "proxy")
+    return tuple(
+        HaproxyQueue(proxy=p, avg=avg.get(p), max=mx.get(p)) for p in sorted(set(avg) | set(mx))
+    )
+
+
+def _haproxy_servers(results: Results) -> tuple[HaproxyServer, ...]:
+    avg = _by_label(results.get("haproxy_sessions_avg", []), "server")
+    mx = _by_label(results.get("haproxy_sessions_max", []), "server")
+    responses: dict[str, dict[str, float]] = {}
+    for s in results.get("haproxy_responses", []):
+        server, code = s.labels.get("server"), s.labels.get("code")
+        if server is not None and code is not None and s.value is not None:
+            responses.setdefault(server, {})[code] = s.value
+    names = sorted(set(avg) | set(mx) | set(responses))
+    return tuple(
+        HaproxyServer(
+            server=n,
+            sessions_avg=avg.get(n),
+            sessions_max=mx.get(n),
+            responses=dict(sorted(responses.get(n, {}).items())),
+        )
+        for n in names
+    )
+
+
+def _bounds(samples: list[Sample]) -> tuple[float, ...]:
+    """The finite ``le`` bounds of a histogram (``+Inf`` carries no resolution)."""
+    out = set()
+    for s in samples:
+        try:
+            le = float(s.labels.get("le", "nan"))
+        except ValueError:
+            continue
+        if math.isfinite(le):
+            out.add(le)
+    return tuple(sorted(out))
+
+
+def _client(results: Results) -> PromClientSide | None:
+    if not any(k.startswith("client_") for k in results):
+        return None
+
+    def counts(key: str, label: str) -> dict[str, float]:
+        return {k: v for k, v in _by_label(results.get(key, []), label).items() if v is not None}
+
+    return PromClientSide(
+        requests_by_outcome=counts("client_requests_by_outcome", "outcome"),
+        requests_by_replica=counts("client_requests_by_replica", promql.REPLICA),
+        ttft_p50=_single(results, "client_ttft_p50"),
+        ttft_p99=_single(results, "client_ttft_p99"),
+        ttft_buckets=_bounds(results.get("client_ttft_buckets", [])),
+        e2e_p50=_single(results, "client_e2e_p50"),
+        e2e_p99=_single(results, "client_e2e_p99"),
+        e2e_buckets=_bounds(results.get("client_e2e_buckets", [])),
+        output_tokens=_single(results, "client_output_tokens"),
+    )

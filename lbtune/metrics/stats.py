@@ -1,0 +1,313 @@
+"""Exact run statistics from per-request records (pure; numpy only).
+
+Which records count (see ``docs/metrics.md`` for every definition):
+
+* Latency figures (TTFT, ITL, TPOT, E2E, lateness), outcomes, error rate and the
+  per-replica figures use requests *sent* in the measurement window
+  ``[start, end)`` — warm-up and cool-down excluded. Latencies use successful
+  (``ok``) requests only; the outcome counts use all of them.
+* Throughput and goodput use successful requests that *ended* in the window,
+  divided by the window's duration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from lbtune.loadgen.records import OUTCOMES, RequestRecord
+from lbtune.metrics import stages as stage_figures
+from lbtune.metrics.crosscheck import cross_check
+from lbtune.metrics.quantiles import latency_stats, p99_or_max, reported_percentile
+from lbtune.metrics.summary import (
+    GeneratorHealth,
+    Latencies,
+    LatencyStats,
+    Outcomes,
+    ReplicaStats,
+    RunSummary,
+    ServerSide,
+    Slo,
+    SloCheck,
+    Throughput,
+    Window,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+UNKNOWN_REPLICA = "unknown"
+
+
+def sent_in(records: Iterable[RequestRecord], window: Window) -> list[RequestRecord]:
+    """Requests whose actual send time falls in ``[window.start, window.end)``."""
+    return [r for r in records if window.contains(r.sent_at)]
+
+
+def ended_in(records: Iterable[RequestRecord], window: Window) -> list[RequestRecord]:
+    """Requests whose end falls in ``[window.start, window.end)``."""
+    return [r for r in records if window.contains(r.ended_at)]
+
+
+def outcomes(records: Sequence[RequestRecord]) -> Outcomes:
+    """Counts by outcome (every known outcome listed, zeros included) and error rate."""
+    counts: Counter[str] = Counter({o: 0 for o in OUTCOMES})
+    counts.update(r.outcome for r in records)
+    sent = len(records)
+    return Outcomes(
+        sent=sent,
+        counts=dict(counts),
+        error_rate=(sent - counts["ok"]) / sent if sent else None,
+        rates={o: c / sent for o, c in counts.items()} if sent else {},
+    )
+
+
+def latencies(records: Sequence[RequestRecord]) -> Latencies:
+    """TTFT, ITL, TPOT, E2E over the successful requests among ``records``."""
+    ok = [r for r in records if r.outcome == "ok"]
+    scheduled = [r for r in ok if r.scheduled_at is not None]
+    return Latencies(
+        ttft=latency_stats(t for r in ok if (t := r.ttft) is not None),
+        itl=latency_stats(g for r in ok for g in r.itls),
+        tpot=latency_stats(t for r in ok if (t := r.tpot) is not None),
+        e2e=latency_stats(r.e2e for r in ok),
+        ttft_from_schedule=latency_stats(
+            r.first_token_at - r.scheduled_at
+            for r in scheduled
+            if r.first_token_at is not None and r.scheduled_at is not None
+        )
+        if scheduled
+        else None,
+        e2e_from_schedule=latency_stats(
+            r.ended_at - r.scheduled_at for r in scheduled if r.scheduled_at is not None
+        )
+        if scheduled
+        else None,
+    )
+
+
+def lateness(records: Sequence[RequestRecord]) -> LatencyStats | None:
+    """Send time minus scheduled time (open loop); ``None`` in closed loop."""
+    values = [x for r in records if (x := r.lateness) is not None]
+    return latency_stats(values) if values else None
+
+
+def meets_slo(r: RequestRecord, slo: Slo) -> bool:
+    """A successful request within the TTFT and E2E bounds of the SLO."""
+    if r.outcome != "ok":
+        return False
+    if slo.ttft_s is not None and stage_figures.slo_ttft(r) > slo.ttft_s:
+        return False
+    return slo.e2e_s is None or r.e2e <= slo.e2e_s
+
+
+def throughput(records: Sequence[RequestRecord], window: Window, slo: Slo | None) -> Throughput:
+    """Completed requests/s, output tokens/s and goodput over the window."""
+    dur = window.duration
+    done = [r for r in ended_in(records, window) if r.outcome == "ok"]
+    tokens = sum(r.output_tokens or 0 for r in done)
+    sent = len(sent_in(records, window))
+    good: int | None = None
+    if slo is not None and (slo.ttft_s is not None or slo.e2e_s is not None):
+        good = sum(1 for r in done if meets_slo(r, slo))
+
+    def per_s(n: float) -> float:
+        return n / dur if dur > 0 else 0.0
+
+    return Throughput(
+        completed=len(done),
+        requests_per_s=per_s(len(done)),
+        output_tokens=tokens,
+        output_tokens_per_s=per_s(tokens),
+        sent_per_s=per_s(sent),
+        goodput_requests=good,
+        goodput_per_s=None if good is None else per_s(good),
+    )
+
+
+def replica_stats(records: Sequence[RequestRecord]) -> tuple[ReplicaStats, ...]:
+    """Share, errors and TTFT/E2E P50/P99 per replica (``unknown`` if no header)."""
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        groups.setdefault(r.replica or UNKNOWN_REPLICA, []).append(r)
+    total = len(records)
+    out = []
+    for name in sorted(groups):
+        group = groups[name]
+        ok = [r for r in group if r.outcome == "ok"]
+        ttfts = [t for r in ok if (t := r.ttft) is not None]
+        e2es = [r.e2e for r in ok]
+        errors = Counter(r.outcome for r in group if r.outcome != "ok")
+        figures = {
+            "ttft_p50": reported_percentile(ttfts, "p50"),
+            "ttft_p99": reported_percentile(ttfts, "p99"),
+            "e2e_p50": reported_percentile(e2es, "p50"),
+            "e2e_p99": reported_percentile(e2es, "p99"),
+        }
+        out.append(
+            ReplicaStats(
+                replica=name,
+                sent=len(group),
+                share=len(group) / total,
+                ok=len(ok),
+                errors=len(group) - len(ok),
+                error_rate=(len(group) - len(ok)) / len(group),
+                errors_by_outcome=dict(sorted(errors.items())),
+                too_few_samples=tuple(k for k, v in figures.items() if v is None),
+                **figures,
+            )
+        )
+    return tuple(out)
+
+
+def slo_checks(
+    ok_records: Sequence[RequestRecord], outs: Outcomes, slo: Slo
+) -> tuple[SloCheck, ...]:
+    """P99 TTFT, P99 E2E (over ``ok_records``) and the error rate against the SLO."""
+    checks: list[SloCheck] = []
+    for name, target, values in (
+        ("p99_ttft", slo.ttft_s, [stage_figures.slo_ttft(r) for r in ok_records]),
+        ("p99_e2e", slo.e2e_s, [r.e2e for r in ok_records]),
+    ):
+        if target is None:
+            continue
+        value, exact = p99_or_max(values)
+        detail = ""
+        if value is not None and not exact:
+            detail = f"fewer than 100 samples ({len(values)}): judged on the maximum"
+        ok = None if value is None else value <= target
+        checks.append(SloCheck(name=name, target=target, value=value, ok=ok, detail=detail))
+    rate = outs.error_rate
+    checks.append(
+        SloCheck(
+            name="error_rate",
+            target=slo.max_error_rate,
+            value=rate,
+            ok=None if rate is None else rate <= slo.max_error_rate,
+        )
+    )
+    return tuple(checks)
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    *,
+    run_start: float,
+    window: Window,
+    scenario: str,
+    target: str,
+    slo: Slo | None = None,
+    stages: Sequence[stage_figures.Stage] = (),
+    server: ServerSide | None = None,
+    generator: GeneratorHealth | None = None,
+    incomplete: bool = False,
+    notes: Sequence[str] = (),
+    scrape_interval_s: float = 1.0,
+    stage_settle_s: float = 0.0,
+    recovery_window_s: float = 2.0,
+    recovery_step_s: float = 0.25,
+) -> RunSummary:
+    """Every client-side figure of a run, plus the server side and the cross-check if given."""
+    from lbtune import __version__
+
+    in_window = sent_in(records, window)
+    ok = [r for r in in_window if r.outcome == "ok"]
+    lat = latencies(in_window)
+    outs = outcomes(in_window)
+    late = lateness(in_window)
+    stage_stats = stage_figures.stage_stats(
+        records,
+        stages,
+        run_start=run_start,
+        slo=slo,
+        settle_s=stage_settle_s,
+        recovery_window_s=recovery_window_s,
+        recovery_step_s=recovery_step_s,
+    )
+    knee = stage_figures.knee(stage_stats)
+    spikes = [s for s in stage_stats if s.label == stage_figures.SPIKE_LABEL]
+    recoveries = [s.recovery_s for s in spikes]
+    all_notes = list(notes)
+    if not in_window:
+        all_notes.append("no request was sent in the measurement window")
+    if spikes and (slo is None or slo.ttft_s is None):
+        all_notes.append("spike stage without a TTFT SLO: recovery time not computed")
+    gen = generator or GeneratorHealth()
+    if gen.lateness_p99_s is None and late is not None and late.p99 is not None:
+        gen = dataclasses.replace(gen, lateness_p99_s=late.p99)
+    cross = None
+    if server is not None and server.client is not None:
+        cross = cross_check(records, window, server.client, scrape_interval_s=scrape_interval_s)
+    if server is not None:
+        all_notes.extend(server.notes)
+    return RunSummary(
+        scenario=scenario,
+        target=target,
+        run_start=run_start,
+        window=window,
+        mode="open" if any(r.scheduled_at is not None for r in records) else "closed",
+        outcomes=outs,
+        all_outcomes=outcomes(records),
+        throughput=throughput(records, window, slo),
+        latency=lat,
+        lateness=late,
+        replicas=replica_stats(in_window),
+        generator=gen,
+        slo=slo,
+        slo_checks=slo_checks(ok, outs, slo) if slo is not None else (),
+        stages=stage_stats,
+        throughput_decay=stage_figures.throughput_decay(stage_stats),
+        knee_stage=None if knee is None else knee.index,
+        knee_offered_load=None if knee is None else knee.offered_load,
+        recovery_s=max((r for r in recoveries if r is not None), default=None)
+        if spikes and None not in recoveries
+        else None,
+        recovered=None
+        if not spikes or slo is None or slo.ttft_s is None
+        else None not in recoveries,
+        server=server,
+        cross_check=cross,
+        incomplete=incomplete or (server is not None and server.incomplete),
+        notes=tuple(all_notes),
+        lbtune_version=__version__,
+    )
+
+
+def records_to_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
+    """One row per record with the derived ttft, e2e, tpot, lateness and chunk count."""
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        rows.append(
+            {
+                "request_id": r.request_id,
+                "index": r.index,
+                "model": r.model,
+                "api": r.api,
+                "stream": r.stream,
+                "outcome": r.outcome,
+                "status_code": r.status_code,
+                "replica": r.replica,
+                "scheduled_at": r.scheduled_at,
+                "sent_at": r.sent_at,
+                "headers_at": r.headers_at,
+                "first_token_at": r.first_token_at,
+                "ended_at": r.ended_at,
+                "prompt_tokens": r.prompt_tokens,
+                "output_tokens": r.output_tokens,
+                "chunks": len(r.chunk_times),
+                "ttft": r.ttft,
+                "e2e": r.e2e,
+                "tpot": r.tpot,
+                "lateness": r.lateness,
+                "priority": r.priority,
+                "prefix_group": r.prefix_group,
+                "session_id": r.session_id,
+                "worker": r.worker,
+                "error": r.error,
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,357 @@
+"""The run summary: frozen dataclasses passed around in code, and their JSON form.
+
+``RunSummary.to_dict()`` is what ``summary.json`` holds (the CI contract, see
+``docs/summary-schema.md``); ``RunSummary.from_dict()`` reads it back. All times
+are in seconds, all fractions in 0..1, timestamps are Unix wall-clock seconds.
+A figure that could not be computed is ``None`` (JSON ``null``), never NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from lbtune.errors import ConfigError
+
+SCHEMA_VERSION = 1
+"""Bumped on any incompatible change of the JSON form (a renamed or removed field)."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """A half-open wall-clock interval ``[start, end)``."""
+
+    start: float
+    end: float
+
+    @property
+    def duration(self) -> float:
+        return max(0.0, self.end - self.start)
+
+    def contains(self, t: float) -> bool:
+        return self.start <= t < self.end
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objective: P99 TTFT and P99 E2E bounds, and the error-rate limit."""
+
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    max_error_rate: float = 0.01
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Exact statistics of one latency over its samples (seconds)."""
+
+    count: int
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p999: float | None = None
+    too_few_samples: tuple[str, ...] = ()
+    """Percentiles withheld because ``count`` is below their minimum (e.g. ``"p99"``)."""
+
+
+@dataclass(frozen=True)
+class Latencies:
+    ttft: LatencyStats
+    itl: LatencyStats
+    tpot: LatencyStats
+    e2e: LatencyStats
+    ttft_from_schedule: LatencyStats | None = None
+    """Open loop only: first token minus the scheduled send time."""
+    e2e_from_schedule: LatencyStats | None = None
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Requests sent in a window, each counted in exactly one outcome."""
+
+    sent: int
+    counts: Mapping[str, int]
+    error_rate: float | None
+    """``(sent - ok) / sent``; ``None`` when nothing was sent."""
+    rates: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    completed: int
+    """Successful requests that ended in the window."""
+    requests_per_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    sent_per_s: float
+    goodput_requests: int | None = None
+    goodput_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    replica: str
+    sent: int
+    share: float
+    ok: int
+    errors: int
+    error_rate: float | None
+    errors_by_outcome: Mapping[str, int] = field(default_factory=dict)
+    ttft_p50: float | None = None
+    ttft_p99: float | None = None
+    e2e_p50: float | None = None
+    e2e_p99: float | None = None
+    too_few_samples: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StageStats:
+    index: int
+    label: str
+    start_s: float
+    end_s: float
+    users: int | None
+    rate: float | None
+    offered_load: float | None
+    sent: int
+    completed: int
+    throughput_rps: float
+    ttft_p99: float | None
+    e2e_p99: float | None
+    error_rate: float | None
+    meets_slo: bool | None
+    recovery_s: float | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SloCheck:
+    name: str
+    target: float
+    value: float | None
+    ok: bool | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ReplicaServerSide:
+    """Server-side figures of one replica over the window (from Prometheus)."""
+
+    replica: str
+    running_avg: float | None = None
+    running_max: float | None = None
+    waiting_avg: float | None = None
+    waiting_max: float | None = None
+    kv_usage_avg: float | None = None
+    kv_usage_max: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    preemptions: float | None = None
+    requests_finished: float | None = None
+    server_ttft_p50: float | None = None
+    server_ttft_p99: float | None = None
+    gpu_util: float | None = None
+    """DCGM_FI_DEV_GPU_UTIL averaged over the window, as a fraction."""
+    busy_fraction: float | None = None
+    """``gpu_util`` where exported, else the fraction of time with running requests."""
+
+
+@dataclass(frozen=True)
+class HaproxyServer:
+    server: str
+    sessions_avg: float | None = None
+    sessions_max: float | None = None
+    responses: Mapping[str, float] = field(default_factory=dict)
+    """Responses by HTTP code class (``"2xx"``, ``"5xx"``, ...) in the window."""
+
+
+@dataclass(frozen=True)
+class HaproxyQueue:
+    proxy: str
+    avg: float | None = None
+    max: float | None = None
+
+
+@dataclass(frozen=True)
+class PromClientSide:
+    """lbtune's own exporter, read back from Prometheus (for the cross-check)."""
+
+    requests_by_outcome: Mapping[str, float] = field(default_factory=dict)
+    requests_by_replica: Mapping[str, float] = field(default_factory=dict)
+    ttft_p50: float | None = None
+    ttft_p99: float | None = None
+    ttft_buckets: tuple[float, ...] = ()
+    e2e_p50: float | None = None
+    e2e_p99: float | None = None
+    e2e_buckets: tuple[float, ...] = ()
+    output_tokens: float | None = None
+
+
+@dataclass(frozen=True)
+class ServerSide:
+    """Everything read from Prometheus over the window."""
+
+    window: Window
+    replicas: tuple[ReplicaServerSide, ...] = ()
+    replica_balance: float | None = None
+    """Population std-dev of ``busy_fraction`` across replicas (0 = perfectly even)."""
+    balance_source: Literal["gpu_util", "busy", "mixed"] | None = None
+    prefix_cache_hit_rate: float | None = None
+    haproxy_queues: tuple[HaproxyQueue, ...] = ()
+    haproxy_servers: tuple[HaproxyServer, ...] = ()
+    client: PromClientSide | None = None
+    queries: Mapping[str, str] = field(default_factory=dict)
+    """The PromQL behind every figure, by key (evaluated at ``window.end``)."""
+    missing: tuple[str, ...] = ()
+    """Keys of queries that failed or were never sent."""
+    incomplete: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CountCheck:
+    outcome: str
+    client: int
+    prometheus: float | None
+    tolerance: float
+    agree: bool | None
+
+
+@dataclass(frozen=True)
+class QuantileCheck:
+    name: str
+    exact: float | None
+    prometheus: float | None
+    resolution: float | None
+    agree: bool | None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CrossCheck:
+    counts: tuple[CountCheck, ...] = ()
+    quantiles: tuple[QuantileCheck, ...] = ()
+    agree: bool | None = None
+    """``False`` if any check disagrees, ``None`` if nothing could be compared."""
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GeneratorHealth:
+    """Filled by the load generator; ``summarize`` fills lateness from records if absent."""
+
+    lateness_p99_s: float | None = None
+    loop_lag_p99_s: float | None = None
+    cpu_max_percent: float | None = None
+    processes: int = 1
+    degraded: bool = False
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    scenario: str
+    target: str
+    run_start: float
+    window: Window
+    mode: Literal["open", "closed"]
+    outcomes: Outcomes
+    """Requests sent in the window."""
+    all_outcomes: Outcomes
+    """Every request of the run, warm-up and cool-down included."""
+    throughput: Throughput
+    latency: Latencies
+    lateness: LatencyStats | None
+    replicas: tuple[ReplicaStats, ...]
+    generator: GeneratorHealth
+    slo: Slo | None = None
+    slo_checks: tuple[SloCheck, ...] = ()
+    stages: tuple[StageStats, ...] = ()
+    throughput_decay: float | None = None
+    knee_stage: int | None = None
+    knee_offered_load: float | None = None
+    recovery_s: float | None = None
+    recovered: bool | None = None
+    """``None`` when the run had no spike stage."""
+    server: ServerSide | None = None
+    cross_check: CrossCheck | None = None
+    incomplete: bool = False
+    notes: tuple[str, ...] = ()
+    schema_version: int = SCHEMA_VERSION
+    lbtune_version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form (only dicts, lists, str, int, float, bool, None)."""
+        out = to_jsonable(self)
+        assert isinstance(out, dict)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
+        version = data.get("schema_version")
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise ConfigError(
+                f"summary schema_version {version!r} is not supported by this lbtune "
+                f"(it reads versions up to {SCHEMA_VERSION}): upgrade lbtune"
+            )
+        try:
+            return from_jsonable(cls, data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"summary is malformed: {exc}") from exc
+
+
+def to_jsonable(obj: object) -> Any:
+    """Dataclasses to dicts, tuples to lists, non-finite floats to ``None``."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(x) for x in obj]
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+T = TypeVar("T")
+
+
+def from_jsonable(tp: type[T], data: Any) -> T:
+    """Inverse of :func:`to_jsonable`, guided by the dataclasses' type hints."""
+    return _from(tp, data)  # type: ignore[no-any-return]
+
+
+def _from(tp: Any, data: Any) -> Any:
+    origin = get_origin(tp)
+    if origin is Union or origin is types.UnionType:
+        args = get_args(tp)
+        if data is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _from(inner, data)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(data, Mapping):
+            raise TypeError(f"{tp.__name__}: expected an object, got {type(data).__name__}")
+        hints = get_type_hints(tp)
+        kwargs = {
+            f.name: _from(hints[f.name], data[f.name])
+            for f in dataclasses.fields(tp)
+            if f.init and f.name in data
+        }
+        return tp(**kwargs)
+    if origin is tuple:
+        (inner, _ellipsis) = get_args(tp)
+        return tuple(_from(inner, x) for x in data)
+    if origin is Mapping or origin is dict:
+        _key, inner = get_args(tp)
+        return {str(k): _from(inner, v) for k, v in data.items()}
+    if tp is float:
+        return float(data)
+    return data

@@ -1,0 +1,42 @@
+"""The run report: ``summary.json``, ``report.md`` and a self-contained ``report.html``.
+
+:mod:`lbtune.report.frame` computes the tables and plot data (pure, tested);
+:mod:`~lbtune.report.json`, :mod:`~lbtune.report.markdown`, :mod:`~lbtune.report.html`
+and :mod:`~lbtune.report.plots` only format it. Importing this package is light:
+matplotlib is imported when a report is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lbtune.loadgen.records import RequestRecord
+    from lbtune.metrics.summary import RunSummary
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    directory: Path
+    summary_json: Path
+    report_md: Path
+    report_html: Path
+
+
+def write_report(
+    out_dir: Path | str, summary: RunSummary, records: Sequence[RequestRecord]
+) -> ReportPaths:
+    """Write ``summary.json``, ``report.md`` and ``report.html`` into ``out_dir``."""
+    from lbtune.report import html, markdown
+    from lbtune.report.json import write_summary
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = ReportPaths(out, out / "summary.json", out / "report.md", out / "report.html")
+    write_summary(paths.summary_json, summary)
+    paths.report_md.write_text(markdown.render(summary), encoding="utf-8")
+    paths.report_html.write_text(html.render(summary, records), encoding="utf-8")
+    return paths

@@ -1,0 +1,341 @@
+"""Pure data for the report's tables and plots (the renderers only format it).
+
+Tables are :class:`Table` values: column names and rows of cells (``str``,
+numbers or ``None``). Latencies in tables and plots are in milliseconds, shares
+and rates in percent where the column name says so. Time series use ``t`` in
+seconds since the run start.
+
+Time-series points (per-second latency percentiles) are computed by linear
+interpolation *without* the sample-count rule of the summary, so that a plot
+shows something at low rates; every point carries its sample count ``n``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lbtune.loadgen.records import RequestRecord
+from lbtune.metrics.summary import LatencyStats, RunSummary
+
+Cell = str | int | float | None
+
+
+@dataclass(frozen=True)
+class Table:
+    columns: tuple[str, ...]
+    rows: tuple[tuple[Cell, ...], ...]
+
+
+@dataclass(frozen=True)
+class TimePoint:
+    t: float
+    n: int
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    e2e_p50_ms: float | None
+    e2e_p99_ms: float | None
+
+
+@dataclass(frozen=True)
+class HistBin:
+    lo_ms: float
+    hi_ms: float
+    count: int
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    label: str
+    offered_load: float
+    throughput_rps: float
+    ttft_p99_ms: float | None
+    meets_slo: bool | None
+
+
+@dataclass(frozen=True)
+class ReplicaPoint:
+    replica: str
+    share_pct: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    e2e_p50_ms: float | None
+    e2e_p99_ms: float | None
+    busy_pct: float | None
+
+
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def pct(fraction: float | None) -> float | None:
+    return None if fraction is None else fraction * 100.0
+
+
+def warnings(summary: RunSummary) -> list[str]:
+    """What must be read first: a degraded generator, an incomplete run, failed SLOs."""
+    out: list[str] = []
+    gen = summary.generator
+    if gen.degraded:
+        reasons = "; ".join(gen.reasons) or "no reason given"
+        out.append(f"DEGRADED: the load generator fell behind ({reasons}); figures may be off.")
+    if summary.incomplete:
+        out.append("INCOMPLETE: some figures are missing (see the notes).")
+    if summary.cross_check is not None and summary.cross_check.agree is False:
+        out.append("CROSS-CHECK: records and Prometheus disagree beyond histogram resolution.")
+    failed = [c.name for c in summary.slo_checks if c.ok is False]
+    if failed:
+        out.append("SLO NOT MET: " + ", ".join(failed) + ".")
+    return out
+
+
+def headline(summary: RunSummary) -> Table:
+    """The key figures of the measurement window."""
+    lat, tput, outs = summary.latency, summary.throughput, summary.outcomes
+    server = summary.server
+    rows: list[tuple[Cell, ...]] = [
+        ("Requests sent (window)", outs.sent, ""),
+        ("Throughput", tput.requests_per_s, "req/s"),
+        ("Output tokens", tput.output_tokens_per_s, "tok/s"),
+        ("Goodput (SLO)", tput.goodput_per_s, "req/s"),
+        ("TTFT P50", ms(lat.ttft.p50), "ms"),
+        ("TTFT P99", ms(lat.ttft.p99), "ms"),
+        ("E2E P50", ms(lat.e2e.p50), "ms"),
+        ("E2E P99", ms(lat.e2e.p99), "ms"),
+        ("ITL P50", ms(lat.itl.p50), "ms"),
+        ("TPOT P50", ms(lat.tpot.p50), "ms"),
+        ("Error rate", pct(outs.error_rate), "%"),
+        ("Throughput decay", summary.throughput_decay, ""),
+        ("Knee (offered load)", summary.knee_offered_load, ""),
+        ("Recovery after spike", summary.recovery_s, "s"),
+        ("Replica balance (std-dev)", None if server is None else server.replica_balance, ""),
+        (
+            "Prefix-cache hit rate",
+            None if server is None else pct(server.prefix_cache_hit_rate),
+            "%",
+        ),
+    ]
+    return Table(("Figure", "Value", "Unit"), tuple(rows))
+
+
+def _lat_row(name: str, s: LatencyStats | None) -> tuple[Cell, ...]:
+    if s is None:
+        return (name, 0, None, None, None, None, None, None)
+    return (
+        name,
+        s.count,
+        *(ms(getattr(s, p)) for p in ("p50", "p90", "p95", "p99", "p999")),
+        ms(s.max),
+    )
+
+
+def latency_table(summary: RunSummary) -> Table:
+    lat = summary.latency
+    rows = [
+        _lat_row("TTFT", lat.ttft),
+        _lat_row("ITL", lat.itl),
+        _lat_row("TPOT", lat.tpot),
+        _lat_row("E2E", lat.e2e),
+    ]
+    if lat.ttft_from_schedule is not None:
+        rows.append(_lat_row("TTFT from schedule", lat.ttft_from_schedule))
+    if lat.e2e_from_schedule is not None:
+        rows.append(_lat_row("E2E from schedule", lat.e2e_from_schedule))
+    if summary.lateness is not None:
+        rows.append(_lat_row("Send lateness", summary.lateness))
+    cols = ("Latency (ms)", "n", "P50", "P90", "P95", "P99", "P99.9", "max")
+    return Table(cols, tuple(rows))
+
+
+def outcome_table(summary: RunSummary) -> Table:
+    outs = summary.outcomes
+    rows = tuple(
+        (name, count, pct(outs.rates.get(name)) if outs.sent else None)
+        for name, count in outs.counts.items()
+    )
+    return Table(
+        ("Outcome", "Requests", "Share (%)"),
+        (*rows, ("sent", outs.sent, 100.0 if outs.sent else None)),
+    )
+
+
+def replica_table(summary: RunSummary) -> Table:
+    server = {r.replica: r for r in summary.server.replicas} if summary.server else {}
+    rows = []
+    for r in summary.replicas:
+        s = server.get(r.replica)
+        rows.append(
+            (
+                r.replica,
+                r.sent,
+                pct(r.share),
+                r.errors,
+                ms(r.ttft_p50),
+                ms(r.ttft_p99),
+                ms(r.e2e_p50),
+                ms(r.e2e_p99),
+                None if s is None else pct(s.busy_fraction),
+                None if s is None else pct(s.kv_usage_avg),
+                None if s is None else s.waiting_avg,
+            )
+        )
+    cols = (
+        "Replica", "Sent", "Share (%)", "Errors", "TTFT P50 (ms)", "TTFT P99 (ms)",
+        "E2E P50 (ms)", "E2E P99 (ms)", "Busy (%)", "KV avg (%)", "Waiting avg",
+    )  # fmt: skip
+    return Table(cols, tuple(rows))
+
+
+def server_table(summary: RunSummary) -> Table:
+    rows = []
+    for r in summary.server.replicas if summary.server else ():
+        rows.append(
+            (
+                r.replica, r.running_avg, r.running_max, r.waiting_avg, r.waiting_max,
+                pct(r.kv_usage_avg), pct(r.kv_usage_max), pct(r.prefix_cache_hit_rate),
+                r.preemptions, ms(r.server_ttft_p50), ms(r.server_ttft_p99), pct(r.gpu_util),
+            )
+        )  # fmt: skip
+    cols = (
+        "Replica", "Running avg", "Running max", "Waiting avg", "Waiting max", "KV avg (%)",
+        "KV max (%)", "Prefix hit (%)", "Preemptions", "Server TTFT P50 (ms)",
+        "Server TTFT P99 (ms)", "GPU util (%)",
+    )  # fmt: skip
+    return Table(cols, tuple(rows))
+
+
+def stage_table(summary: RunSummary) -> Table:
+    rows = tuple(
+        (
+            s.index, s.label, s.start_s, s.end_s, s.offered_load, s.sent, s.throughput_rps,
+            ms(s.ttft_p99), ms(s.e2e_p99), pct(s.error_rate),
+            None if s.meets_slo is None else ("yes" if s.meets_slo else "no"), s.recovery_s,
+        )
+        for s in summary.stages
+    )  # fmt: skip
+    cols = (
+        "#", "Stage", "Start (s)", "End (s)", "Offered load", "Sent", "Throughput (req/s)",
+        "TTFT P99 (ms)", "E2E P99 (ms)", "Errors (%)", "Meets SLO", "Recovery (s)",
+    )  # fmt: skip
+    return Table(cols, rows)
+
+
+def slo_table(summary: RunSummary) -> Table:
+    def shown(name: str, v: float | None) -> float | None:
+        return pct(v) if name == "error_rate" else ms(v)
+
+    rows = tuple(
+        (
+            c.name,
+            shown(c.name, c.target),
+            shown(c.name, c.value),
+            "n/a" if c.ok is None else ("pass" if c.ok else "FAIL"),
+            c.detail,
+        )
+        for c in summary.slo_checks
+    )
+    return Table(("Check", "Target (ms or %)", "Value (ms or %)", "Result", "Detail"), rows)
+
+
+def crosscheck_table(summary: RunSummary) -> Table:
+    cc = summary.cross_check
+    rows: list[tuple[Cell, ...]] = []
+    if cc is not None:
+        for c in cc.counts:
+            verdict = "n/a" if c.agree is None else ("agree" if c.agree else "DISAGREE")
+            rows.append(
+                (f"requests {c.outcome}", c.client, c.prometheus, f"±{c.tolerance:.1f}", verdict)
+            )
+        for q in cc.quantiles:
+            verdict = "n/a" if q.agree is None else ("agree" if q.agree else "DISAGREE")
+            res = None if q.resolution is None else f"±{q.resolution * 1000:.1f} ms"
+            rows.append((f"{q.name} (ms)", ms(q.exact), ms(q.prometheus), res, verdict))
+    return Table(("Figure", "Records", "Prometheus", "Resolution", "Verdict"), tuple(rows))
+
+
+def latency_over_time(
+    records: Sequence[RequestRecord], run_start: float, bin_s: float = 1.0
+) -> list[TimePoint]:
+    """Per-bin P50/P99 of TTFT and E2E over successful requests, by send time."""
+    bins: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        if r.outcome == "ok":
+            bins.setdefault(math.floor((r.sent_at - run_start) / bin_s), []).append(r)
+    out = []
+    for b in sorted(bins):
+        group = bins[b]
+        ttfts = [t for r in group if (t := r.ttft) is not None]
+        e2es = [r.e2e for r in group]
+        out.append(
+            TimePoint(
+                t=b * bin_s,
+                n=len(group),
+                ttft_p50_ms=_q_ms(ttfts, 50),
+                ttft_p99_ms=_q_ms(ttfts, 99),
+                e2e_p50_ms=_q_ms(e2es, 50),
+                e2e_p99_ms=_q_ms(e2es, 99),
+            )
+        )
+    return out
+
+
+def _q_ms(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values), q, method="linear")) * 1000.0
+
+
+def ttft_histogram(
+    records: Sequence[RequestRecord], summary: RunSummary, bins: int = 40
+) -> list[HistBin]:
+    """TTFT distribution (ms) of successful requests sent in the window."""
+    w = summary.window
+    values = [
+        t * 1000.0
+        for r in records
+        if r.outcome == "ok" and w.contains(r.sent_at) and (t := r.ttft) is not None
+    ]
+    if not values:
+        return []
+    counts, edges = np.histogram(np.asarray(values), bins=bins)
+    return [
+        HistBin(float(edges[i]), float(edges[i + 1]), int(counts[i])) for i in range(len(counts))
+    ]
+
+
+def throughput_vs_load(summary: RunSummary) -> list[LoadPoint]:
+    """Completed throughput against offered load, per stage (or the window as one point)."""
+    points = [
+        LoadPoint(s.label, s.offered_load, s.throughput_rps, ms(s.ttft_p99), s.meets_slo)
+        for s in summary.stages
+        if s.offered_load is not None
+    ]
+    if points:
+        return points
+    t = summary.throughput
+    if summary.outcomes.sent == 0:
+        return []
+    return [LoadPoint("window", t.sent_per_s, t.requests_per_s, ms(summary.latency.ttft.p99), None)]
+
+
+def replica_load(summary: RunSummary) -> list[ReplicaPoint]:
+    server = {r.replica: r for r in summary.server.replicas} if summary.server else {}
+    out = []
+    for r in summary.replicas:
+        s = server.get(r.replica)
+        busy = None if s is None else pct(s.busy_fraction)
+        out.append(
+            ReplicaPoint(
+                r.replica,
+                r.share * 100.0,
+                ms(r.ttft_p50),
+                ms(r.ttft_p99),
+                ms(r.e2e_p50),
+                ms(r.e2e_p99),
+                busy,
+            )
+        )
+    return out

@@ -1,0 +1,182 @@
+"""``report.html``: one self-contained page (inline CSS, plots as base64 PNG, no links out)."""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Sequence
+
+from lbtune.loadgen.records import RequestRecord
+from lbtune.metrics.summary import RunSummary
+from lbtune.report import frame, plots
+from lbtune.report.frame import Table
+from lbtune.report.markdown import fmt, numeric, when
+
+CSS = """
+:root { --fg: #1d2430; --muted: #5b6472; --line: #d9dee5; --bg: #f6f7f9; --ok: #1a7f37;
+        --bad: #cf222e; --warn: #9a6700; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+       color: var(--fg); background: var(--bg); }
+main { max-width: 1200px; margin: 0 auto; padding: 24px; }
+h1 { font-size: 24px; margin: 0 0 4px; }
+h2 { font-size: 17px; margin: 28px 0 10px; border-bottom: 1px solid var(--line);
+     padding-bottom: 4px; }
+.meta { color: var(--muted); margin-bottom: 16px; }
+.warn { background: #fff1e5; border: 1px solid #f0b37e; border-left: 6px solid var(--bad);
+        padding: 10px 14px; margin: 8px 0; font-weight: 600; border-radius: 4px; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(160px, 1fr));
+         gap: 10px; }
+.card { background: #fff; border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px; }
+.card .k { color: var(--muted); font-size: 12px; }
+.card .v { font-size: 22px; font-weight: 600; }
+.card .u { color: var(--muted); font-size: 12px; margin-left: 3px; }
+.plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 14px; }
+figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 6px;
+         padding: 8px; }
+figure img { width: 100%; height: auto; display: block; }
+figcaption { color: var(--muted); font-size: 12px; padding-top: 4px; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; background: #fff; border: 1px solid var(--line);
+        font-variant-numeric: tabular-nums; }
+th, td { padding: 5px 10px; border-bottom: 1px solid var(--line); text-align: right;
+         white-space: nowrap; }
+th.t, td.t { text-align: left; }
+th { background: #eef1f4; font-weight: 600; }
+td.pass, td.agree, td.yes { color: var(--ok); font-weight: 600; }
+td.FAIL, td.DISAGREE, td.no { color: var(--bad); font-weight: 600; }
+ul.notes li { margin: 3px 0; }
+"""
+
+PLOT_CAPTIONS = {
+    "latency": "Latency percentiles over time; the shaded band is the measurement window.",
+    "ttft": "TTFT distribution in the measurement window, with P50, P99 and the SLO.",
+    "throughput": "Completed throughput against offered load per stage (green: meets the SLO).",
+    "replicas": "Per-replica request share, busy fraction and latency.",
+}
+
+
+def esc(value: object) -> str:
+    """HTML-escaped text; ``://`` written as entities, so a URL shown as text (the target,
+    a Prometheus address in a note) leaves no literal ``http://`` in the page source."""
+    return html.escape(str(value), quote=True).replace("://", ":&#47;&#47;")
+
+
+def table(t: Table) -> str:
+    if not t.rows:
+        return "<p><em>none</em></p>"
+    align = ["" if numeric(t, i) else ' class="t"' for i in range(len(t.columns))]
+    head = "".join(f"<th{a}>{esc(c)}</th>" for c, a in zip(t.columns, align, strict=True))
+    body = []
+    for row in t.rows:
+        cells = []
+        for i, c in enumerate(row):
+            text = fmt(c)
+            verdict = text in ("pass", "FAIL", "agree", "DISAGREE", "yes", "no")
+            cls = f' class="t {esc(text)}"' if verdict else align[i]
+            cells.append(f"<td{cls}>{esc(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    rows = "".join(body)
+    return (
+        f'<div class="scroll"><table><thead><tr>{head}</tr></thead>'
+        f"<tbody>{rows}</tbody></table></div>"
+    )
+
+
+def img(png: bytes, alt: str, caption: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
+        f"<figcaption>{esc(caption)}</figcaption></figure>"
+    )
+
+
+def render_plots(summary: RunSummary, records: Sequence[RequestRecord]) -> dict[str, bytes]:
+    """The four plots of the report, by key (see :data:`PLOT_CAPTIONS`)."""
+    s = summary
+    slo_ttft_ms = frame.ms(s.slo.ttft_s) if s.slo is not None else None
+    window = (s.window.start - s.run_start, s.window.end - s.run_start)
+    return {
+        "latency": plots.latency_over_time(
+            frame.latency_over_time(records, s.run_start), window, slo_ttft_ms
+        ),
+        "ttft": plots.ttft_distribution(
+            frame.ttft_histogram(records, s),
+            frame.ms(s.latency.ttft.p50),
+            frame.ms(s.latency.ttft.p99),
+            slo_ttft_ms,
+        ),
+        "throughput": plots.throughput_vs_load(frame.throughput_vs_load(s), s.knee_offered_load),
+        "replicas": plots.replica_load(frame.replica_load(s)),
+    }
+
+
+def _cards(summary: RunSummary) -> str:
+    lat, t = summary.latency, summary.throughput
+    cards = [
+        ("TTFT P50", frame.ms(lat.ttft.p50), "ms"),
+        ("TTFT P99", frame.ms(lat.ttft.p99), "ms"),
+        ("E2E P99", frame.ms(lat.e2e.p99), "ms"),
+        ("Throughput", t.requests_per_s, "req/s"),
+        ("Output tokens", t.output_tokens_per_s, "tok/s"),
+        ("Goodput", t.goodput_per_s, "req/s"),
+        ("Error rate", frame.pct(summary.outcomes.error_rate), "%"),
+        ("Sent (window)", summary.outcomes.sent, ""),
+    ]
+    return (
+        '<div class="cards">'
+        + "".join(
+            f'<div class="card"><div class="k">{esc(k)}</div><span class="v">{esc(fmt(v))}</span>'
+            f'<span class="u">{esc(u)}</span></div>'
+            for k, v, u in cards
+        )
+        + "</div>"
+    )
+
+
+def render(summary: RunSummary, records: Sequence[RequestRecord]) -> str:
+    s = summary
+    images = render_plots(s, records)
+    body = [f"<h1>lbtune report: {esc(s.scenario)}</h1>"]
+    body.append(
+        f'<div class="meta">Target <code>{esc(s.target)}</code> · started {esc(when(s.run_start))}'
+        f" · window {s.window.start - s.run_start:.1f}–{s.window.end - s.run_start:.1f} s"
+        f" ({s.window.duration:.1f} s) · {esc(s.mode)} loop · lbtune {esc(s.lbtune_version)}"
+        f" · schema {s.schema_version}</div>"
+    )
+    body += [f'<div class="warn">⚠ {esc(w)}</div>' for w in frame.warnings(s)]
+    body.append(_cards(s))
+    if s.slo is not None:
+        body.append("<h2>SLO checks</h2>" + table(frame.slo_table(s)))
+    body.append('<h2>Plots</h2><div class="plots">')
+    body += [
+        img(images[k], k, PLOT_CAPTIONS[k]) for k in ("latency", "ttft", "throughput", "replicas")
+    ]
+    body.append("</div>")
+    body.append("<h2>Summary</h2>" + table(frame.headline(s)))
+    body.append("<h2>Latency</h2>" + table(frame.latency_table(s)))
+    body.append("<h2>Outcomes (requests sent in the window)</h2>" + table(frame.outcome_table(s)))
+    body.append("<h2>Per replica</h2>" + table(frame.replica_table(s)))
+    if s.stages:
+        body.append("<h2>Stages</h2>" + table(frame.stage_table(s)))
+    if s.server is not None:
+        body.append("<h2>Server side (Prometheus)</h2>" + table(frame.server_table(s)))
+    if s.cross_check is not None:
+        body.append(
+            "<h2>Cross-check: records against Prometheus</h2>" + table(frame.crosscheck_table(s))
+        )
+    notes = list(s.notes) + list(s.generator.reasons)
+    if s.cross_check is not None:
+        notes += list(s.cross_check.notes)
+    if notes:
+        body.append(
+            '<h2>Notes</h2><ul class="notes">'
+            + "".join(f"<li>{esc(n)}</li>" for n in notes)
+            + "</ul>"
+        )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>lbtune report: {esc(s.scenario)}</title><style>{CSS}</style></head>"
+        f"<body><main>{''.join(body)}</main></body></html>\n"
+    )

@@ -1,0 +1,123 @@
+"""collect() and the summary's JSON round trip, with a scripted querier (no Prometheus)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lbtune.errors import ConfigError, TargetError
+from lbtune.metrics import promql
+from lbtune.metrics.prom import PrometheusUnreachable, Sample
+from lbtune.metrics.serverside import collect
+from lbtune.metrics.stats import summarize
+from lbtune.metrics.summary import GeneratorHealth, RunSummary, Slo, Window
+from tests.metrics.records import rec
+
+T0 = 4_000_000.0
+WINDOW = Window(T0, T0 + 30)
+
+
+class Scripted:
+    """Answers each query by its key; dies (unreachable) after ``die_after`` queries."""
+
+    def __init__(self, answers: dict[str, list[Sample]], die_after: int | None = None) -> None:
+        self.by_query = {q: answers.get(k, []) for k, q in promql.server_side_queries(30).items()}
+        self.die_after = die_after
+        self.calls: list[tuple[str, float | None]] = []
+
+    def query(self, q: str, at: float | None = None) -> list[Sample]:
+        if self.die_after is not None and len(self.calls) >= self.die_after:
+            raise PrometheusUnreachable("Prometheus at http://x is unreachable (ConnectionError)")
+        self.calls.append((q, at))
+        if "preemptions" in q:
+            raise TargetError(f"Prometheus query failed (400): {q}")
+        return self.by_query[q]
+
+
+def s(value: float | None, **labels: str) -> Sample:
+    return Sample(labels=labels, value=value)
+
+
+ANSWERS = {
+    "running_avg": [s(3.0, replica="r0"), s(1.0, replica="r1")],
+    "kv_usage_max": [s(0.5, replica="r0"), s(0.25, replica="r1")],
+    "prefix_cache_hit_rate": [s(0.5, replica="r0"), s(None, replica="r1")],
+    "prefix_cache_hit_rate_all": [s(0.4)],
+    "gpu_util": [s(80.0, replica="r0"), s(20.0, replica="r1")],
+    "busy_fraction": [s(1.0, replica="r0"), s(0.5, replica="r1")],
+    "haproxy_queue_max": [s(4.0, proxy="llm")],
+    "haproxy_responses": [s(10.0, server="r0", code="2xx"), s(1.0, server="r0", code="5xx")],
+    "client_requests_by_outcome": [s(100.0, outcome="ok")],
+    "client_ttft_p50": [s(0.06)],
+    "client_ttft_buckets": [s(1.0, le="0.05"), s(2.0, le="0.1"), s(2.0, le="+Inf")],
+}
+
+
+def test_collect_assembles_per_replica_figures() -> None:
+    querier = Scripted(ANSWERS)
+    side = collect(querier, WINDOW)
+    assert all(at == WINDOW.end for _, at in querier.calls)
+    r0, r1 = side.replicas
+    assert (r0.replica, r0.running_avg, r0.kv_usage_max) == ("r0", 3.0, 0.5)
+    assert r0.gpu_util == pytest.approx(0.8) and r0.busy_fraction == pytest.approx(0.8)
+    assert r1.prefix_cache_hit_rate is None  # NaN (0/0) reads as missing
+    # Balance: population std-dev of (0.8, 0.2) = 0.3, from GPU utilisation.
+    assert side.replica_balance == pytest.approx(0.3) and side.balance_source == "gpu_util"
+    assert side.prefix_cache_hit_rate == 0.4
+    assert side.haproxy_queues[0].max == 4.0 and side.haproxy_queues[0].avg is None
+    assert dict(side.haproxy_servers[0].responses) == {"2xx": 10.0, "5xx": 1.0}
+    assert side.client is not None and side.client.ttft_buckets == (0.05, 0.1)
+    # The query that failed is missing and noted; the others went on.
+    assert side.missing == ("preemptions",) and side.incomplete
+    assert "query 'preemptions' failed" in side.notes[0]
+
+
+def test_balance_falls_back_to_busy_fraction_without_dcgm() -> None:
+    side = collect(Scripted({k: v for k, v in ANSWERS.items() if k != "gpu_util"}), WINDOW)
+    assert side.balance_source == "busy" and side.replica_balance == pytest.approx(0.25)
+    assert any("no DCGM_FI_DEV_GPU_UTIL series" in n for n in side.notes)
+
+
+def test_prometheus_dying_mid_collection_keeps_what_it_got() -> None:
+    side = collect(Scripted(ANSWERS, die_after=3), WINDOW)
+    assert side.incomplete
+    assert side.client is not None and dict(side.client.requests_by_outcome) == {"ok": 100.0}
+    assert len(side.missing) == len(promql.server_side_queries(30)) - 3
+    assert side.notes[0].startswith("Prometheus unreachable after 0 s (3 of ")
+    assert side.replicas == ()
+
+
+def _summary() -> RunSummary:
+    records = [rec(i, sent=T0 + i * 0.2, ttft=0.05 + i * 1e-3, e2e=0.4) for i in range(120)]
+    records.append(rec(999, sent=T0 + 3, outcome="timeout", ttft=None, e2e=10, replica="r1"))
+    return summarize(
+        records,
+        run_start=T0 - 5,
+        window=WINDOW,
+        scenario="chat",
+        target="http://127.0.0.1:8000",
+        slo=Slo(ttft_s=0.35, e2e_s=0.8),
+        server=collect(Scripted(ANSWERS), WINDOW),
+        generator=GeneratorHealth(lateness_p99_s=0.002, degraded=True, reasons=("CPU 95 %",)),
+    )
+
+
+def test_summary_round_trips_through_json() -> None:
+    summary = _summary()
+    text = json.dumps(summary.to_dict(), allow_nan=False)
+    back = RunSummary.from_dict(json.loads(text))
+    assert back == summary
+    assert summary.incomplete  # the server side had a failed query
+    assert summary.cross_check is not None
+    assert "query 'preemptions' failed" in " ".join(summary.notes)
+
+
+def test_newer_schema_is_refused() -> None:
+    data = _summary().to_dict()
+    data["schema_version"] = 99
+    with pytest.raises(ConfigError, match="schema_version 99"):
+        RunSummary.from_dict(data)
+    del data["schema_version"]
+    with pytest.raises(ConfigError):
+        RunSummary.from_dict(data)
