@@ -27,6 +27,12 @@ class ReplicaSpec(BaseModel):
     max_waiting: int | None = Field(
         default=None, ge=0, description="Waiting-queue limit; above it requests get 429."
     )
+    startup_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Wall-clock seconds the replica answers 503 after its port opens "
+        "(a stand-in for model loading).",
+    )
 
 
 class HostSpec(BaseModel):

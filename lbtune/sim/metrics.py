@@ -1,0 +1,345 @@
+"""What a simulated replica reports about itself: Prometheus metrics and ground truth.
+
+Prometheus (``GET /metrics``, text exposition format 0.0.4, written by hand):
+
+* Engine-level gauges — exactly one series per replica, whatever the number of
+  served models, so that ``count(vllm:num_requests_running)`` equals the number of
+  replicas. A replica has one engine; these gauges carry ``model_name`` = the
+  replica's *first* served model: ``vllm:num_requests_running``,
+  ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0..1).
+* Counters from the engine, one series per served model (``model_name`` = the
+  requests' model): ``vllm:prefix_cache_queries_total`` and
+  ``vllm:prefix_cache_hits_total`` (tokens), ``vllm:num_preemptions_total``,
+  ``vllm:prompt_tokens_total`` (a request's prompt length, counted when its first
+  token is produced, as vLLM v1 does), ``vllm:generation_tokens_total``.
+* Per-request series kept by the server, labelled with the request's model:
+  ``vllm:request_success_total{finished_reason="stop|length|abort"}`` (abort: the
+  client went away) and histograms ``vllm:time_to_first_token_seconds`` (arrival
+  at the server to first token), ``vllm:inter_token_latency_seconds``,
+  ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds`` (engine
+  arrival to first scheduling) with vLLM's bucket boundaries
+  (``vllm/v1/metrics/loggers.py``). Times are wall-clock seconds, i.e. already
+  divided by the host's time scale, so they compare with what clients measure.
+* GPU gauges with DCGM exporter names, labels ``gpu="0"`` and ``modelName`` = the
+  GPU profile: ``DCGM_FI_DEV_GPU_UTIL`` (percentage of wall time the engine had
+  work, over the interval since the newest earlier scrape at least 0.5 s old —
+  with a 1 s scrape interval, the last interval), ``DCGM_FI_DEV_FB_USED`` and
+  ``DCGM_FI_DEV_FB_FREE`` (MiB: weights + KV blocks in use, and the rest).
+
+No ``replica`` label is written: Prometheus adds its target labels.
+
+Ground truth (:class:`GroundTruthLog`): one JSON object per request, kept in a
+bounded LRU for ``GET /debug/requests/{id}`` and, when a path is given, appended
+to a JSONL file (buffered, flushed every second and on close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from bisect import bisect_left
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+# fmt: off
+TTFT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+"""vLLM's ``vllm:time_to_first_token_seconds`` boundaries."""
+ITL_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)
+"""vLLM's ``vllm:inter_token_latency_seconds`` (and time-per-output-token) boundaries."""
+REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+"""vLLM's boundaries for e2e latency and queue time."""
+# fmt: on
+
+FINISH_REASONS = ("stop", "length", "abort")
+_MIB = 1024 * 1024
+
+
+class Histogram:
+    """A Prometheus histogram: per-bucket counts, sum and count."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        """Record ``n`` observations of ``value`` (``le`` is inclusive)."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        self.count += n
+
+
+class EngineView(Protocol):
+    """What the exporter reads from the engine (:class:`lbtune.sim.engine.Engine`)."""
+
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def kv_usage(self) -> float: ...
+    @property
+    def memory_used_bytes(self) -> int: ...
+    @property
+    def memory_total_bytes(self) -> int: ...
+    @property
+    def model_stats(self) -> Mapping[str, Any]: ...
+
+
+class BusyClock:
+    """Wall time during which the engine had work, and the utilisation over scrapes."""
+
+    def __init__(self) -> None:
+        self._busy_total = 0.0
+        self._busy_since: float | None = None
+        now = time.monotonic()
+        self._snapshots: deque[tuple[float, float]] = deque([(now, 0.0)], maxlen=64)
+
+    def start(self, now: float) -> None:
+        if self._busy_since is None:
+            self._busy_since = now
+
+    def stop(self, now: float) -> None:
+        if self._busy_since is not None:
+            self._busy_total += now - self._busy_since
+            self._busy_since = None
+
+    def busy_seconds(self, now: float) -> float:
+        extra = now - self._busy_since if self._busy_since is not None else 0.0
+        return self._busy_total + extra
+
+    def utilisation(self, now: float) -> float:
+        """Busy percentage since the newest snapshot at least 0.5 s old; takes a snapshot."""
+        busy = self.busy_seconds(now)
+        base_t, base_busy = self._snapshots[0]
+        for t, b in reversed(self._snapshots):
+            if now - t >= 0.5:
+                base_t, base_busy = t, b
+                break
+        self._snapshots.append((now, busy))
+        span = now - base_t
+        if span <= 0:
+            return 0.0
+        return max(0.0, min(100.0, 100.0 * (busy - base_busy) / span))
+
+
+class ModelMetrics:
+    """Per-request counters and histograms of one model on one replica."""
+
+    def __init__(self) -> None:
+        self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.queue = Histogram(REQUEST_LATENCY_BUCKETS)
+
+
+class ReplicaMetrics:
+    """Everything ``GET /metrics`` of one replica shows."""
+
+    def __init__(self, models: Sequence[str], gpu_name: str) -> None:
+        self.primary_model = models[0]
+        self.gpu_name = gpu_name
+        self.models = {m: ModelMetrics() for m in models}
+        self.busy = BusyClock()
+
+    def render(self, engine: EngineView, now: float | None = None) -> str:
+        """The exposition text (format 0.0.4)."""
+        now = time.monotonic() if now is None else now
+        out: list[str] = []
+        one = {"model_name": self.primary_model}
+        for name, value in (
+            ("vllm:num_requests_running", engine.num_running),
+            ("vllm:num_requests_waiting", engine.num_waiting),
+            ("vllm:kv_cache_usage_perc", engine.kv_usage),
+        ):
+            _metric(out, name, "gauge", [(one, value)])
+        per = [({"model_name": m}, mm) for m, mm in self.models.items()]
+        stats = [({"model_name": m}, engine.model_stats[m]) for m in self.models]
+        for name, attr in (
+            ("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
+            ("vllm:prefix_cache_hits_total", "prefix_cache_hits"),
+            ("vllm:num_preemptions_total", "num_preemptions"),
+            ("vllm:prompt_tokens_total", "prompt_tokens"),
+            ("vllm:generation_tokens_total", "generation_tokens"),
+        ):
+            _metric(out, name, "counter", [(k, getattr(st, attr)) for k, st in stats])
+        success = [
+            ({**k, "finished_reason": r}, m.success[r]) for k, m in per for r in FINISH_REASONS
+        ]
+        _metric(out, "vllm:request_success_total", "counter", success)
+        _histogram(out, "vllm:time_to_first_token_seconds", [(k, m.ttft) for k, m in per])
+        _histogram(out, "vllm:inter_token_latency_seconds", [(k, m.itl) for k, m in per])
+        _histogram(out, "vllm:e2e_request_latency_seconds", [(k, m.e2e) for k, m in per])
+        _histogram(out, "vllm:request_queue_time_seconds", [(k, m.queue) for k, m in per])
+        gpu = {"gpu": "0", "modelName": self.gpu_name}
+        used = engine.memory_used_bytes / _MIB
+        free = max(0.0, engine.memory_total_bytes / _MIB - used)
+        util = round(self.busy.utilisation(now), 3)
+        _metric(out, "DCGM_FI_DEV_GPU_UTIL", "gauge", [(gpu, util)])
+        _metric(out, "DCGM_FI_DEV_FB_USED", "gauge", [(gpu, round(used))])
+        _metric(out, "DCGM_FI_DEV_FB_FREE", "gauge", [(gpu, round(free))])
+        return "".join(out)
+
+
+HELP = {
+    "vllm:num_requests_running": "Number of requests in model execution batches.",
+    "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
+    "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+    "vllm:prefix_cache_queries_total": "Prefix cache queries, in queried tokens.",
+    "vllm:prefix_cache_hits_total": "Prefix cache hits, in terms of number of cached tokens.",
+    "vllm:num_preemptions_total": "Cumulative number of preemption from the engine.",
+    "vllm:prompt_tokens_total": "Number of prefill tokens processed.",
+    "vllm:generation_tokens_total": "Number of generation tokens processed.",
+    "vllm:request_success_total": "Count of successfully processed requests.",
+    "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+    "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
+    "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
+    "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
+    "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
+    "DCGM_FI_DEV_FB_USED": "Framebuffer memory used (in MiB).",
+    "DCGM_FI_DEV_FB_FREE": "Framebuffer memory free (in MiB).",
+}
+"""Every metric name ``/metrics`` exposes, with its help text."""
+
+
+def format_value(v: float) -> str:
+    """A sample value or ``le`` bound as Prometheus' Python client writes it."""
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if math.isnan(v):
+        return "NaN"
+    return repr(float(v))
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+    return "{" + body + "}"
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _metric(
+    out: list[str],
+    name: str,
+    kind: str,
+    samples: Iterable[tuple[dict[str, str], float]],
+) -> None:
+    out.append(f"# HELP {name} {HELP[name]}\n# TYPE {name} {kind}\n")
+    out.extend(f"{name}{_labels(lab)} {format_value(v)}\n" for lab, v in samples)
+
+
+def _histogram(
+    out: list[str], name: str, series: Iterable[tuple[dict[str, str], Histogram]]
+) -> None:
+    out.append(f"# HELP {name} {HELP[name]}\n# TYPE {name} histogram\n")
+    for lab, h in series:
+        cum = 0
+        for bound, c in zip((*h.bounds, math.inf), h.counts, strict=True):
+            cum += c
+            le = _labels({**lab, "le": format_value(bound)})
+            out.append(f"{name}_bucket{le} {format_value(cum)}\n")
+        out.append(f"{name}_count{_labels(lab)} {format_value(h.count)}\n")
+        out.append(f"{name}_sum{_labels(lab)} {format_value(h.sum)}\n")
+
+
+def new_record(request_id: str, replica: str, api: str, t_arrival: float) -> dict[str, Any]:
+    """A ground-truth record; the server fills it in as the request proceeds.
+
+    ``t_*`` are ``time.time()`` stamps: ``t_arrival`` when the handler started,
+    ``t_headers`` just after the response headers were written, ``t_first_token``
+    just after the first content chunk was written (non-streaming: the body),
+    ``t_last`` just after the last chunk (``data: [DONE]``) was written. ``status``
+    is the HTTP status, or 499 when the client went away; ``output_tokens`` counts
+    tokens produced; ``finish_reason`` is ``stop``, ``length`` or ``abort``.
+    """
+    return {
+        "request_id": request_id,
+        "replica": replica,
+        "api": api,
+        "model": None,
+        "stream": None,
+        "status": None,
+        "prompt_tokens": None,
+        "output_tokens": 0,
+        "finish_reason": None,
+        "t_arrival": t_arrival,
+        "t_headers": None,
+        "t_first_token": None,
+        "t_last": None,
+    }
+
+
+class GroundTruthLog:
+    """Per-request ground truth: an LRU for the debug endpoint and an optional JSONL file."""
+
+    def __init__(self, path: str | None = None, capacity: int = 100_000) -> None:
+        self.path = path
+        self.capacity = capacity
+        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._pending: list[str] = []
+        self._file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
+        self._task: asyncio.Task[None] | None = None
+
+    def record(self, rec: dict[str, Any]) -> None:
+        """Keep ``rec`` (which must hold ``request_id``) and queue it for the file."""
+        rid = str(rec["request_id"])
+        self._recent[rid] = rec
+        self._recent.move_to_end(rid)
+        while len(self._recent) > self.capacity:
+            self._recent.popitem(last=False)
+        if self._file is not None:
+            self._pending.append(json.dumps(rec, separators=(",", ":")) + "\n")
+
+    def get(self, request_id: str) -> dict[str, Any] | None:
+        return self._recent.get(request_id)
+
+    def flush(self) -> None:
+        if self._file is not None and self._pending:
+            self._file.write("".join(self._pending))
+            self._pending.clear()
+            self._file.flush()
+
+    def start(self, interval: float = 1.0) -> None:
+        """Flush every ``interval`` seconds from the running event loop."""
+        if self._file is not None and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._flusher(interval))
+
+    async def _flusher(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.flush()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.close()
+
+    def close(self) -> None:
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
