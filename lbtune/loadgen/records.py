@@ -13,10 +13,24 @@ clock the simulator's ground truth uses). Definitions (see docs/metrics.md):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Literal
 
-Outcome = Literal["ok", "http_error", "broken_stream", "timeout", "connect_error"]
-OUTCOMES: tuple[Outcome, ...] = ("ok", "http_error", "broken_stream", "timeout", "connect_error")
+Outcome = Literal["ok", "http_error", "broken_stream", "timeout", "connect_error", "cancelled"]
+OUTCOMES: tuple[Outcome, ...] = (
+    "ok",
+    "http_error",
+    "broken_stream",
+    "timeout",
+    "connect_error",
+    "cancelled",
+)
+"""Every request sent lands in exactly one. ``cancelled``: still running when the test
+ended (cut off by lbtune, not failed by the server): it is neither a success nor an
+error, and it is left out of the error rate's numerator and denominator."""
+ERROR_OUTCOMES: frozenset[Outcome] = frozenset(
+    {"http_error", "broken_stream", "timeout", "connect_error"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +74,7 @@ class RequestRecord:
     @property
     def itls(self) -> tuple[float, ...]:
         c = self.chunk_times
-        return tuple(b - a for a, b in zip(c, c[1:], strict=False))
+        return tuple(b - a for a, b in pairwise(c))
 
     @property
     def tpot(self) -> float | None:

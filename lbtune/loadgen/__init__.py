@@ -1,0 +1,16 @@
+"""Load generation: Locust users with exact streaming timing, records and health.
+
+Layout (the data flows top to bottom):
+
+* :mod:`~lbtune.loadgen.wire` — HTTP/1.1 + SSE bytes (pure, tested with byte streams);
+* :mod:`~lbtune.loadgen.client` — the gevent socket client (one record per request);
+* :mod:`~lbtune.loadgen.user` — Locust ``LLMUser``, open-loop dispatcher, load shape;
+* :mod:`~lbtune.loadgen.worker` — the Locust process (local, master or worker);
+* :mod:`~lbtune.loadgen.records` / :mod:`~lbtune.loadgen.recordio` — records, JSONL, Parquet;
+* :mod:`~lbtune.loadgen.health` — generator self-health;
+* :mod:`~lbtune.loadgen.exporter` — client-side Prometheus ``/metrics``;
+* :mod:`~lbtune.loadgen.collect` / :mod:`~lbtune.loadgen.runner` — ``run_load``, the
+  library API (never imports Locust or gevent in the caller).
+
+Importing this package imports nothing heavy.
+"""

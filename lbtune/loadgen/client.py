@@ -1,0 +1,367 @@
+"""The streaming OpenAI client used by :class:`~lbtune.loadgen.user.LLMUser`.
+
+Raw gevent sockets, HTTP/1.1 keep-alive, one ``time.time()`` stamp right after
+each ``recv``; the bytes are handled by :mod:`lbtune.loadgen.wire` (no per-line
+JSON). Every call of :meth:`StreamClient.send` returns exactly one
+:class:`~lbtune.loadgen.records.RequestRecord` with exactly one outcome:
+
+* ``ok`` — 2xx and the body ended (``[DONE]``, or the chunked/Content-Length end);
+* ``http_error`` — non-2xx status (kept in ``status_code``);
+* ``broken_stream`` — the connection closed or reset before the end;
+* ``timeout`` — the per-request timeout (whole request, headers to end) fired;
+* ``connect_error`` — no TCP (or TLS) connection could be made.
+
+Non-streaming requests: TTFT is the time to the complete body (the first moment
+any content is usable), and ``chunk_times`` holds that one time.
+
+The API key (``LBTUNE_API_KEY`` or ``OPENAI_API_KEY``) is sent as a bearer token
+and is scrubbed from error strings; it never reaches a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+from collections.abc import Callable
+from time import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import gevent
+from gevent import socket as gsocket
+
+from lbtune.loadgen.records import Outcome, RequestRecord
+from lbtune.loadgen.wire import (
+    ChunkedDecoder,
+    ProtocolError,
+    ResponseHead,
+    SseScanner,
+    build_request,
+    parse_head,
+    parse_json_body,
+)
+from lbtune.scenario.request import RequestSpec
+
+__all__ = ["StreamClient", "api_key_from_env"]
+
+_RECV = 65536
+
+
+def api_key_from_env() -> str | None:
+    """``LBTUNE_API_KEY``, else ``OPENAI_API_KEY``, else ``None``."""
+    return os.environ.get("LBTUNE_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
+
+
+class _RequestTimeout(Exception):
+    pass
+
+
+class _Closed(Exception):
+    """The peer closed (or reset) the connection; ``got_bytes`` says if anything came."""
+
+    def __init__(self, got_bytes: bool) -> None:
+        super().__init__("connection closed by peer")
+        self.got_bytes = got_bytes
+
+
+class StreamClient:
+    """One keep-alive connection pool to one base URL (one per Locust user)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        replica_header: str = "X-Lbtune-Replica",
+        timeout_s: float = 120.0,
+        connect_timeout_s: float = 5.0,
+        worker: str = "local",
+        id_prefix: str = "lbt-",
+        now: Callable[[], float] = time,
+    ) -> None:
+        u = urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"target URL must be http(s)://host[:port], got {base_url!r}")
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.prefix = u.path.rstrip("/")
+        self._tls = ssl.create_default_context() if u.scheme == "https" else None
+        self._host_header = f"{self.host}:{self.port}" if u.port else self.host
+        self._api_key = api_key
+        self._replica_header = replica_header.lower()
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.worker = worker
+        self.id_prefix = id_prefix
+        self._idle: list[Any] = []
+        self.in_flight = 0
+
+    def close(self) -> None:
+        for s in self._idle:
+            s.close()
+        self._idle.clear()
+
+    # -- one request -------------------------------------------------------------
+
+    def send(
+        self, spec: RequestSpec, *, scheduled_at: float | None = None, request_id: str = ""
+    ) -> RequestRecord:
+        rid = request_id or f"{self.id_prefix}{spec.index}"
+        headers = {"x-request-id": rid}
+        if spec.priority is not None:
+            headers["priority"] = str(spec.priority)
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        body = json.dumps(spec.body(), separators=(",", ":")).encode()
+        req = build_request(self._host_header, self.prefix + spec.path(), body, headers)
+        st = _State()
+        self.in_flight += 1
+        st.sent_at = time()
+        timer = gevent.Timeout.start_new(self.timeout_s, _RequestTimeout)
+        sock = None
+        outcome: Outcome = "ok"
+        cut: BaseException | None = None
+        try:
+            sock, reused = self._checkout()
+            try:
+                keep = self._exchange(sock, req, spec.stream, st)
+            except (_Closed, ConnectionResetError, BrokenPipeError):
+                if not reused or st.got_bytes:
+                    raise
+                sock.close()  # a stale keep-alive connection: retry once on a fresh one
+                sock = self._connect()
+                keep = self._exchange(sock, req, spec.stream, st)
+            if keep:
+                self._idle.append(sock)
+                sock = None
+            if st.status is not None and not 200 <= st.status < 300:
+                outcome = "http_error"
+                st.error = f"HTTP {st.status}: {st.error_body}"
+        except _RequestTimeout:
+            outcome, st.error = "timeout", f"no end after {self.timeout_s:g} s"
+        except _ConnectFailed as e:
+            outcome, st.error = "connect_error", str(e.__cause__ or e)
+        except (_Closed, OSError, ProtocolError) as e:
+            outcome, st.error = "broken_stream", f"{type(e).__name__}: {e}"
+        except gevent.GreenletExit as e:
+            # Killed when the test stopped: still one record, carried on the exception.
+            outcome, st.error, cut = "cancelled", "cut off when the test stopped", e
+        finally:
+            timer.close()
+            self.in_flight -= 1
+            if sock is not None:
+                sock.close()
+        ended = st.ended_at if st.ended_at is not None else time()
+        sc = st.scanner
+        out_tokens, in_tokens = (
+            (st.usage_out, st.usage_in)
+            if sc is None
+            else (sc.usage_completion_tokens, sc.usage_prompt_tokens)
+        )
+        if out_tokens is None and sc is not None:
+            out_tokens = len(st.times)  # no usage chunk: count content chunks
+        rec = RequestRecord(
+            request_id=rid,
+            index=spec.index,
+            model=spec.model,
+            api=spec.api,
+            stream=spec.stream,
+            sent_at=st.sent_at,
+            ended_at=ended,
+            outcome=outcome,
+            status_code=st.status,
+            scheduled_at=scheduled_at,
+            headers_at=st.headers_at,
+            first_token_at=st.times[0] if st.times else None,
+            chunk_times=tuple(st.times),
+            prompt_tokens=in_tokens if in_tokens is not None else spec.prompt_tokens,
+            output_tokens=out_tokens,
+            replica=st.replica,
+            error=self._scrub(st.error),
+            priority=spec.priority,
+            prefix_group=spec.prefix_group,
+            session_id=spec.session_id,
+            worker=self.worker,
+        )
+        if cut is not None:
+            cut.record = rec  # type: ignore[attr-defined]
+            raise cut
+        return rec
+
+    def _scrub(self, text: str | None) -> str | None:
+        if text and self._api_key:
+            return text.replace(self._api_key, "***")
+        return text
+
+    # -- connections -------------------------------------------------------------
+
+    def _checkout(self) -> tuple[Any, bool]:
+        if self._idle:
+            return self._idle.pop(), True
+        return self._connect(), False
+
+    def _connect(self) -> Any:
+        try:
+            sock = gsocket.create_connection((self.host, self.port), self.connect_timeout_s)
+            sock.setsockopt(gsocket.IPPROTO_TCP, gsocket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                from gevent import ssl as gssl
+
+                ctx = gssl.create_default_context()
+                sock = ctx.wrap_socket(sock, server_hostname=self.host)
+            sock.settimeout(None)
+            return sock
+        except OSError as e:
+            raise _ConnectFailed(f"cannot connect to {self.host}:{self.port}") from e
+
+    # -- the wire ----------------------------------------------------------------
+
+    def _exchange(self, sock: Any, req: bytes, stream: bool, st: _State) -> bool:
+        """Send ``req`` and read the whole response into ``st``; True = reusable."""
+        sock.sendall(req)
+        recv = sock.recv
+        buf = b""
+        while True:
+            data = recv(_RECV)
+            t = time()
+            if not data:
+                st.ended_at = t
+                raise _Closed(got_bytes=bool(buf))
+            st.got_bytes = True
+            buf += data
+            i = buf.find(b"\r\n\r\n")
+            if i >= 0:
+                break
+            if len(buf) > 65536:
+                raise ProtocolError("response head larger than 64 KiB")
+        st.headers_at = t
+        head = parse_head(buf[:i])
+        st.status = head.status
+        st.replica = head.headers.get(self._replica_header)
+        rest = buf[i + 4 :]
+        ok_status = 200 <= head.status < 300
+        if not ok_status or not stream:
+            body = _read_body(recv, head, rest)
+            st.ended_at = time()
+            if ok_status:
+                n, st.usage_out, st.usage_in = parse_json_body(body)
+                if n:
+                    st.times.append(st.ended_at)
+            else:
+                st.error_body = body[:160].decode("utf-8", "replace")
+            return head.keep_alive
+        return _read_stream(recv, head, rest, st)
+
+
+class _ConnectFailed(Exception):
+    pass
+
+
+class _State:
+    __slots__ = (
+        "ended_at",
+        "error",
+        "error_body",
+        "got_bytes",
+        "headers_at",
+        "replica",
+        "scanner",
+        "sent_at",
+        "status",
+        "times",
+        "usage_in",
+        "usage_out",
+    )
+
+    def __init__(self) -> None:
+        self.sent_at = 0.0
+        self.headers_at: float | None = None
+        self.ended_at: float | None = None
+        self.got_bytes = False
+        self.status: int | None = None
+        self.replica: str | None = None
+        self.times: list[float] = []
+        self.scanner: SseScanner | None = None
+        self.error: str | None = None
+        self.error_body = ""
+        self.usage_in: int | None = None
+        self.usage_out: int | None = None
+
+
+def _read_stream(recv: Any, head: ResponseHead, rest: bytes, st: _State) -> bool:
+    """Read an SSE body, stamping content chunks; True = connection reusable."""
+    sc = st.scanner = SseScanner()
+    times = st.times
+    t = st.headers_at or time()
+    if head.chunked:
+        dec = ChunkedDecoder()
+        data = rest
+        while True:
+            if data:
+                payload = dec.feed(data)
+                if payload:
+                    k = sc.feed(payload)
+                    if k:
+                        if k == 1:
+                            times.append(t)
+                        else:
+                            times.extend([t] * k)
+                if dec.done:
+                    st.ended_at = t
+                    return head.keep_alive
+            data = recv(_RECV)
+            t = time()
+            if not data:
+                st.ended_at = t
+                if sc.done:  # [DONE] seen; only the terminating chunk is missing
+                    return False
+                raise _Closed(got_bytes=True)
+    remaining = head.content_length
+    data = rest
+    while True:
+        if data:
+            k = sc.feed(data)
+            if k:
+                times.extend([t] * k)
+            if remaining is not None:
+                remaining -= len(data)
+                if remaining <= 0:
+                    st.ended_at = t
+                    return head.keep_alive
+        data = recv(_RECV)
+        t = time()
+        if not data:
+            st.ended_at = t
+            if sc.done or (remaining is not None and remaining <= 0):
+                return False
+            raise _Closed(got_bytes=True)
+
+
+def _read_body(recv: Any, head: ResponseHead, rest: bytes) -> bytes:
+    """Read a whole (non-streamed) body."""
+    if head.chunked:
+        dec = ChunkedDecoder()
+        parts = [dec.feed(rest)] if rest else []
+        while not dec.done:
+            data = recv(_RECV)
+            if not data:
+                raise _Closed(got_bytes=True)
+            parts.append(dec.feed(data))
+        return b"".join(parts)
+    if head.content_length is not None:
+        parts = [rest]
+        have = len(rest)
+        while have < head.content_length:
+            data = recv(_RECV)
+            if not data:
+                raise _Closed(got_bytes=True)
+            parts.append(data)
+            have += len(data)
+        return b"".join(parts)
+    parts = [rest]
+    while True:
+        data = recv(_RECV)
+        if not data:
+            return b"".join(parts)
+        parts.append(data)

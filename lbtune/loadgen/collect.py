@@ -1,0 +1,117 @@
+"""The runner's view of a test in progress (pure Python: no gevent, no Locust).
+
+:class:`RecordTail` follows every ``records-*.jsonl`` in the records directory
+(generators flush about once a second), feeds the exporter and keeps a sliding
+window for live progress. Reading the files instead of a side channel costs the
+generator nothing and works the same for one process or N Locust workers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lbtune.loadgen.health import percentile
+from lbtune.loadgen.recordio import FIELDS, decode_line
+from lbtune.loadgen.records import OUTCOMES, RequestRecord
+
+__all__ = ["Progress", "RecordTail"]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One live snapshot (about once a second)."""
+
+    elapsed_s: float
+    remaining_s: float
+    sent: int
+    completed: int
+    requests_per_s: float
+    """Completed requests/s over the last ``window_s``."""
+    output_tokens_per_s: float
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    """Over successful requests that ended in the last ``window_s``."""
+    errors: int
+    """Requests so far whose outcome is not ``ok``."""
+    in_flight: int
+    generator_lag_p99_s: float | None
+    """Worst event-loop lag P99 of the last second over generator processes."""
+    generator_cpu_percent: float | None
+    """Highest CPU % of the last second over generator processes."""
+    window_s: float = 5.0
+
+
+class RecordTail:
+    """Incrementally reads the JSONL record files of one run."""
+
+    def __init__(
+        self,
+        records_dir: Path,
+        on_record: Callable[[RequestRecord], None] | None = None,
+        window_s: float = 5.0,
+    ) -> None:
+        self.dir = records_dir
+        self.window_s = window_s
+        self._on_record = on_record
+        self._files: dict[Path, tuple[int, tuple[str, ...], str]] = {}
+        self._window: deque[tuple[float, float | None, int, bool]] = deque()
+        self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self.count = 0
+
+    def poll(self) -> int:
+        """Read whatever was appended since the last call; returns records read."""
+        n = 0
+        for f in sorted(self.dir.glob("records-*.jsonl")):
+            offset, fields, partial = self._files.get(f, (0, FIELDS, ""))
+            try:
+                with f.open(encoding="utf-8") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+                    offset = fh.tell()
+            except OSError:
+                continue
+            text = partial + data
+            lines = text.split("\n")
+            partial = lines.pop()  # incomplete last line (or "")
+            for line in lines:
+                if not line:
+                    continue
+                if line.startswith("{"):
+                    fields = tuple(json.loads(line)["fields"])
+                    continue
+                self._add(decode_line(line, fields))
+                n += 1
+            self._files[f] = (offset, fields, partial)
+        return n
+
+    def _add(self, r: RequestRecord) -> None:
+        self.count += 1
+        self.outcomes[r.outcome] = self.outcomes.get(r.outcome, 0) + 1
+        ok = r.outcome == "ok"
+        self._window.append((r.ended_at, r.ttft if ok else None, r.output_tokens or 0, ok))
+        if self._on_record is not None:
+            self._on_record(r)
+
+    def window(self, now: float) -> tuple[float, float, float | None, float | None]:
+        """(req/s, output tokens/s, TTFT P50, TTFT P99) over the last ``window_s``."""
+        lo = now - self.window_s
+        w = self._window
+        while w and w[0][0] < lo:
+            w.popleft()
+        recent = [x for x in w if x[0] <= now]
+        ttfts = [x[1] for x in recent if x[1] is not None]
+        tokens = sum(x[2] for x in recent if x[3])
+        return (
+            len(recent) / self.window_s,
+            tokens / self.window_s,
+            percentile(ttfts, 50),
+            percentile(ttfts, 99),
+        )
+
+    @property
+    def errors(self) -> int:
+        return self.count - self.outcomes.get("ok", 0) - self.outcomes.get("cancelled", 0)

@@ -1,0 +1,217 @@
+"""Client-side Prometheus exporter: ``GET /metrics`` while the test runs.
+
+Text exposition format written by hand (no client library). Served on
+``127.0.0.1:<exporter_port>``; the cluster's Prometheus scrapes it as job
+``lbtune``. Fed from the same per-request records that the summary is computed
+from, so Prometheus and the Parquet file can be cross-checked.
+
+Metrics:
+
+* histograms ``lbtune_ttft_seconds``, ``lbtune_itl_seconds``,
+  ``lbtune_e2e_seconds`` {replica, model} — successful requests only;
+* counters ``lbtune_requests_total`` {outcome, replica},
+  ``lbtune_output_tokens_total`` {replica}, ``lbtune_prompt_tokens_total`` {replica};
+* gauges ``lbtune_in_flight``, ``lbtune_generator_lateness_seconds`` {worker}
+  (last second's P99), ``lbtune_generator_cpu_percent`` {worker}.
+
+Labels carry only replica, model, outcome and worker names: never a header
+value, URL or key.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from lbtune.loadgen.records import RequestRecord
+
+__all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "TTFT_BUCKETS", "ExporterServer", "MetricsRegistry"]
+
+TTFT_BUCKETS = (
+    0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15,
+    0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.75, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0,
+    4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04,
+    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0,
+)  # fmt: skip
+E2E_BUCKETS = (
+    0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
+    6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0,
+)  # fmt: skip
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(pairs: Sequence[tuple[str, str]]) -> str:
+    if not pairs:
+        return ""
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in pairs) + "}"
+
+
+def _num(x: float) -> str:
+    if x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    return repr(float(x))
+
+
+class _Histogram:
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(self.bounds, v)] += 1
+        self.sum += v
+        self.count += 1
+
+
+class MetricsRegistry:
+    """Thread-safe client-side metrics, fed one record at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hist: dict[str, dict[tuple[str, str], _Histogram]] = {
+            "ttft": {},
+            "itl": {},
+            "e2e": {},
+        }
+        self._requests: dict[tuple[str, str], int] = {}
+        self._out_tokens: dict[str, int] = {}
+        self._prompt_tokens: dict[str, int] = {}
+        self._in_flight = 0
+        self._lateness: dict[str, float] = {}
+        self._cpu: dict[str, float] = {}
+
+    def observe(self, r: RequestRecord) -> None:
+        replica = r.replica or "unknown"
+        key = (replica, r.model)
+        with self._lock:
+            rk = (r.outcome, replica)
+            self._requests[rk] = self._requests.get(rk, 0) + 1
+            if r.output_tokens:
+                self._out_tokens[replica] = self._out_tokens.get(replica, 0) + r.output_tokens
+            if r.prompt_tokens:
+                self._prompt_tokens[replica] = self._prompt_tokens.get(replica, 0) + r.prompt_tokens
+            if r.outcome != "ok":
+                return
+            self._get("e2e", key, E2E_BUCKETS).observe(r.e2e)
+            ttft = r.ttft
+            if ttft is not None:
+                self._get("ttft", key, TTFT_BUCKETS).observe(ttft)
+            c = r.chunk_times
+            if len(c) > 1:
+                h = self._get("itl", key, ITL_BUCKETS)
+                for i in range(1, len(c)):
+                    h.observe(c[i] - c[i - 1])
+
+    def _get(self, name: str, key: tuple[str, str], bounds: Sequence[float]) -> _Histogram:
+        h = self._hist[name].get(key)
+        if h is None:
+            h = self._hist[name][key] = _Histogram(bounds)
+        return h
+
+    def set_in_flight(self, n: int) -> None:
+        self._in_flight = n
+
+    def set_generator(self, worker: str, lateness_s: float | None, cpu_percent: float) -> None:
+        with self._lock:
+            if lateness_s is not None:
+                self._lateness[worker] = lateness_s
+            self._cpu[worker] = cpu_percent
+
+    def render(self) -> str:
+        out: list[str] = []
+        with self._lock:
+            for name, unit_help in (
+                ("ttft", "Time to first non-empty content chunk (request sent -> chunk)."),
+                ("itl", "Gaps between consecutive content chunks."),
+                ("e2e", "Request sent -> last byte of the response."),
+            ):
+                metric = f"lbtune_{name}_seconds"
+                out.append(f"# HELP {metric} {unit_help}")
+                out.append(f"# TYPE {metric} histogram")
+                for (replica, model), h in sorted(self._hist[name].items()):
+                    base = [("replica", replica), ("model", model)]
+                    acc = 0
+                    for b, c in zip(h.bounds, h.counts, strict=False):
+                        acc += c
+                        out.append(f"{metric}_bucket{_labels([*base, ('le', _num(b))])} {acc}")
+                    out.append(f"{metric}_bucket{_labels([*base, ('le', '+Inf')])} {h.count}")
+                    out.append(f"{metric}_sum{_labels(base)} {h.sum!r}")
+                    out.append(f"{metric}_count{_labels(base)} {h.count}")
+            out.append(
+                "# HELP lbtune_requests_total Requests by outcome (each sent one counted once)."
+            )
+            out.append("# TYPE lbtune_requests_total counter")
+            for (outcome, replica), n in sorted(self._requests.items()):
+                lbl = _labels([("outcome", outcome), ("replica", replica)])
+                out.append(f"lbtune_requests_total{lbl} {n}")
+            for metric, data, text in (
+                ("lbtune_output_tokens_total", self._out_tokens, "Output tokens received."),
+                ("lbtune_prompt_tokens_total", self._prompt_tokens, "Prompt tokens sent."),
+            ):
+                out.append(f"# HELP {metric} {text}")
+                out.append(f"# TYPE {metric} counter")
+                for replica, n in sorted(data.items()):
+                    out.append(f"{metric}{_labels([('replica', replica)])} {n}")
+            out.append("# HELP lbtune_in_flight Requests sent and not yet ended.")
+            out.append("# TYPE lbtune_in_flight gauge")
+            out.append(f"lbtune_in_flight {self._in_flight}")
+            for metric, gdata, text in (
+                (
+                    "lbtune_generator_lateness_seconds",
+                    self._lateness,
+                    "P99 open-loop send lateness over the last second.",
+                ),
+                ("lbtune_generator_cpu_percent", self._cpu, "CPU of a generator process."),
+            ):
+                out.append(f"# HELP {metric} {text}")
+                out.append(f"# TYPE {metric} gauge")
+                for worker, v in sorted(gdata.items()):
+                    out.append(f"{metric}{_labels([('worker', worker)])} {v!r}")
+        return "\n".join(out) + "\n"
+
+
+class ExporterServer:
+    """Serves a registry's ``/metrics`` from a daemon thread."""
+
+    def __init__(self, registry: MetricsRegistry, port: int, host: str = "127.0.0.1") -> None:
+        reg = registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?", 1)[0] != "/metrics":
+                    self.send_error(404)
+                    return
+                body = reg.render().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="lbtune-exporter", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

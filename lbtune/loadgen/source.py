@@ -1,0 +1,138 @@
+"""Where the generator's requests and load shape come from.
+
+Normally a scenario (name or YAML path) through :mod:`lbtune.scenario`
+(``load_scenario`` → ``build_workload`` / ``plan_load``). For benchmarks and
+tests a *fixed* workload needs no scenario file:
+``fixed:model=M,prompt=16,output=32,stream=1,api=chat,arrival=poisson`` — every
+request the same shape, closed loop with ``users`` or open loop at ``rate``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from lbtune.errors import ConfigError
+from lbtune.scenario.request import RequestSpec
+
+__all__ = ["FixedWorkload", "SimplePlan", "Workload", "resolve"]
+
+_WORDS = ("alpha", "bravo", "delta", "echo", "gamma", "kilo", "lima", "metro", "nova", "omega")
+
+
+class Workload(Protocol):
+    def request(self, i: int) -> RequestSpec: ...
+
+
+@dataclass(frozen=True)
+class FixedWorkload:
+    """Every request the same shape; prompt text varies with the index."""
+
+    model: str = "llama-3.1-8b-instruct"
+    prompt_tokens: int = 16
+    output_tokens: int = 32
+    stream: bool = True
+    api: Literal["chat", "completions"] = "chat"
+
+    def request(self, i: int) -> RequestSpec:
+        words = [_WORDS[(i + k) % len(_WORDS)] for k in range(max(1, self.prompt_tokens - 1))]
+        text = f"{i} " + " ".join(words)
+        if self.api == "chat":
+            return RequestSpec(
+                index=i,
+                api="chat",
+                model=self.model,
+                max_tokens=self.output_tokens,
+                stream=self.stream,
+                prompt_tokens=self.prompt_tokens,
+                messages=({"role": "user", "content": text},),
+            )
+        return RequestSpec(
+            index=i,
+            api="completions",
+            model=self.model,
+            max_tokens=self.output_tokens,
+            stream=self.stream,
+            prompt_tokens=self.prompt_tokens,
+            prompt=text,
+        )
+
+
+@dataclass(frozen=True)
+class SimplePlan:
+    """The subset of ``lbtune.scenario``'s LoadPlan the generator reads."""
+
+    mode: Literal["closed", "open"]
+    users: int = 1
+    arrivals: tuple[float, ...] = field(default_factory=tuple)
+    warmup_s: float = 0.0
+    cooldown_s: float = 0.0
+    stages: tuple[Any, ...] = field(default_factory=tuple)
+
+    def users_at(self, t: float) -> int:
+        return self.users
+
+
+def _parse_fixed(spec: str) -> tuple[FixedWorkload, dict[str, str]]:
+    opts: dict[str, str] = {}
+    for part in spec.split(":", 1)[1].split(","):
+        if part.strip():
+            k, sep, v = part.partition("=")
+            if not sep:
+                raise ConfigError(f"fixed workload: expected key=value, found {part!r}")
+            opts[k.strip()] = v.strip()
+    known = {"model", "prompt", "output", "stream", "api", "arrival"}
+    unknown = set(opts) - known
+    if unknown:
+        raise ConfigError(
+            f"fixed workload: unknown option {sorted(unknown)[0]!r}. "
+            f"Available: {', '.join(sorted(known))}"
+        )
+    api = opts.get("api", "chat")
+    if api not in ("chat", "completions"):
+        raise ConfigError(f"fixed workload: api must be chat or completions, found {api!r}")
+    wl = FixedWorkload(
+        model=opts.get("model", "llama-3.1-8b-instruct"),
+        prompt_tokens=int(opts.get("prompt", "16")),
+        output_tokens=int(opts.get("output", "32")),
+        stream=opts.get("stream", "1") not in ("0", "false", "no"),
+        api=api,  # type: ignore[arg-type]
+    )
+    return wl, opts
+
+
+def arrivals(rate: float, duration_s: float, seed: int, kind: str = "poisson") -> tuple[float, ...]:
+    """Send offsets (s) for an open loop at ``rate`` req/s over ``duration_s``."""
+    if rate <= 0:
+        raise ConfigError(f"rate must be > 0, found {rate}")
+    if kind == "constant":
+        n = int(rate * duration_s)
+        return tuple(i / rate for i in range(n))
+    rng = random.Random(seed)
+    out: list[float] = []
+    t = rng.expovariate(rate)
+    while t < duration_s:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return tuple(out)
+
+
+def resolve(
+    scenario: str, seed: int, duration_s: float, users: int | None, rate: float | None
+) -> tuple[Workload, Any]:
+    """(workload, plan) for a scenario name/path or a ``fixed:`` spec."""
+    if scenario.startswith("fixed:") or scenario == "fixed":
+        wl, opts = _parse_fixed(scenario if ":" in scenario else "fixed:")
+        if rate is not None:
+            arr = arrivals(rate, duration_s, seed, opts.get("arrival", "poisson"))
+            return wl, SimplePlan(mode="open", arrivals=arr)
+        return wl, SimplePlan(mode="closed", users=users or 1)
+    try:
+        from lbtune.scenario import build_workload, load_scenario, plan_load
+    except ImportError as e:  # pragma: no cover - until lbtune.scenario lands
+        raise ConfigError(f"scenarios are not available ({e}); use a 'fixed:' workload") from e
+    sc = load_scenario(scenario)
+    workload = build_workload(sc, seed)
+    plan = plan_load(sc, duration_s=duration_s, users=users, rate=rate, seed=seed)
+    return workload, plan

@@ -1,0 +1,190 @@
+"""``python -m lbtune.loadgen.worker``: one Locust process (local, master or worker).
+
+Started by :func:`lbtune.loadgen.runner.run_load` so that gevent's monkey
+patching never touches the caller. Reads its configuration as JSON (``--config``,
+the fields of :class:`~lbtune.loadgen.runner.LoadConfig`) and writes JSON lines
+on stdout, one per second per generator process::
+
+    {"type": "sample", ...HealthSample fields...}
+    {"type": "final", "worker": ..., "sent": N, "completed": N, "health": {...}}
+
+Roles: ``local`` (one process does it all), ``master`` (runs the shape and the
+clock, sends no requests) and ``worker`` (sends; connects to a master).
+SIGTERM/SIGINT: stop sending, let in-flight requests end for ``grace_s``
+(those cut off are recorded as ``cancelled``), write the records, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import signal
+import sys
+from dataclasses import asdict
+from time import time
+from typing import Any
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import gevent  # noqa: E402
+import gevent.event  # noqa: E402
+from locust.env import Environment  # noqa: E402
+
+from lbtune.loadgen.health import HealthSample  # noqa: E402
+from lbtune.loadgen.user import STATE, LLMUser, OpenLoopUser, PlanShape  # noqa: E402
+
+_DRAIN = "lbtune_drain"
+_DRAINED = "lbtune_drained"
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def _sample(s: HealthSample) -> None:
+    _emit({"type": "sample", **asdict(s)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lbtune.loadgen.worker")
+    ap.add_argument("--config", required=True, help="LoadConfig as JSON")
+    ap.add_argument("--role", choices=("local", "master", "worker"), default="local")
+    ap.add_argument("--worker-index", type=int, default=-1)
+    ap.add_argument("--worker-count", type=int, default=1)
+    ap.add_argument("--name", default="local")
+    ap.add_argument("--run-id", default="")
+    args = ap.parse_args(argv)
+    cfg = json.loads(args.config)
+
+    STATE.configure(
+        worker=args.name,
+        worker_index=max(0, args.worker_index),
+        worker_count=max(1, args.worker_count),
+        request_timeout_s=float(cfg["request_timeout_s"]),
+        replica_header=cfg["replica_header"],
+        max_in_flight=int(cfg["max_in_flight"]),
+        locust_stats=bool(cfg.get("ui", False)) or args.role != "local",
+    )
+    if args.run_id:
+        STATE.run_id = args.run_id
+    duration = float(cfg["duration_s"])
+    grace = float(cfg["grace_s"])
+    STATE.load(cfg["scenario"], int(cfg["seed"]), duration, cfg.get("users"), cfg.get("rate"))
+    closed = STATE.plan.mode == "closed"
+    user_cls: Any = LLMUser if closed else OpenLoopUser
+    user_cls.host = cfg["target_url"]
+    env = Environment(
+        user_classes=[user_cls],
+        shape_class=PlanShape(STATE.plan, duration) if closed else None,
+        host=cfg["target_url"],
+        stop_timeout=grace,
+    )
+    stop = gevent.event.Event()
+    gevent.signal_handler(signal.SIGTERM, stop.set)
+    gevent.signal_handler(signal.SIGINT, stop.set)
+
+    if args.role == "worker":
+        return _run_worker(env, cfg, args, stop, grace)
+
+    if args.role == "master":
+        runner: Any = env.create_master_runner(
+            cfg.get("master_bind_host", "127.0.0.1"), int(cfg["master_port"])
+        )
+        expect = int(cfg["expect_workers"])
+        drained: set[str] = set()
+        runner.register_message(_DRAINED, lambda msg, **_: drained.add(str(msg.node_id)))
+        deadline = time() + 60
+        while len(runner.clients.ready) < expect and time() < deadline and not stop.is_set():
+            gevent.sleep(0.05)
+        if len(runner.clients.ready) < expect:
+            _emit(
+                {
+                    "type": "error",
+                    "error": f"only {len(runner.clients.ready)} of {expect} "
+                    "workers connected within 60 s",
+                }
+            )
+            runner.quit()
+            return 3
+    else:
+        runner = env.create_local_runner()
+        STATE.start(env, cfg["records_dir"])
+        STATE.on_sample.append(_sample)
+    if cfg.get("ui"):
+        env.create_web_ui("127.0.0.1", int(cfg.get("ui_port") or 8089))
+    # Fewer, later GC passes: a full collection over Locust's objects stalls the loop
+    # (and every time stamp behind it) for milliseconds.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 50, 1000)
+    t0 = time()
+    _emit({"type": "started", "t": t0, "role": args.role})
+    if closed:
+        runner.start_shape()
+    else:
+        runner.start(int(cfg.get("expect_workers") or 1), spawn_rate=1000)
+    stop.wait(timeout=duration)
+    _emit({"type": "stopping", "t": time(), "elapsed": time() - t0})
+    if args.role == "master":
+        runner.send_message(_DRAIN, grace)
+        end = time() + grace + 2.0
+        while len(drained) < expect and time() < end:
+            gevent.sleep(0.05)
+        runner.quit()
+        return 0
+    STATE.drain(grace)
+    runner.quit()
+    return _final()
+
+
+def _run_worker(env: Environment, cfg: dict[str, Any], args: Any, stop: Any, grace: float) -> int:
+    runner: Any = env.create_worker_runner(cfg["master_host"], int(cfg["master_port"]))
+    if args.worker_index < 0:  # multi-machine: the master's index, the configured count
+        runner.connection_event.wait(30)
+        STATE.configure(worker_index=max(0, runner.worker_index))
+        STATE.configure(worker=f"{args.name}-{STATE.worker_index}")
+    STATE.start(env, cfg["records_dir"])
+    STATE.on_sample.append(_sample)
+
+    def drain(msg: Any, **_: Any) -> None:
+        def go() -> None:
+            STATE.drain(float(msg.data or grace))
+            runner.send_message(_DRAINED, None)
+
+        gevent.spawn(go)
+
+    runner.register_message(_DRAIN, drain)
+
+    def on_signal() -> None:
+        stop.wait()
+        STATE.drain(grace)
+        runner.quit()
+
+    gevent.spawn(on_signal)
+    runner.greenlet.join()
+    return _final()
+
+
+def _final() -> int:
+    STATE.close()
+    mon = STATE.monitor
+    health = mon.summary(STATE.cap_hits).to_dict() if mon is not None else None
+    _emit(
+        {
+            "type": "final",
+            "worker": STATE.worker,
+            "sent": STATE.sent,
+            "completed": STATE.completed,
+            "records": str(STATE.writer.path) if STATE.writer else None,
+            "health": health,
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

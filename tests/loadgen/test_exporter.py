@@ -1,0 +1,62 @@
+"""The exporter's text format parses and its counters match the records."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
+from tests.loadgen.test_records import rec
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
+
+
+def parse(text: str) -> dict[str, float]:
+    """Minimal Prometheus text parser: every sample line must be well formed."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            assert line.startswith(("# HELP ", "# TYPE ")) or not line
+            continue
+        m = _LINE.match(line)
+        assert m, line
+        out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def test_counters_and_histograms_match_records() -> None:
+    reg = MetricsRegistry()
+    rs = [
+        rec(0),
+        rec(1),
+        rec(2, outcome="broken_stream", replica="a100-1"),
+        rec(3, outcome="http_error", replica=None, output_tokens=None),
+    ]
+    for r in rs:
+        reg.observe(r)
+    reg.set_in_flight(4)
+    reg.set_generator("w0", 0.002, 37.5)
+    m = parse(reg.render())
+    assert m['lbtune_requests_total{outcome="ok",replica="h100-0"}'] == 2
+    assert m['lbtune_requests_total{outcome="broken_stream",replica="a100-1"}'] == 1
+    assert m['lbtune_requests_total{outcome="http_error",replica="unknown"}'] == 1
+    assert m['lbtune_output_tokens_total{replica="h100-0"}'] == 6
+    assert m['lbtune_ttft_seconds_count{replica="h100-0",model="m"}'] == 2
+    assert m['lbtune_ttft_seconds_bucket{replica="h100-0",model="m",le="0.04"}'] == 0
+    assert m['lbtune_ttft_seconds_bucket{replica="h100-0",model="m",le="0.05"}'] == 2
+    assert m['lbtune_itl_seconds_count{replica="h100-0",model="m"}'] == 4
+    assert m["lbtune_in_flight"] == 4
+    assert m['lbtune_generator_cpu_percent{worker="w0"}'] == 37.5
+    assert abs(m['lbtune_e2e_seconds_sum{replica="h100-0",model="m"}'] - 3.0) < 1e-9
+
+
+def test_served_over_http() -> None:
+    reg = MetricsRegistry()
+    reg.observe(rec(0))
+    srv = ExporterServer(reg, 0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics", timeout=5) as resp:
+            assert resp.status == 200
+            assert "lbtune_requests_total" in resp.read().decode()
+    finally:
+        srv.close()
