@@ -1,5 +1,10 @@
 """Errors a user can act on.
 
+Exit codes (documented in the README): 0 ok; 1 a regression, an SLO breach or an
+untrusted measurement (``--strict``); 2 bad input or an unreachable target or
+Prometheus; 3 an infrastructure failure (the embedded cluster, a missing
+program, a failed apply); 130 interrupted (Ctrl-C).
+
 Every subclass of :class:`LbtuneError` is shown by the CLI as one line on stderr,
 without a traceback, and the process exits with ``exit_code``. Anything else that
 escapes is a bug and keeps its traceback.
@@ -19,9 +24,10 @@ class ConfigError(LbtuneError):
 
 
 class TargetError(LbtuneError):
-    """The target, the balancer or Prometheus is unreachable or misbehaves."""
+    """The target, the balancer or Prometheus is unreachable or misbehaves.
 
-    exit_code = 3
+    Exit code 2 like bad input: the user must point lbtune at something that answers.
+    """
 
 
 class ClusterError(LbtuneError):

@@ -15,6 +15,7 @@ import typer
 from lbtune import __version__
 from lbtune.cli import cluster as _cluster
 from lbtune.cli import scenarios as _scenarios
+from lbtune.cli import stress as _stress
 from lbtune.errors import LbtuneError
 
 app = typer.Typer(
@@ -30,6 +31,7 @@ app = typer.Typer(
 )
 app.add_typer(_cluster.app, name="cluster")
 app.add_typer(_scenarios.app, name="scenarios")
+app.command("stress")(_stress.stress_command)
 
 
 def _version_callback(value: bool) -> None:

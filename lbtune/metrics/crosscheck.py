@@ -57,6 +57,12 @@ def resolution(bounds: Sequence[float], exact: float, estimate: float) -> float 
     return width
 
 
+MIN_WINDOW_SCRAPES = 10
+"""Quantiles are compared only over windows of at least this many scrape intervals."""
+MIN_CROSSCHECK_SAMPLES = 50
+"""...and with at least this many samples (a P50 of 20 requests moves by whole buckets)."""
+
+
 def cross_check(
     records: Sequence[RequestRecord],
     window: Window,
@@ -82,12 +88,22 @@ def cross_check(
     ok = [r for r in ended if r.outcome == "ok"]
     ttfts = [t for r in ok if (t := r.ttft) is not None]
     e2es = [r.e2e for r in ok]
-    quantiles = [
-        _quantile("ttft_p50", ttfts, 50.0, prom.ttft_p50, prom.ttft_buckets),
-        _quantile("ttft_p99", ttfts, 99.0, prom.ttft_p99, prom.ttft_buckets),
-        _quantile("e2e_p50", e2es, 50.0, prom.e2e_p50, prom.e2e_buckets),
-        _quantile("e2e_p99", e2es, 99.0, prom.e2e_p99, prom.e2e_buckets),
-    ]
+    if dur < MIN_WINDOW_SCRAPES * scrape_interval_s:
+        # Prometheus sees the window through scrapes: with only a few of them, which
+        # requests fall inside differs from the records' exact set, so a histogram
+        # quantile says nothing about measurement accuracy.
+        notes.append(
+            f"window of {dur:.0f} s is under {MIN_WINDOW_SCRAPES} scrape intervals: "
+            "latency quantiles not compared"
+        )
+        quantiles: list[QuantileCheck] = []
+    else:
+        quantiles = [
+            _quantile("ttft_p50", ttfts, 50.0, prom.ttft_p50, prom.ttft_buckets),
+            _quantile("ttft_p99", ttfts, 99.0, prom.ttft_p99, prom.ttft_buckets),
+            _quantile("e2e_p50", e2es, 50.0, prom.e2e_p50, prom.e2e_buckets),
+            _quantile("e2e_p99", e2es, 99.0, prom.e2e_p99, prom.e2e_buckets),
+        ]
     verdicts = [c.agree for c in counts] + [q.agree for q in quantiles]
     decided = [v for v in verdicts if v is not None]
     agree = None if not decided else all(decided)
@@ -109,7 +125,7 @@ def _quantile(
     name: str, values: Sequence[float], q: float, estimate: float | None, bounds: Sequence[float]
 ) -> QuantileCheck:
     key = "p50" if q == 50.0 else "p99"
-    if len(values) < MIN_SAMPLES[key]:
+    if len(values) < max(MIN_SAMPLES[key], MIN_CROSSCHECK_SAMPLES):
         return QuantileCheck(
             name, None, estimate, None, None, f"too few samples ({len(values)}) to compare"
         )

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from lbtune.loadgen.records import OUTCOMES, RequestRecord
+from lbtune.loadgen.records import ERROR_OUTCOMES, OUTCOMES, RequestRecord
 from lbtune.metrics import stages as stage_figures
 from lbtune.metrics.crosscheck import cross_check
 from lbtune.metrics.quantiles import latency_stats, p99_or_max, reported_percentile
@@ -56,10 +56,11 @@ def outcomes(records: Sequence[RequestRecord]) -> Outcomes:
     counts: Counter[str] = Counter({o: 0 for o in OUTCOMES})
     counts.update(r.outcome for r in records)
     sent = len(records)
+    judged = sent - counts["cancelled"]  # cut off by the test's end: no verdict
     return Outcomes(
         sent=sent,
         counts=dict(counts),
-        error_rate=(sent - counts["ok"]) / sent if sent else None,
+        error_rate=(judged - counts["ok"]) / judged if judged else None,
         rates={o: c / sent for o, c in counts.items()} if sent else {},
     )
 
@@ -127,6 +128,10 @@ def throughput(records: Sequence[RequestRecord], window: Window, slo: Slo | None
     )
 
 
+def cancelled(records: Sequence[RequestRecord]) -> int:
+    return sum(1 for r in records if r.outcome == "cancelled")
+
+
 def replica_stats(records: Sequence[RequestRecord]) -> tuple[ReplicaStats, ...]:
     """Share, errors and TTFT/E2E P50/P99 per replica (``unknown`` if no header)."""
     groups: dict[str, list[RequestRecord]] = {}
@@ -139,7 +144,7 @@ def replica_stats(records: Sequence[RequestRecord]) -> tuple[ReplicaStats, ...]:
         ok = [r for r in group if r.outcome == "ok"]
         ttfts = [t for r in ok if (t := r.ttft) is not None]
         e2es = [r.e2e for r in ok]
-        errors = Counter(r.outcome for r in group if r.outcome != "ok")
+        errors = Counter(r.outcome for r in group if r.outcome in ERROR_OUTCOMES)
         figures = {
             "ttft_p50": reported_percentile(ttfts, "p50"),
             "ttft_p99": reported_percentile(ttfts, "p99"),
@@ -152,8 +157,9 @@ def replica_stats(records: Sequence[RequestRecord]) -> tuple[ReplicaStats, ...]:
                 sent=len(group),
                 share=len(group) / total,
                 ok=len(ok),
-                errors=len(group) - len(ok),
-                error_rate=(len(group) - len(ok)) / len(group),
+                errors=sum(errors.values()),
+                error_rate=sum(errors.values()) / judged if (judged := len(group) - cancelled(group))
+                else None,
                 errors_by_outcome=dict(sorted(errors.items())),
                 too_few_samples=tuple(k for k, v in figures.items() if v is None),
                 **figures,

@@ -111,7 +111,8 @@ def plan_load(
     """The load plan of ``scenario``.
 
     ``duration_s`` stretches or shrinks the shape's timeline to a new test length
-    (warm-up and cool-down keep their seconds). ``users`` or ``rate`` scales the
+    (warm-up and cool-down shrink with a shorter test and keep their seconds in a
+    longer one). ``users`` or ``rate`` scales the
     shape so that its reference level (see :mod:`.shapes`) becomes that value;
     ``rate`` on a closed-loop shape (or ``users`` on an open one) switches the
     loop, keeping the form (Poisson arrivals when switching to open).
@@ -126,12 +127,16 @@ def plan_load(
         raise ConfigError(f"--duration: must be > 0, got {duration_s}")
     shape = scenario.load
     duration = scenario.duration_s if duration_s is None else float(duration_s)
-    if scenario.warmup_s + scenario.cooldown_s >= duration:
+    stretch = duration / scenario.duration_s
+    # A shorter test keeps the same proportions: warm-up and cool-down shrink with it
+    # (a longer one keeps their seconds: a warm cache does not take longer to fill).
+    shrink = min(1.0, stretch)
+    warmup, cooldown = scenario.warmup_s * shrink, scenario.cooldown_s * shrink
+    if warmup + cooldown >= duration:
         raise ConfigError(
             f"--duration {duration:g}: no measurement window left after warmup_s "
-            f"({scenario.warmup_s:g}) and cooldown_s ({scenario.cooldown_s:g})"
+            f"({warmup:g}) and cooldown_s ({cooldown:g})"
         )
-    stretch = duration / scenario.duration_s
     segs = shape.segments(scenario.duration_s)
     mode = shape.mode()
     scale = 1.0
@@ -141,7 +146,7 @@ def plan_load(
         mode, scale = "open", rate / shape.reference()
     stages = tuple(_stage(seg, stretch, scale, mode) for seg in segs)
     if mode == "closed":
-        return LoadPlan("closed", duration, stages, scenario.warmup_s, scenario.cooldown_s)
+        return LoadPlan("closed", duration, stages, warmup, cooldown)
     arrival: Arrival = "poisson"
     cv: float | None = None
     if (
@@ -152,7 +157,7 @@ def plan_load(
         cv = shape.cv if arrival == "gamma" else None
     times = _arrivals(stages, duration, arrival, cv, scenario.seed if seed is None else seed)
     return LoadPlan(
-        "open", duration, stages, scenario.warmup_s, scenario.cooldown_s, times, arrival, cv
+        "open", duration, stages, warmup, cooldown, times, arrival, cv
     )
 
 

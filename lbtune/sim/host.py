@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -77,6 +78,7 @@ class SimHost:
                 )
                 await runner.setup()
                 self._runners.append(runner)
+                r.on_crash = self._stopper(runner)
                 site = web.TCPSite(runner, self.spec.host, r.spec.port, backlog=1024)
                 try:
                     await site.start()
@@ -106,6 +108,15 @@ class SimHost:
     async def wait_closed(self) -> None:
         if self._closed is not None:
             await self._closed.wait()
+
+    def _stopper(self, runner: web.AppRunner) -> Callable[[], Awaitable[None]]:
+        async def stop() -> None:
+            if runner in self._runners:
+                self._runners.remove(runner)
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+
+        return stop
 
     async def _cleanup_runners(self) -> None:
         runners, self._runners = self._runners, []

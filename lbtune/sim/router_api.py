@@ -136,22 +136,20 @@ class _RouterApi:
             body = await self._body(request)
             model = self._model(body, required=False)
             if "messages" in body:
-                ids = tokens.encode(chat_prompt(body["messages"]))
-            elif "prompt" in body:
-                if not isinstance(body["prompt"], str):
-                    raise ApiError(400, "'prompt' must be a string", "prompt")
-                ids = tokens.encode(body["prompt"])
+                text = chat_prompt(body["messages"])
+            elif isinstance(body.get("prompt"), str):
+                text = body["prompt"]
             else:
-                raise ApiError(400, "give 'prompt' or 'messages'")
+                raise ApiError(400, "give a string 'prompt' or a list of 'messages'", "prompt")
         except ApiError as err:
             return self._error(err)
-        strs = tokens.split_ids_text(ids) if False else None  # vLLM: only on request
+        pieces = tokens.split(text)
         return web.json_response(
             {
-                "count": len(ids),
+                "count": len(pieces),
                 "max_model_len": self._max_model_len(model),
-                "tokens": ids,
-                "token_strs": strs,
+                "tokens": [tokens.token_id(p) for p in pieces],
+                "token_strs": pieces if body.get("return_token_strs") else None,
             }
         )
 
@@ -177,8 +175,7 @@ class _RouterApi:
                 else [prompt]
             )
             out = [
-                self._generate_request(body, model, completion_prompt(p)[1], "cmpl")
-                for p in batch
+                self._generate_request(body, model, completion_prompt(p)[1], "cmpl") for p in batch
             ]
             return web.json_response(out)
         except ApiError as err:

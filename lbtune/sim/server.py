@@ -30,7 +30,9 @@ Endpoints:
 * Sim knobs: ``POST /admin/slowdown {"factor": 3.0}`` multiplies step durations
   from now on (1.0 restores); ``POST /admin/drain`` makes ``/health`` and new API
   requests answer 503 while in-flight requests finish; ``POST /admin/ready``
-  undoes it; ``GET /admin/state`` shows state, slowdown, engine load, busy time
+  undoes it; ``POST /admin/crash`` makes the replica die as a crashed process
+  would (in-flight connections reset, its port closed, health gone; only a host
+  restart brings it back); ``GET /admin/state`` shows state, slowdown, engine load, busy time
   and ``modelled_s``/``actual_s``: cumulative modelled step time (already scaled)
   and the wall time the GPU loop actually took for those steps.
 """
@@ -43,6 +45,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -58,6 +61,7 @@ from lbtune.sim.engine import (
 )
 from lbtune.sim.metrics import GroundTruthLog, ReplicaMetrics, new_record
 from lbtune.sim.profiles import get_gpu, get_model
+from lbtune.sim.router_api import add_router_routes
 from lbtune.sim.spec import ReplicaSpec
 from lbtune.sim.textgen import (
     Api,
@@ -131,6 +135,9 @@ class Replica:
         self._wake = asyncio.Event()
         self._seq = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._transports: set[asyncio.BaseTransport] = set()
+        self.on_crash: Callable[[], Awaitable[None]] | None = None
+        """Set by the host: stop listening on this replica's port."""
         self.app = web.Application()
         self.app.add_routes(
             [
@@ -143,9 +150,11 @@ class Replica:
                 web.post("/admin/slowdown", self._admin_slowdown),
                 web.post("/admin/drain", self._admin_drain),
                 web.post("/admin/ready", self._admin_ready),
+                web.post("/admin/crash", self._admin_crash),
                 web.get("/admin/state", self._admin_state),
             ]
         )
+        add_router_routes(self.app, self)  # /tokenize, /render, /get_load for vllm-router
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -268,6 +277,8 @@ class Replica:
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
         headers = {"x-request-id": rid, "x-sim-replica": self.name}
         gt = new_record(rid, self.name, api, t_arrival)
+        if request.transport is not None:
+            self._transports.add(request.transport)
         try:
             if self.state != "ready":
                 raise ApiError(503, f"replica {self.name} is {self.state}")
@@ -295,6 +306,8 @@ class Replica:
             gt.update(status=499, error="client disconnected")
             raise
         finally:
+            if request.transport is not None:
+                self._transports.discard(request.transport)
             self._streams.pop(eid, None)
             if not st.done:
                 self.engine.abort(eid)
@@ -441,6 +454,23 @@ class Replica:
     async def _admin_ready(self, request: web.Request) -> web.Response:
         self.state = "ready"
         return web.json_response(self.admin_state())
+
+    async def _admin_crash(self, request: web.Request) -> web.Response:
+        asyncio.get_running_loop().call_soon(lambda: self._tasks.append(
+            asyncio.ensure_future(self.crash())))  # fmt: skip
+        return web.json_response({"name": self.name, "state": "crashing"})
+
+    async def crash(self) -> None:
+        """Die like a killed process: reset connections, close the port, stop the GPU."""
+        self.state = "crashed"
+        for tr in list(self._transports):
+            tr.abort()  # type: ignore[attr-defined]
+        self._transports.clear()
+        if self.on_crash is not None:
+            await self.on_crash()
+        for t in self._tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
 
     async def _admin_state(self, request: web.Request) -> web.Response:
         return web.json_response(self.admin_state())

@@ -106,10 +106,22 @@ def test_every_request_in_exactly_one_outcome() -> None:
     assert out.sent == 10 == sum(out.counts.values())
     assert dict(out.counts) == {
         "ok": 6, "http_error": 2, "broken_stream": 1, "timeout": 1, "connect_error": 0,
+        "cancelled": 0,
     }  # fmt: skip
     assert out.error_rate == pytest.approx(0.4)
     assert out.rates["http_error"] == pytest.approx(0.2)
     assert outcomes([]).error_rate is None
+
+
+def test_cancelled_requests_are_neither_successes_nor_errors() -> None:
+    """Cut off by the test's end: 6 ok, 2 errors, 2 cancelled -> error rate 2 / 8."""
+    kinds = ["ok"] * 6 + ["http_error"] * 2 + ["cancelled"] * 2
+    records = [rec(i, sent=T0 + i, outcome=k) for i, k in enumerate(kinds)]  # type: ignore[arg-type]
+    out = outcomes(records)
+    assert out.sent == 10 == sum(out.counts.values())
+    assert out.error_rate == pytest.approx(0.25)
+    (only,) = replica_stats(records)
+    assert only.errors == 2 and only.error_rate == pytest.approx(0.25)
 
 
 def test_per_replica_share_errors_and_latency() -> None:

@@ -59,7 +59,7 @@ def test_tables_hold_the_key_figures() -> None:
     assert head["Prefix-cache hit rate"] == pytest.approx(42.0)
     outcomes = {row[0]: row[1] for row in frame.outcome_table(s).rows}
     assert outcomes == {"ok": 280, "http_error": 3, "broken_stream": 0, "timeout": 0,
-                        "connect_error": 0, "sent": 283}  # fmt: skip
+                        "connect_error": 0, "cancelled": 0, "sent": 283}  # fmt: skip
     slo = {row[0]: row[3] for row in frame.slo_table(s).rows}
     assert slo == {"p99_ttft": "pass", "p99_e2e": "pass", "error_rate": "FAIL"}
     lat = frame.latency_table(s)

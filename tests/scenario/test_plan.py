@@ -114,5 +114,8 @@ def test_override_errors() -> None:
         plan_load(chat, users=1, rate=1)
     with pytest.raises(ConfigError, match="--rate: must be > 0"):
         plan_load(chat, rate=-1)
-    with pytest.raises(ConfigError, match="no measurement window"):
-        plan_load(chat, duration_s=10)
+    short = plan_load(chat, duration_s=10)  # warm-up and cool-down shrink with the test
+    assert short.warmup_s == pytest.approx(chat.warmup_s * 10 / chat.duration_s)
+    assert short.cooldown_s == pytest.approx(chat.cooldown_s * 10 / chat.duration_s)
+    long = plan_load(chat, duration_s=chat.duration_s * 2)  # ... and keep their seconds
+    assert (long.warmup_s, long.cooldown_s) == (chat.warmup_s, chat.cooldown_s)

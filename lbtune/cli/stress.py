@@ -1,0 +1,194 @@
+"""`lbtune stress` — one load test with live progress, a summary and a report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from lbtune.loadgen.collect import Progress
+    from lbtune.metrics.summary import RunSummary
+
+
+def stress_command(
+    scenario: str = typer.Option(
+        "chat",
+        "--scenario",
+        "-s",
+        help="Built-in scenario (see `lbtune scenarios list`) or a YAML file.",
+    ),
+    target: str | None = typer.Option(
+        None,
+        "--target",
+        help="Balancer base URL (OpenAI-compatible). Default: the embedded cluster.",
+    ),
+    duration: float | None = typer.Option(
+        None, "--duration", "-d", help="Test length in seconds (default: the scenario's)."
+    ),
+    users: int | None = typer.Option(
+        None, "--users", "-u", help="Closed loop: concurrent users (scales the scenario's shape)."
+    ),
+    rate: float | None = typer.Option(
+        None, "--rate", "-r", help="Open loop: arrival rate in req/s (scales the shape)."
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Seed of the request sequence (default: the scenario's)."
+    ),
+    slo: str | None = typer.Option(
+        None, "--slo", help="SLO overrides, e.g. ttft=350ms,e2e=800ms,errors=1%."
+    ),
+    prometheus: str | None = typer.Option(
+        None, "--prometheus", help="Prometheus URL (default: the embedded cluster's)."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Report directory (default: reports/<time>-<scenario>/)."
+    ),
+    workers: int = typer.Option(
+        0, "--workers", help="Locust distributed mode: N local worker processes."
+    ),
+    ui: bool = typer.Option(False, "--ui", help="Also open Locust's web UI on 127.0.0.1:8089."),
+    strict: bool = typer.Option(
+        False, "--strict", help="Fail (exit 1) when the generator fell behind."
+    ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="A Hugging Face tokenizer.json for prompt lengths."
+    ),
+    allow_remote: bool = typer.Option(
+        False, "--allow-remote", help="Allow load against a non-loopback target."
+    ),
+    state_dir: Path | None = typer.Option(None, "--state-dir", help="Embedded cluster state dir."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary JSON alone on stdout."),
+) -> None:
+    """Run one load test against the cluster and write a report.
+
+    Live progress goes to stderr; the summary table (or --json) to stdout; the
+    report directory holds summary.json, requests.parquet, report.md and report.html.
+    Ctrl-C stops the test cleanly and still writes the (partial) report.
+
+    Example: lbtune stress --scenario longctx --duration 30
+    """
+    from lbtune.stress import StressOptions, run_stress
+
+    opts = StressOptions(
+        scenario=scenario,
+        target_url=target,
+        prometheus_url=prometheus,
+        duration_s=duration,
+        users=users,
+        rate=rate,
+        seed=seed,
+        slo=slo,
+        out_dir=out,
+        allow_remote=allow_remote,
+        workers=workers,
+        ui=ui,
+        strict=strict,
+        tokenizer=tokenizer,
+        state_dir=state_dir,
+    )
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    with _LiveProgress(err, enabled=err.is_terminal or not as_json) as live:
+        result = run_stress(opts, on_progress=live.update, say=lambda m: err.print(f"[dim]{m}[/]"))
+    summary = result.summary
+    if as_json:
+        from lbtune.report.json import dumps
+
+        sys.stdout.write(dumps(summary) + "\n")
+    else:
+        _print_summary(Console(), summary)
+    if result.report is not None:
+        err.print(f"report: {result.report.directory}")
+    if result.load.stopped_early:
+        err.print("interrupted: the report holds what was measured until then")
+        raise typer.Exit(130)
+
+
+class _LiveProgress:
+    """A one-line rich status refreshed from runner progress snapshots."""
+
+    def __init__(self, console: object, enabled: bool) -> None:
+        from rich.console import Console
+
+        assert isinstance(console, Console)
+        self._console = console
+        self._enabled = enabled
+        self._live: object | None = None
+
+    def __enter__(self) -> _LiveProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)  # type: ignore[attr-defined]
+
+    def update(self, p: Progress) -> None:
+        """Started on the first snapshot, so errors before the load print cleanly."""
+        if not self._enabled:
+            return
+        if self._live is None:
+            from rich.live import Live
+
+            live = Live(console=self._console, refresh_per_second=4, transient=False)
+            live.__enter__()
+            self._live = live
+        self._live.update(format_progress(p))  # type: ignore[attr-defined]
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f} ms"
+
+
+def format_progress(p: Progress) -> str:
+    total = p.elapsed_s + p.remaining_s
+    lag = "-" if p.generator_lag_p99_s is None else f"{p.generator_lag_p99_s * 1000:.1f} ms"
+    cpu = "-" if p.generator_cpu_percent is None else f"{p.generator_cpu_percent:.0f} %"
+    return (
+        f"{p.elapsed_s:5.0f}/{total:.0f} s | sent {p.sent} done {p.completed} "
+        f"in-flight {p.in_flight} | {p.requests_per_s:.1f} req/s {p.output_tokens_per_s:.0f} tok/s"
+        f" | TTFT p50 {_ms(p.ttft_p50_s)} p99 {_ms(p.ttft_p99_s)} | errors {p.errors}"
+        f" | gen lag {lag} cpu {cpu}"
+    )
+
+
+def fmt_cell(value: object) -> str:
+    """Human-sized numbers: 1897.41 -> '1897', 78.52 -> '78.5', 0.0356 -> '0.036'."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    mag = abs(value)
+    if mag >= 100:
+        return f"{value:.0f}"
+    if mag >= 10:
+        return f"{value:.1f}"
+    if mag >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}".rstrip("0").rstrip(".") if value else "0"
+
+
+def _print_summary(console: object, s: RunSummary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    assert isinstance(console, Console)
+    from lbtune.report.frame import headline, latency_table, replica_table, warnings
+
+    for w in warnings(s):
+        console.print(f"[bold yellow]warning:[/] {w}")
+    frames = (
+        ("Summary", headline(s)),
+        ("Latency", latency_table(s)),
+        ("Replicas", replica_table(s)),
+    )
+    for title, frame in frames:
+        t = Table(title=title)
+        for col in frame.columns:
+            t.add_column(str(col))
+        for row in frame.rows:
+            t.add_row(*(fmt_cell(c) for c in row))
+        console.print(t)

@@ -1,0 +1,38 @@
+"""Fixtures shared by every test package: real clusters on free loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+M8 = "llama-3.1-8b-instruct"
+M70 = "llama-3.1-70b-instruct-awq"
+
+
+def have_cluster_binaries() -> bool:
+    return shutil.which("haproxy") is not None and shutil.which("prometheus") is not None
+
+
+@contextlib.contextmanager
+def running_cluster(state_dir: Path, preset: str = "mini2", **updates: Any) -> Iterator[Any]:
+    """Bring a preset cluster up in ``state_dir`` (ports: auto), yield its Endpoints, take it down.
+
+    ``updates`` override top-level fields of the preset (e.g. ``time_scale=8``).
+    """
+    from lbtune.cluster import api
+    from lbtune.cluster.config import load_config
+
+    if not have_cluster_binaries():
+        pytest.fail("haproxy and prometheus are needed: run scripts/setup.sh")
+    cfg, _ = load_config(preset)
+    if updates:
+        cfg = cfg.model_copy(update=updates)
+    try:
+        yield api.up(cfg, state_dir)
+    finally:
+        api.down(state_dir)
