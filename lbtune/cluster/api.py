@@ -4,7 +4,8 @@ The CLI (``lbtune cluster ...``) and the ``stress``/``optimize`` commands call t
 ``up`` starts the sim host, HAProxy and Prometheus (in that order, each only once the
 previous one is ready), waits until every replica is healthy, every HAProxy server is
 UP and Prometheus has scraped every replica, then writes ``endpoints.json``. If any
-step fails, everything this ``up`` started is stopped again.
+step fails, everything this ``up`` started is stopped again. With ``balancer:
+vllm-router`` the router (:mod:`lbtune.cluster.router`) takes HAProxy's place.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lbtune.cluster import health, probes, render, supervisor
+from lbtune.cluster import health, probes, render, router, supervisor
 from lbtune.cluster.config import (
     DEFAULT_PRESET,
     LOOPBACK,
@@ -79,7 +80,15 @@ def _locked(paths: StatePaths) -> Iterator[None]:
 
 
 def _records(paths: StatePaths) -> list[ProcessRecord]:
-    return [r for n in COMPONENTS if (r := supervisor.read_record(paths, n)) is not None]
+    names = (*COMPONENTS, router.COMPONENT)
+    return [r for n in names if (r := supervisor.read_record(paths, n)) is not None]
+
+
+def _problems(ep: Endpoints, paths: StatePaths, records: list[ProcessRecord]) -> list[str]:
+    simulated = any(not r.external for r in ep.replicas)
+    if supervisor.read_record(paths, router.COMPONENT) is not None:
+        return router.problems(ep, records, simulated)
+    return health.problems(ep, records, simulated)
 
 
 def find_state_dir(state_dir: str | Path | None = None) -> Path:
@@ -118,7 +127,7 @@ def _endpoints(cluster: ResolvedCluster, paths: StatePaths, source: str) -> Endp
         config_path=source,
         state_dir=str(paths.root),
         balancer_url=f"http://{LOOPBACK}:{p.balancer}",
-        stats_url=f"{stats}/stats",
+        stats_url=f"{stats}/{'metrics' if cluster.config.balancer == 'vllm-router' else 'stats'}",
         haproxy_metrics_url=f"{stats}/metrics",
         prometheus_url=f"http://{LOOPBACK}:{p.prometheus}",
         exporter_port=p.exporter,
@@ -165,7 +174,9 @@ def up(
             return _already_up(cfg, paths, running)
         for rec in _records(paths):  # stale PID files from a crash or a reboot
             supervisor.stop(rec, paths)
-        haproxy, prometheus = render.require("haproxy"), render.require("prometheus")
+        use_router = cfg.balancer == "vllm-router"
+        haproxy = "" if use_router else render.require("haproxy")
+        prometheus = render.require("prometheus")
         cluster = resolve(cfg)
         _check_ports(cluster, source)
         ep = _endpoints(cluster, paths, source)
@@ -194,8 +205,7 @@ def _already_up(cfg: ClusterConfig, paths: StatePaths, running: list[ProcessReco
     ep = read_endpoints(paths)
     problems = ["endpoints.json is missing"] if ep is None else []
     if ep is not None:
-        simulated = any(not r.external for r in ep.replicas)
-        problems = health.problems(ep, _records(paths), simulated)
+        problems = _problems(ep, paths, _records(paths))
     if problems or ep is None:
         raise ClusterError(
             f"Cluster {cfg.name} in {paths.root} is running but unhealthy "
@@ -229,9 +239,12 @@ def _check_ports(cluster: ResolvedCluster, source: str) -> None:
 
 def _write_configs(cluster: ResolvedCluster, paths: StatePaths) -> None:
     write_json_atomic(paths.config, cluster.config.model_dump_json(indent=2) + "\n")
-    paths.haproxy_cfg.write_text(render.render_haproxy(cluster, paths), encoding="utf-8")
-    render.validate_haproxy(paths.haproxy_cfg)
-    paths.prometheus_yml.write_text(render.render_prometheus(cluster), encoding="utf-8")
+    if cluster.config.balancer == "vllm-router":
+        paths.prometheus_yml.write_text(router.render_prometheus(cluster), encoding="utf-8")
+    else:
+        paths.haproxy_cfg.write_text(render.render_haproxy(cluster, paths), encoding="utf-8")
+        render.validate_haproxy(paths.haproxy_cfg)
+        paths.prometheus_yml.write_text(render.render_prometheus(cluster), encoding="utf-8")
     # A fresh start is untuned and has no history: no saved weights, no old series.
     paths.server_state.unlink(missing_ok=True)
     paths.ground_truth.unlink(missing_ok=True)
@@ -273,6 +286,17 @@ def _start_all(
     started.append(prom)
     what = "the replicas' /health" if sim else "the external replicas' /health"
     supervisor.wait_until(lambda: health.replicas_missing(urls), SIM_TIMEOUT, what, [*sim, prom])
+    if cluster.config.balancer == "vllm-router":
+        _say(progress, "starting vllm-router")
+        started.append(router.start(paths, router.cluster_command(cluster), watch=sim))
+        _say(progress, "waiting for Prometheus to scrape every replica")
+        supervisor.wait_until(
+            lambda: router.prometheus_missing(ep),
+            PROMETHEUS_TIMEOUT,
+            "Prometheus scrapes",
+            [*sim, started[-1], prom],
+        )
+        return
     _say(progress, "starting HAProxy")
     hap_cmd = [haproxy, "-W", "-S", str(paths.master_socket), "-f", str(paths.haproxy_cfg)]
     hap = supervisor.start("haproxy", hap_cmd, paths)
@@ -334,8 +358,7 @@ def status(state_dir: str | Path | None = None) -> ClusterStatus:
             replicas=[],
             problems=problems,
         )
-    simulated = any(not r.external for r in ep.replicas)
-    problems = health.problems(ep, records, simulated)
+    problems = _problems(ep, paths, records)
     try:
         servers = probes.haproxy_servers(ep.runtime_socket)
     except OSError:

@@ -72,8 +72,13 @@ class PortsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    balancer: int = Field(default=8000, ge=0, le=65535, description="HAProxy frontend.")
-    stats: int = Field(default=8404, ge=0, le=65535, description="HAProxy stats + /metrics.")
+    balancer: int = Field(default=8000, ge=0, le=65535, description="The balancer's API.")
+    stats: int = Field(
+        default=8404,
+        ge=0,
+        le=65535,
+        description="HAProxy stats + /metrics; with vllm-router, its Prometheus metrics.",
+    )
     prometheus: int = Field(default=9490, ge=0, le=65535, description="Prometheus web/API.")
     exporter: int = Field(
         default=9491, ge=0, le=65535, description="Reserved for lbtune's client-side exporter."
@@ -175,6 +180,21 @@ class ExternalReplica(BaseModel):
         return f"http://{parts.netloc}"
 
 
+class RouterSettings(BaseModel):
+    """vllm-router's policy and cache-aware thresholds (its own defaults: untuned)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: Literal["round_robin", "random", "power_of_two", "cache_aware", "consistent_hash"] = (
+        "cache_aware"
+    )
+    cache_threshold: float = Field(default=0.3, ge=0.0, le=1.0)
+    balance_abs_threshold: int = Field(default=64, ge=0)
+    balance_rel_threshold: float = Field(default=1.5, ge=1.0)
+    eviction_interval_secs: int = Field(default=120, ge=1)
+    max_tree_size: int = Field(default=33554432, ge=1)
+
+
 class ClusterConfig(BaseModel):
     """A cluster file: simulated replica groups or external replicas, and ports."""
 
@@ -183,7 +203,8 @@ class ClusterConfig(BaseModel):
     name: str
     time_scale: float = Field(default=1.0, gt=0, description="Sim speed-up: 4 = 4x real time.")
     seed: int = 0
-    balancer: Literal["haproxy"] = "haproxy"
+    balancer: Literal["haproxy", "vllm-router"] = "haproxy"
+    router: RouterSettings = RouterSettings()
     ports: PortsConfig = PortsConfig()
     replicas: list[ReplicaGroup] = Field(default_factory=list)
     external: list[ExternalReplica] = Field(default_factory=list)
@@ -212,6 +233,14 @@ class ClusterConfig(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"Duplicate replica names: {', '.join(dupes)}")
+        served = {frozenset(g.models) for g in self.replicas} | {
+            frozenset(e.models) for e in self.external
+        }
+        if self.balancer == "vllm-router" and len(served) > 1:
+            raise ValueError(
+                "vllm-router does not route by model: with 'balancer: vllm-router' every "
+                "replica must serve the same models"
+            )
         return self
 
 
