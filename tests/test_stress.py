@@ -37,7 +37,9 @@ def _success_total(replica_url: str) -> float:
     )
 
 
-def _lbtune(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _lbtune(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "lbtune", *args],
         capture_output=True,
@@ -166,3 +168,45 @@ def test_unreachable_target_fails_within_5_s(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "unreachable" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+BUILTINS = ["chat", "longctx", "prefix", "mixed", "surge", "ramp"]
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_every_builtin_scenario_runs_briefly(cluster: Any, name: str, tmp_path: Path) -> None:
+    from lbtune.stress import StressOptions, run_stress
+
+    result = run_stress(
+        StressOptions(
+            scenario=name, duration_s=6, state_dir=Path(cluster.state_dir), out_dir=tmp_path,
+            write_report=False,
+        )
+    )  # fmt: skip
+    counts = result.summary.all_outcomes.counts
+    assert counts["ok"] > 0, counts
+    errors = {k: v for k, v in counts.items() if k not in ("ok", "cancelled") and v}
+    assert not errors, errors
+
+
+def test_report_html_renders_its_plots_in_headless_chromium(
+    run: dict[str, Any], tmp_path: Path
+) -> None:
+    import shutil
+
+    import matplotlib.image
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "chromium is installed by scripts/setup.sh"
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--screenshot={shot}", "--window-size=1280,1600",
+         (run["out"] / "report.html").as_uri()],
+        capture_output=True, timeout=90, check=True,
+    )  # fmt: skip
+    pixels = matplotlib.image.imread(str(shot))
+    assert pixels.shape[0] >= 1600 and pixels.shape[1] >= 1280
+    # A rendered page with plots has many distinct colours; a blank page has one.
+    rgb = (pixels[..., :3] * 255).astype("uint8").reshape(-1, 3)
+    assert len({tuple(p) for p in rgb[:: max(1, len(rgb) // 20000)]}) > 50
