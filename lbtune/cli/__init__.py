@@ -13,6 +13,7 @@ import sys
 import typer
 
 from lbtune import __version__
+from lbtune.cli import apply as _apply
 from lbtune.cli import cluster as _cluster
 from lbtune.cli import scenarios as _scenarios
 from lbtune.cli import stress as _stress
@@ -32,6 +33,8 @@ app = typer.Typer(
 app.add_typer(_cluster.app, name="cluster")
 app.add_typer(_scenarios.app, name="scenarios")
 app.command("stress")(_stress.stress_command)
+app.command("apply")(_apply.apply_command)
+app.command("rollback")(_apply.rollback_command)
 
 
 def _version_callback(value: bool) -> None:

@@ -100,7 +100,8 @@ def stress_command(
 
         sys.stdout.write(dumps(summary) + "\n")
     else:
-        _print_summary(Console(), summary)
+        out = Console()
+        _print_summary(out if out.is_terminal else Console(width=140), summary)
     if result.report is not None:
         err.print(f"report: {result.report.directory}")
     if result.load.stopped_early:

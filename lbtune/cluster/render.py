@@ -7,17 +7,19 @@ same files; every knob is a template variable with the untuned default, and the
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jinja2
 
 import lbtune
 from lbtune.cluster.config import LOOPBACK, ResolvedCluster
-from lbtune.cluster.state import StatePaths
+from lbtune.cluster.state import Endpoints, StatePaths
 from lbtune.errors import ClusterError, DependencyError
 from lbtune.sim.spec import HostSpec, ReplicaSpec
 
@@ -41,19 +43,52 @@ def backend_names(models: list[str]) -> dict[str, str]:
 
 def haproxy_context(cluster: ResolvedCluster, paths: StatePaths) -> dict[str, Any]:
     """Template variables for ``haproxy.cfg.j2`` (knobs left to the template's defaults)."""
-    backends = backend_names(cluster.models)
+    return base_haproxy_context(
+        state_dir=str(paths.root),
+        balancer_port=cluster.ports.balancer,
+        stats_port=cluster.ports.stats,
+        servers=[(r.name, r.host, r.port, list(r.models)) for r in cluster.replicas],
+        models=list(cluster.models),
+    )
+
+
+def endpoints_haproxy_context(ep: Endpoints) -> dict[str, Any]:
+    """The same variables as :func:`haproxy_context`, from a running cluster's endpoints
+    (what the HAProxy target re-renders the config from)."""
+    servers = []
+    for r in ep.replicas:
+        url = urlsplit(r.url)
+        servers.append((r.name, url.hostname or LOOPBACK, url.port or 80, list(r.models)))
+    return base_haproxy_context(
+        state_dir=ep.state_dir,
+        balancer_port=urlsplit(ep.balancer_url).port or 80,
+        stats_port=urlsplit(ep.stats_url).port or 80,
+        servers=servers,
+        models=list(ep.backends),
+    )
+
+
+def base_haproxy_context(
+    *,
+    state_dir: str,
+    balancer_port: int,
+    stats_port: int,
+    servers: list[tuple[str, str, int, list[str]]],
+    models: list[str],
+) -> dict[str, Any]:
+    backends = backend_names(models)
     return {
-        "haproxy_state_dir": str(paths.root),
+        "haproxy_state_dir": state_dir,
         "haproxy_bind_address": LOOPBACK,
-        "haproxy_balancer_port": cluster.ports.balancer,
-        "haproxy_stats_port": cluster.ports.stats,
+        "haproxy_balancer_port": balancer_port,
+        "haproxy_stats_port": stats_port,
         "haproxy_all_backend": ALL_BACKEND,
         "haproxy_servers": [
-            {"name": r.name, "address": r.host, "port": r.port, "models": list(r.models)}
-            for r in cluster.replicas
+            {"name": name, "address": host, "port": port, "models": list(served)}
+            for name, host, port, served in servers
         ],
         "haproxy_models": [
-            {"name": m, "backend": backends[m], "regex": re.escape(m)} for m in cluster.models
+            {"name": m, "backend": backends[m], "regex": re.escape(m)} for m in models
         ],
     }
 
@@ -70,7 +105,10 @@ def prometheus_context(cluster: ResolvedCluster) -> dict[str, Any]:
     }
 
 
+@functools.cache
 def _environment() -> jinja2.Environment:
+    """One environment per process: it caches compiled templates (a compile is ~45 ms, a
+    render ~1 ms; the loader still notices an edited template by its mtime)."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,

@@ -1,0 +1,101 @@
+"""What an apply costs per optimizer trial: direct runtime call vs ansible-runner.
+
+Starts a mini2 cluster in a temp state dir and times, ``--repeats`` times each (median):
+
+  (a)  the playbook-free runtime call: ``set weight`` for every server (one socket connection)
+  (a') the direct target path, weights only (validate, render, runtime API, read-back)
+  (b)  ``lbtune apply`` through ansible-runner, weights only
+  (c)  a structural change with a hitless reload: direct, and through ansible-runner
+
+and, to say where the Ansible time goes: an empty play (runner + ansible-playbook
+start-up), the same play with fact gathering on, and a play with one no-op task.
+
+    .venv/bin/python benchmarks/apply_latency.py [--repeats 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from lbtune.apply import apply_params
+from lbtune.apply.runner import run_playbook
+from lbtune.cluster import api
+from lbtune.cluster.config import load_config
+from lbtune.targets.haproxy.target import HaproxyTarget
+
+PLAYS = {
+    "empty play (startup)": "gather_facts: false\n  tasks: []",
+    "empty play + gather_facts": "gather_facts: true\n  tasks: []",
+    "one no-op task": "gather_facts: false\n  tasks:\n    - ansible.builtin.meta: noop",
+}
+
+
+def median_s(fn: Callable[[int], object], repeats: int) -> float:
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    n = args.repeats
+    with tempfile.TemporaryDirectory(prefix="lbt-bench-") as tmp:
+        state = Path(tmp)
+        ep = api.up(load_config("mini2")[0], state)
+        try:
+            t = HaproxyTarget(ep)
+            t.apply(t.space().baseline())
+            servers = [r.name for r in ep.replicas]
+            rows = [(s.backend, s.server) for s in t.runtime.servers_state()]
+            algos = ["leastconn", "roundrobin"]
+            res: dict[str, float] = {}
+            res["(a) runtime call, weights"] = median_s(
+                lambda i: t.runtime.set_weights({r: 50 + i for r in rows}), n * 10
+            )
+            res["(a') direct apply, weights"] = median_s(
+                lambda i: t.apply({f"weight.{s}": 60 + i for s in servers}), n * 4
+            )
+            res["(b) ansible apply, weights"] = median_s(
+                lambda i: apply_params(
+                    t, {f"weight.{s}": 90 + i for s in servers}, via="ansible", record=False
+                ),
+                n,
+            )
+            res["(c) direct apply, structural + reload"] = median_s(
+                lambda i: t.apply({"algorithm": algos[i % 2]}), n * 2
+            )
+            res["(c) ansible apply, structural + reload"] = median_s(
+                lambda i: apply_params(t, {"algorithm": algos[i % 2]}, via="ansible", record=False),
+                n,
+            )
+            for name, body in PLAYS.items():
+                pb = state / f"bench-{len(res)}.yml"
+                pb.write_text(f"- hosts: balancers\n  {body}\n")
+                res[f"ansible: {name}"] = median_s(
+                    lambda i, pb=pb: run_playbook(str(pb), state_dir=state, extravars={}), n
+                )
+        finally:
+            api.down(state)
+    base = res["(a) runtime call, weights"]
+    if args.json:
+        print(json.dumps({k: {"median_s": v, "ratio": v / base} for k, v in res.items()}))
+        return
+    print(f"{'what':45} {'median':>12} {'x (a)':>10}")
+    for k, v in res.items():
+        print(f"{k:45} {v * 1000:10.2f}ms {v / base:10.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Apply a parameter set safely: validate, lock, apply (Ansible or direct), verify, record
+the last known good — and roll back to it when anything fails after the balancer was touched.
+
+The optimizer's per-trial path is ``target.apply(params)`` (direct, ~ms, no LKG record) or
+``apply_params(target, params, via="direct", record=False)`` (adds the lock and the
+automatic rollback); ``lbtune apply`` uses ``via="ansible"``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from lbtune.apply.lkg import Lkg, LkgStore, params_hash
+from lbtune.apply.lock import apply_lock
+from lbtune.apply.runner import LOCAL_INVENTORY, HostResult, run_playbook
+from lbtune.errors import ApplyError
+from lbtune.targets.base import ApplyResult, ParamSet, RejectedBeforeApply, Target
+
+__all__ = ["ApplyOutcome", "HostResult", "apply_params", "rollback"]
+
+log = logging.getLogger(__name__)
+Via = Literal["ansible", "direct"]
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    result: ApplyResult
+    hosts: list[HostResult] = field(default_factory=list)
+    via: Via = "direct"
+    lkg: Lkg | None = None
+    """The last known good after this apply."""
+    log_path: Path | None = None
+
+
+def _is_local(inventory: str | Path | None) -> bool:
+    return inventory is None or Path(inventory).resolve() == LOCAL_INVENTORY.resolve()
+
+
+def _run(
+    target: Target,
+    params: ParamSet,
+    *,
+    via: Via,
+    check: bool,
+    inventory: str | Path | None,
+    playbook: str,
+    extravars: Mapping[str, Any] | None,
+) -> tuple[ApplyResult, list[HostResult], Path | None]:
+    if via == "direct":
+        result = target.apply(params, check=check)
+        return result, [HostResult("local", "changed" if result.changed else "ok")], None
+    run = run_playbook(
+        playbook,
+        state_dir=target.state_dir,
+        inventory=inventory,
+        check=check,
+        diff=check,
+        extravars={
+            "lbtune_target": target.name,
+            "lbtune_state_dir": str(target.state_dir),
+            "lbtune_params": dict(params),
+            **dict(extravars or {}),
+        },
+    )
+    if not run.ok:
+        rejected = any("RejectedBeforeApply" in h.msg for h in run.hosts)
+        exc_type = RejectedBeforeApply if rejected else ApplyError
+        raise exc_type(f"ansible-playbook {playbook} failed: {run.failure()}")
+    first = next((h.result for h in run.hosts if h.result), {})
+    diff = {k: (v[0], v[1]) for k, v in (first.get("diff") or {}).items()}
+    result = ApplyResult(
+        changed=any(h.status == "changed" for h in run.hosts),
+        applied=dict(first.get("applied") or params),
+        diff=diff,
+        reloaded=bool(first.get("reloaded")),
+        check=check,
+        seconds=run.seconds,
+    )
+    return result, run.hosts, run.log_path
+
+
+def apply_params(
+    target: Target,
+    params: Mapping[str, object],
+    *,
+    via: Via = "ansible",
+    check: bool = False,
+    inventory: str | Path | None = None,
+    source: str = "api",
+    record: bool = True,
+    extravars: Mapping[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ApplyOutcome:
+    """Validate (ConfigError, nothing touched), lock, apply, verify, record the LKG.
+
+    On a failure after the balancer may have been touched, re-apply the last known good
+    and raise ApplyError saying so. The first apply on a fresh cluster first records what
+    is live as the last known good (source ``baseline``).
+    """
+    space = target.space()
+    checked = space.validate(params, source=source)
+    say = progress or log.info
+    with apply_lock(target.state_dir):
+        store = LkgStore(target.state_dir, target.name)
+        lkg = store.get()
+        local = _is_local(inventory)
+        if lkg is None and not check and local:
+            lkg = store.record(target.read_live(), "baseline (live before the first apply)")
+        expected = space.complete(checked, target.read_live()) if local else None
+        try:
+            result, hosts, log_path = _run(
+                target, checked, via=via, check=check, inventory=inventory,
+                playbook=f"{target.name}-apply.yml", extravars=extravars,
+            )  # fmt: skip
+            if not check and expected is not None:
+                live = target.read_live()
+                bad = [k for k, v in expected.items() if live.get(k) != v]
+                if bad:
+                    shown = ", ".join(
+                        f"{k}={live.get(k)!r} (wanted {expected[k]!r})" for k in bad[:4]
+                    )
+                    raise ApplyError(f"Read-back after the apply does not match: {shown}")
+        except RejectedBeforeApply:
+            raise
+        except ApplyError as exc:
+            if check or lkg is None:
+                raise
+            say(f"apply failed ({exc}); rolling back to the last known good {lkg.describe()}")
+            try:
+                _run(
+                    target, lkg.params, via=via, check=False, inventory=inventory,
+                    playbook=f"{target.name}-rollback.yml", extravars=None,
+                )  # fmt: skip
+            except ApplyError as exc2:
+                raise ApplyError(f"{exc}; the rollback failed too: {exc2}") from None
+            raise ApplyError(
+                f"{exc}; rolled back to the last known good {lkg.describe()}"
+            ) from None
+        if record and not check and (lkg is None or lkg.sha256 != params_hash(result.applied)):
+            lkg = store.record(result.applied, source)
+        return ApplyOutcome(result=result, hosts=hosts, via=via, lkg=lkg, log_path=log_path)
+
+
+def rollback(
+    target: Target, *, via: Via = "ansible", inventory: str | Path | None = None
+) -> ApplyOutcome:
+    """Re-apply the last known good (ApplyError when none was recorded)."""
+    with apply_lock(target.state_dir):
+        lkg = LkgStore(target.state_dir, target.name).get()
+        if lkg is None:
+            raise ApplyError(
+                f"No last known good for {target.name} in {target.state_dir}: nothing was "
+                "applied through lbtune yet"
+            )
+        result, hosts, log_path = _run(
+            target, lkg.params, via=via, check=False, inventory=inventory,
+            playbook=f"{target.name}-rollback.yml", extravars=None,
+        )  # fmt: skip
+        return ApplyOutcome(result=result, hosts=hosts, via=via, lkg=lkg, log_path=log_path)

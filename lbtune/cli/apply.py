@@ -1,0 +1,202 @@
+"""`lbtune apply` and `lbtune rollback`: make a parameter set live, safely.
+
+Thin: parse, call :mod:`lbtune.apply`, render. Heavy imports (ansible-runner, optuna) stay
+inside the library functions. Register with ``app.command("apply")(apply_command)`` and
+``app.command("rollback")(rollback_command)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from lbtune.apply import ApplyOutcome
+    from lbtune.targets.base import Target
+
+__all__ = ["apply_command", "rollback_command"]
+
+DEFAULT_STUDY_STORAGE = "sqlite:///reports/studies.db"
+
+TargetOpt = Annotated[
+    str, typer.Option("--target", "-t", help="Balancer target: haproxy or vllm-router.")
+]
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="The cluster's state dir (default: the running cluster)."),
+]
+InventoryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--inventory",
+        "-i",
+        help="Ansible inventory (default playbooks/inventory/local.yml: this machine).",
+    ),
+]
+DirectOpt = Annotated[
+    bool, typer.Option("--direct", help="Skip Ansible: apply through lbtune's Python directly.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output only.")]
+
+
+def _target(name: str, state_dir: Path | None, space: Path | None = None) -> Target:
+    from lbtune.cluster.api import find_state_dir
+    from lbtune.cluster.state import StatePaths, read_endpoints
+    from lbtune.errors import TargetError
+    from lbtune.targets import get_target, target_class
+
+    target_class(name)  # an unknown name is a ConfigError before anything else
+    paths = StatePaths(find_state_dir(state_dir))
+    ep = read_endpoints(paths)
+    if ep is None:
+        raise TargetError(
+            f"No running cluster in {paths.root} (no endpoints.json); start one with "
+            "`lbtune cluster up` or pass --state-dir"
+        )
+    options: dict[str, Any] = {"space_file": space} if space is not None else {}
+    return get_target(name, ep, **options)
+
+
+def _study_params(study: str, trial: str, storage: str) -> tuple[dict[str, Any], str]:
+    import optuna
+
+    from lbtune.errors import ConfigError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        s = optuna.load_study(study_name=study, storage=storage)
+    except KeyError:
+        names = [x.study_name for x in optuna.get_all_study_summaries(storage=storage)]
+        raise ConfigError(
+            f"No study {study!r} in {storage}. Available: {', '.join(names) or '(none)'}"
+        ) from None
+    if trial == "best":
+        try:
+            return dict(s.best_params), f"study:{study}#best({s.best_trial.number})"
+        except ValueError:
+            raise ConfigError(f"Study {study!r} has no completed trial yet") from None
+    if not trial.isdigit() or int(trial) >= len(s.trials):
+        raise ConfigError(
+            f"--trial {trial!r}: expected best or a trial number 0..{len(s.trials) - 1}"
+        )
+    return dict(s.trials[int(trial)].params), f"study:{study}#{trial}"
+
+
+def _render(outcome: ApplyOutcome, as_json: bool, what: str) -> None:
+    r = outcome.result
+    if as_json:
+        doc = {
+            "changed": r.changed,
+            "check": r.check,
+            "reloaded": r.reloaded,
+            "via": outcome.via,
+            "seconds": round(r.seconds, 4),
+            "diff": {k: list(v) for k, v in r.diff.items()},
+            "hosts": [{"host": h.host, "status": h.status, "msg": h.msg} for h in outcome.hosts],
+            "applied": r.applied,
+            "lkg": None
+            if outcome.lkg is None
+            else {k: getattr(outcome.lkg, k) for k in ("time", "source", "sha256")},
+            "log": str(outcome.log_path) if outcome.log_path else None,
+        }
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    for h in outcome.hosts:
+        typer.echo(h.line())
+    for k, (before, after) in sorted(r.diff.items()):
+        typer.echo(f"  {k}: {before} -> {after}")
+    if r.check:
+        verdict = "would change" if r.changed else "no change"
+        reload = " (reload)" if r.reloaded and r.changed else ""
+        typer.echo(f"check: {verdict}{reload}; nothing was touched")
+    else:
+        verdict = "changed" if r.changed else "no change"
+        reload = ", reloaded" if r.reloaded else ""
+        lkg = f"; last known good {outcome.lkg.describe()}" if outcome.lkg else ""
+        typer.echo(f"{what}: {verdict}{reload} in {r.seconds:.2f} s{lkg}")
+    if outcome.log_path:
+        typer.echo(f"log: {outcome.log_path}", err=True)
+
+
+def apply_command(
+    target: TargetOpt = "haproxy",
+    params: Annotated[
+        Path | None, typer.Option("--params", "-p", help="YAML file of knob: value.")
+    ] = None,
+    study: Annotated[
+        str | None, typer.Option("--study", help="Apply a trial of this Optuna study.")
+    ] = None,
+    trial: Annotated[str, typer.Option("--trial", help="Trial number, or best.")] = "best",
+    storage: Annotated[
+        str, typer.Option("--storage", help="Optuna storage URL of --study.")
+    ] = DEFAULT_STUDY_STORAGE,
+    check: Annotated[bool, typer.Option("--check", help="Show the diff; change nothing.")] = False,
+    inventory: InventoryOpt = None,
+    direct: DirectOpt = False,
+    space: Annotated[
+        Path | None, typer.Option("--space", help="Your own parameter space file.")
+    ] = None,
+    show: Annotated[
+        bool, typer.Option("--show", help="Print what is live now (the --params format).")
+    ] = False,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Apply a parameter set to the balancer, verify it by read-back, record it as the last
+    known good (rolled back automatically when verification fails)."""
+    import yaml
+
+    from lbtune.errors import ConfigError
+
+    if show:
+        t = _target(target, state_dir, space)
+        live = t.read_live()
+        if as_json:
+            typer.echo(json.dumps({"target": t.name, "params": live}, indent=2))
+        else:
+            typer.echo(
+                yaml.safe_dump({"target": t.name, "params": live}, sort_keys=False), nl=False
+            )
+        return
+    if (params is None) == (study is None):
+        raise ConfigError("Give exactly one of --params FILE or --study NAME (or --show)")
+    from lbtune.apply import apply_params
+    from lbtune.targets.space import load_params_file
+
+    if params is not None:
+        values, source = load_params_file(params), f"file:{params}"
+        t = _target(target, state_dir, space)
+        values = t.space().validate(values, str(params))  # errors name the file, not file:
+    else:
+        assert study is not None
+        values, source = _study_params(study, trial, storage)
+        t = _target(target, state_dir, space)
+        values = t.space().complete(t.space().validate(values, source), t.space().baseline())
+    outcome = apply_params(
+        t,
+        values,
+        via="direct" if direct else "ansible",
+        check=check,
+        inventory=inventory,
+        source=source,
+        progress=lambda m: typer.echo(m, err=True),
+    )
+    _render(outcome, as_json, "apply")
+
+
+def rollback_command(
+    target: TargetOpt = "haproxy",
+    inventory: InventoryOpt = None,
+    direct: DirectOpt = False,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-apply the last known good parameter set."""
+    from lbtune.apply import rollback
+
+    t = _target(target, state_dir)
+    outcome = rollback(t, via="direct" if direct else "ansible", inventory=inventory)
+    _render(outcome, as_json, "rollback")

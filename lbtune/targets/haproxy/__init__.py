@@ -1,0 +1,1 @@
+"""The HAProxy target: runtime API client (:mod:`lbtune.targets.haproxy.runtime`)."""
