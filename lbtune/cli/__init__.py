@@ -13,6 +13,7 @@ import sys
 import typer
 
 from lbtune import __version__
+from lbtune.cli import agent as _agent
 from lbtune.cli import apply as _apply
 from lbtune.cli import cluster as _cluster
 from lbtune.cli import scenarios as _scenarios
@@ -32,6 +33,7 @@ app = typer.Typer(
 )
 app.add_typer(_cluster.app, name="cluster")
 app.add_typer(_scenarios.app, name="scenarios")
+app.add_typer(_agent.app, name="agent")
 app.command("stress")(_stress.stress_command)
 app.command("apply")(_apply.apply_command)
 app.command("rollback")(_apply.rollback_command)

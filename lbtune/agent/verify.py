@@ -1,0 +1,205 @@
+"""An end-to-end check of the agent on a running embedded cluster: slow one replica down.
+
+:func:`slowdown_check` drives a bounded closed-loop load of streaming chat requests
+through HAProxy with the agent running, measures one replica's weight and share of new
+requests from HAProxy's per-server session counters (``stot`` deltas of ``show stat``),
+then slows that replica with the sim's ``POST /admin/slowdown {"factor": F}`` and
+measures again.
+It leaves the cluster as it found it (slowdown 1, the weights it had).
+
+Used by the integration test and callable by hand::
+
+    from lbtune.cluster.api import up
+    from lbtune.agent.verify import slowdown_check
+    print(slowdown_check(up("mini2")))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from lbtune.agent.config import AgentConfig
+from lbtune.agent.loop import AgentThread
+from lbtune.cluster.state import Endpoints
+from lbtune.errors import TargetError
+from lbtune.targets.haproxy.runtime import HaproxyRuntime
+
+__all__ = ["SlowdownReport", "slowdown_check"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SlowdownReport:
+    backend: str
+    replica: str
+    share_before: float
+    """The replica's share of new requests before the slowdown (agent on)."""
+    share_after: float
+    """Its share over the second half of the slowed phase."""
+    weight_before: int
+    weight_after: int
+    weights: list[int] = field(default_factory=list)
+    """The replica's weight after each agent step (one step a second)."""
+    requests: int = 0
+    errors: int = 0
+
+
+def _post(url: str, body: dict[str, float], timeout: float = 10.0) -> Any:
+    import requests
+
+    with requests.Session() as s:
+        s.trust_env = False  # loopback: never through an HTTP proxy
+        resp = s.post(url, json=body, timeout=timeout)
+        resp.raise_for_status()
+        return resp.json()
+
+
+_LOCK = threading.Lock()
+
+
+def _load(
+    base: str, model: str, stop: threading.Event, counts: dict[str, int], prompt: str
+) -> None:
+    import requests
+
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 24,
+        "stream": True,
+    }
+    with requests.Session() as s:
+        s.trust_env = False
+        while not stop.is_set():
+            try:
+                with s.post(f"{base}/v1/chat/completions", json=body, stream=True, timeout=30) as r:
+                    ok = r.status_code == 200
+                    for _ in r.iter_content(chunk_size=None):
+                        pass
+            except requests.RequestException:
+                ok = False
+            with _LOCK:
+                counts["requests"] += 1
+                counts["errors"] += 0 if ok else 1
+
+
+@contextlib.contextmanager
+def _load_running(base: str, model: str, concurrency: int, prompt: str) -> Iterator[dict[str, int]]:
+    stop = threading.Event()
+    counts = {"requests": 0, "errors": 0}
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="lbtune-load") as pool:
+        futures = [
+            pool.submit(_load, base, model, stop, counts, prompt) for _ in range(concurrency)
+        ]
+        try:
+            yield counts
+        finally:
+            stop.set()
+            for f in futures:
+                f.result(timeout=60)
+
+
+def _stot(rt: HaproxyRuntime, backend: str) -> dict[str, int]:
+    return {s.server: s.stot for s in rt.stat() if s.backend == backend}
+
+
+def _share(a: dict[str, int], b: dict[str, int], server: str) -> float:
+    deltas = {k: b[k] - a.get(k, 0) for k in b}
+    total = sum(deltas.values())
+    return deltas.get(server, 0) / total if total else float("nan")
+
+
+def slowdown_check(
+    ep: Endpoints,
+    replica: str | None = None,
+    model: str | None = None,
+    *,
+    factor: float = 4.0,
+    phase_s: tuple[float, float] = (8.0, 12.0),
+    concurrency: int = 6,
+    config: AgentConfig | None = None,
+) -> SlowdownReport:
+    """With the agent running at a 1 s interval throughout, measure ``replica``'s weight
+    and share of new requests over the second half of a first phase, then slow it by
+    ``factor`` and measure again over the second half of a second phase (``phase_s``).
+
+    Default replica: the last replica serving the first model served by several (on the
+    mini2 preset, the L4 beside the H100). Default agent config: the cluster's endpoints,
+    a TTFT ceiling of 350 ms scaled by the cluster's time scale, and latency-led
+    coefficients (a, b, c) = (0.2, 0.6, 0.2): a slowdown shows in TTFT, not in KV usage,
+    which the source's defaults (0.5, 0.3, 0.2) weigh most.
+    """
+    if model is None:
+        shared = [m for m in ep.models if sum(m in r.models for r in ep.replicas) >= 2]
+        if not shared:
+            raise TargetError("slowdown_check needs a model served by two replicas or more")
+        model = shared[0]
+    backend = ep.backends[model]
+    members = [r for r in ep.replicas if model in r.models]
+    target = next((r for r in members if r.name == (replica or members[-1].name)), None)
+    if target is None:
+        raise TargetError(f"replica {replica!r} does not serve {model}")
+    rt = HaproxyRuntime(ep.runtime_socket)
+    saved = {(s.backend, s.server): s.weight for s in rt.servers_state()}
+    cfg = config or AgentConfig(
+        prometheus_url=ep.prometheus_url,
+        runtime_socket=ep.runtime_socket,
+        interval_s=1.0,
+        metrics_port=None,
+        ttft_window_s=4.0,
+        # Times in the sim are divided by its time scale: scale the 350 ms TTFT target too.
+        ttft_ceiling_s=0.35 / ep.time_scale,
+        a=0.2,
+        b=0.6,
+        c=0.2,
+    )
+    prompt = "Summarise the following text. " + "lorem ipsum dolor sit amet " * 60
+
+    def weight() -> int:
+        return next(s.weight for s in rt.servers_state(backend) if s.server == target.name)
+
+    def measure(seconds: float) -> tuple[float, int]:
+        time.sleep(seconds / 2)
+        a = _stot(rt, backend)
+        time.sleep(seconds / 2)
+        return _share(a, _stot(rt, backend), target.name), weight()
+
+    try:
+        with (
+            _load_running(ep.balancer_url, model, concurrency, prompt) as counts,
+            AgentThread(cfg) as agent,
+        ):
+            share_before, weight_before = measure(phase_s[0])
+            _post(f"{target.url}/admin/slowdown", {"factor": factor})
+            share_after, weight_after = measure(phase_s[1])
+            weights = [
+                d.weight
+                for res in list(agent.results)
+                for d in res.decisions
+                if d.replica == target.name
+            ]
+    finally:
+        _post(f"{target.url}/admin/slowdown", {"factor": 1.0})
+        with contextlib.suppress(TargetError):
+            rt.set_weights(saved)
+    report = SlowdownReport(
+        backend=backend,
+        replica=target.name,
+        share_before=share_before,
+        share_after=share_after,
+        weight_before=weight_before,
+        weight_after=weight_after,
+        weights=weights,
+        requests=counts["requests"],
+        errors=counts["errors"],
+    )
+    log.info("slowdown check: %s", report)
+    return report

@@ -1,0 +1,177 @@
+"""`lbtune agent run` — the LLM-aware feedback agent that sets HAProxy weights live.
+
+Thin: parse flags, build the config (defaults < running cluster's endpoints < --config
+file < flags), call :mod:`lbtune.agent.loop`, render. The library is imported inside the
+command so that ``lbtune --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from lbtune.agent.loop import StepResult
+
+app = typer.Typer(
+    help=(
+        "The feedback agent: every interval, score each replica from Prometheus (KV-cache "
+        "usage, waiting queue, recent TTFT) and set HAProxy weights through the runtime API, "
+        "with guard rails (min weight, max step, drain on full KV cache, never all at zero)."
+    ),
+    no_args_is_help=True,
+)
+
+
+def _cluster_defaults(state_dir: Path | None) -> dict[str, Any]:
+    """Prometheus URL and runtime socket of the running embedded cluster, if there is one."""
+    from lbtune.cluster.api import find_state_dir
+    from lbtune.cluster.state import StatePaths, read_endpoints
+    from lbtune.errors import ClusterError
+
+    try:
+        ep = read_endpoints(StatePaths(find_state_dir(state_dir)))
+    except ClusterError as exc:
+        logging.getLogger("lbtune.agent").warning("cluster endpoints not used: %s", exc)
+        return {}
+    if ep is None:
+        return {}
+    return {"prometheus_url": ep.prometheus_url, "runtime_socket": ep.runtime_socket}
+
+
+def _rows(result: StepResult) -> list[dict[str, Any]]:
+    rows = []
+    for d in result.decisions:
+        n = d.smoothed
+        rows.append(
+            {
+                "replica": d.replica,
+                "servers": [f"{b}/{s}" for b, s in result.servers.get(d.replica, [])],
+                "previous": d.previous,
+                "weight": d.weight,
+                "target": d.target,
+                "score": None if d.score is None else round(d.score, 4),
+                "kv_norm": None if n is None else round(n.kv, 4),
+                "latency_norm": None if n is None or n.latency is None else round(n.latency, 4),
+                "queue_norm": None if n is None else round(n.queue, 4),
+                "reasons": list(d.reasons),
+            }
+        )
+    return rows
+
+
+def _print_table(rows: list[dict[str, Any]], applied: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    table = Table(title="agent decisions" + ("" if applied else " (not applied)"))
+    for col in ("replica", "weight", "target", "score", "kv", "latency", "queue", "reasons"):
+        table.add_column(col, no_wrap=col != "reasons")
+    for r in rows:
+        weight = (
+            f"{r['previous']} → {r['weight']}" if r["previous"] != r["weight"] else f(r["weight"])
+        )
+        table.add_row(
+            r["replica"],
+            weight,
+            f(r["target"]),
+            f(r["score"]),
+            f(r["kv_norm"]),
+            f(r["latency_norm"]),
+            f(r["queue_norm"]),
+            ", ".join(r["reasons"]),
+        )
+    Console().print(table)
+
+
+@app.command("run")
+def run(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Agent settings (YAML or JSON; see docs/agent.md). Re-read on SIGHUP.",
+        ),
+    ] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option("--prometheus", help="Prometheus URL. Default: the running cluster's."),
+    ] = None,
+    socket: Annotated[
+        str | None,
+        typer.Option("--socket", help="HAProxy admin socket. Default: the running cluster's."),
+    ] = None,
+    interval: Annotated[
+        float | None, typer.Option("--interval", help="Seconds between steps (default 2).")
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option("--port", help="Serve /metrics on 127.0.0.1:PORT (default 9492; 0 = any)."),
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="Embedded cluster state dir to take the defaults from."),
+    ] = None,
+    once: Annotated[
+        bool, typer.Option("--once", help="One step: print the decision table and exit.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Compute and show decisions; set no weight.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="With --once: machine-readable output only.")
+    ] = False,
+) -> None:
+    """Run the agent until SIGTERM/Ctrl-C (SIGHUP re-reads --config), or one step with --once."""
+    import threading
+
+    from lbtune.agent.config import load_agent_config
+    from lbtune.agent.loop import Agent, install_signal_handlers
+    from lbtune.agent.loop import run as run_loop
+    from lbtune.errors import TargetError
+
+    if as_json and not once:
+        raise typer.BadParameter("--json goes with --once", param_hint="--json")
+    overrides: dict[str, Any] = {
+        "prometheus_url": prometheus,
+        "runtime_socket": socket,
+        "interval_s": interval,
+        "metrics_port": port,
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    defaults = {} if prometheus and socket else _cluster_defaults(state_dir)
+    cfg = load_agent_config(config, overrides, defaults)
+    if once:
+        agent = Agent(cfg, dry_run=dry_run)
+        result = agent.step()
+        if not result.ok:
+            raise TargetError(next(iter(agent.down.values()), f"step failed ({result.error})"))
+        rows = _rows(result)
+        applied = cfg.enabled and not dry_run
+        if as_json:
+            typer.echo(json.dumps({"applied": applied, "decisions": rows}, indent=2))
+        else:
+            _print_table(rows, applied)
+        return
+    agent_log = logging.getLogger("lbtune.agent")
+    if agent_log.getEffectiveLevel() > logging.INFO:
+        agent_log.setLevel(logging.INFO)  # the decisions are this command's output
+    stop, reload = threading.Event(), threading.Event()
+    install_signal_handlers(stop, reload)
+    run_loop(
+        cfg,
+        stop,
+        reload_event=reload,
+        config_path=config,
+        overrides=overrides,
+        defaults=defaults,
+        dry_run=dry_run,
+    )
