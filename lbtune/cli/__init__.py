@@ -16,6 +16,7 @@ from lbtune import __version__
 from lbtune.cli import agent as _agent
 from lbtune.cli import apply as _apply
 from lbtune.cli import cluster as _cluster
+from lbtune.cli import optimize as _optimize
 from lbtune.cli import scenarios as _scenarios
 from lbtune.cli import stress as _stress
 from lbtune.errors import LbtuneError
@@ -35,8 +36,10 @@ app.add_typer(_cluster.app, name="cluster")
 app.add_typer(_scenarios.app, name="scenarios")
 app.add_typer(_agent.app, name="agent")
 app.command("stress")(_stress.stress_command)
+app.command("optimize")(_optimize.optimize_command)
 app.command("apply")(_apply.apply_command)
 app.command("rollback")(_apply.rollback_command)
+app.command("dashboard")(_optimize.dashboard_command)
 
 
 def _version_callback(value: bool) -> None:

@@ -1,0 +1,235 @@
+"""`lbtune optimize` — tune the balancer; `lbtune dashboard` — optuna-dashboard on a study.
+
+Parse, call :func:`lbtune.optimize.run_optimize`, render. Optuna and the rest are
+imported inside the functions, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from lbtune.optimize import StudyProgress
+    from lbtune.search.result import StudyResult
+
+
+def optimize_command(
+    budget: int = typer.Option(50, "--budget", "-n", help="Trials to run (references included)."),
+    scenario: str | None = typer.Option(
+        None, "--scenario", "-s", help="Built-in scenario or a YAML file [default: mixed]."
+    ),
+    target: str | None = typer.Option(
+        None, "--target", help="Balancer to tune: haproxy or vllm-router [default: haproxy]."
+    ),
+    space: str | None = typer.Option(
+        None, "--space", help="Parameter-space YAML (default: the target's own)."
+    ),
+    objective: str | None = typer.Option(
+        None, "--objective", help="composite (weighted score) or pareto [default: composite]."
+    ),
+    sampler: str = typer.Option("tpe", "--sampler", help="tpe, gp, nsga2 or random."),
+    pruner: str = typer.Option("median", "--pruner", help="median or none."),
+    trial_duration: float | None = typer.Option(
+        None, "--trial-duration", help="Seconds of load per trial, warm-up included [default: 25]."
+    ),
+    study: str | None = typer.Option(
+        None,
+        "--study",
+        help="Study name (default: <scenario>-<target>-<time>; newest on --resume).",
+    ),
+    storage: str = typer.Option(
+        "sqlite:///reports/studies.db", "--storage", help="Optuna RDB URL (e.g. PostgreSQL)."
+    ),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted study."),
+    no_apply: bool = typer.Option(
+        False, "--no-apply", help="Stop after the confirmation: apply nothing."
+    ),
+    confirm_runs: int = typer.Option(
+        2, "--confirm-runs", help="Interleaved re-runs per candidate and baseline (0 = skip)."
+    ),
+    confirm_top: int = typer.Option(2, "--confirm-top", help="Candidates to confirm."),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Traffic and sampler seed (default: the scenario's traffic seed)."
+    ),
+    slo: str | None = typer.Option(
+        None, "--slo", help="Score references and error limit, e.g. ttft=350ms,e2e=800ms,errors=1%."
+    ),
+    weights: str | None = typer.Option(
+        None, "--weights", help="Score weights, e.g. e2e=0.45,ttft=0.35,decay=0.2."
+    ),
+    state_dir: Path | None = typer.Option(None, "--state-dir", help="Embedded cluster state dir."),
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="Cluster preset/file used if the cluster must be started."
+    ),
+    inventory: str | None = typer.Option(
+        None, "--inventory", help="Ansible inventory for the winner's rollout."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Report dir (default: reports/<time>-optimize-<study>/)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print study.json alone on stdout."),
+) -> None:
+    """Tune the balancer for your traffic: search, confirm the winner, roll it out.
+
+    Trial 0 is what runs now, trial 1 plain round robin (and least-conn where the target
+    has it); the best candidates are re-run against the baseline, interleaved, and the
+    winner is applied through Ansible only if a bootstrap CI says it is better. Ctrl-C
+    stops the running trial, restores the last known good and writes the report
+    (exit 130); `--resume` continues.
+
+    Example: lbtune optimize --budget 50
+    """
+    from rich.console import Console
+
+    from lbtune.optimize import OptimizeOptions, run_optimize
+
+    opts = OptimizeOptions(
+        budget=budget, scenario=scenario, target=target, space=space, objective=objective,
+        sampler=sampler, pruner=pruner, trial_duration_s=trial_duration, study=study,
+        storage=storage, resume=resume, apply=not no_apply, confirm_runs=confirm_runs,
+        confirm_top=confirm_top, seed=seed, slo=slo, weights=weights, state_dir=state_dir,
+        cluster_config=cluster, inventory=inventory, out_dir=out,
+    )  # fmt: skip
+    err = Console(stderr=True)
+    stop = threading.Event()
+    view = _View()
+    with _sigint(stop), _live(err, view, enabled=err.is_terminal):
+        result = run_optimize(
+            opts, on_progress=view.update, stop=stop, say=lambda m: view.say(err, m)
+        )
+    if as_json:
+        from lbtune.metrics.summary import to_jsonable
+
+        sys.stdout.write(json.dumps(to_jsonable(result.to_dict()), indent=1) + "\n")
+    else:
+        _print_result(result)
+    if result.report_dir:
+        err.print(f"report: {result.report_dir}")
+    if result.interrupted:
+        raise typer.Exit(130)
+
+
+def dashboard_command(
+    study: str | None = typer.Option(None, "--study", help="Open on this study."),
+    storage: str = typer.Option(
+        "sqlite:///reports/studies.db", "--storage", help="Optuna RDB URL."
+    ),
+    port: int = typer.Option(8080, "--port", help="Port on 127.0.0.1."),
+) -> None:
+    """Open optuna-dashboard (on 127.0.0.1) on the study storage."""
+    from lbtune.errors import DependencyError
+
+    try:
+        from optuna_dashboard import run_server
+    except ImportError:
+        raise DependencyError(
+            "lbtune dashboard needs optuna-dashboard: pip install optuna-dashboard"
+        ) from None
+    where = f"http://127.0.0.1:{port}" + (f"/dashboard/studies?study={study}" if study else "")
+    typer.echo(f"optuna-dashboard on {where} (Ctrl-C to stop)", err=True)
+    run_server(storage, host="127.0.0.1", port=port)
+
+
+@contextlib.contextmanager
+def _sigint(stop: threading.Event) -> Iterator[None]:
+    """First Ctrl-C sets ``stop`` (graceful); the second one raises KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        stop.set()
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+class _View:
+    """The rich progress renderable: recomputed at every refresh (elapsed keeps ticking)."""
+
+    def __init__(self) -> None:
+        self.p: StudyProgress | None = None
+        self.live: Any = None
+
+    def update(self, p: StudyProgress) -> None:
+        self.p = p
+
+    def say(self, console: Any, msg: str) -> None:
+        (self.live.console if self.live is not None else console).print(f"[dim]{msg}[/]")
+
+    def __rich__(self) -> str:
+        p = self.p
+        if p is None:
+            return "starting…"
+        return format_progress(p, time.monotonic())
+
+
+def format_progress(p: StudyProgress, now: float) -> str:
+    n = "-" if p.trial is None else str(p.trial)
+    best = "-" if p.best is None else f"{p.best:.3f} (trial {p.best_trial})"
+    imp = p.improvement
+    gain = "" if imp is None else f", {-imp:+.1%} vs baseline"
+    params = ", ".join(f"{k}={_short(v)}" for k, v in list(p.params.items())[:8])
+    value = "" if p.last_value is None else f" | score so far {p.last_value:.3f}"
+    head = (
+        f"[bold]{p.phase}[/] trial {n} ({p.role}) | {p.done}/{p.budget} done | "
+        f"elapsed {(now - p.started_at) / 60:.1f} min (trial {now - p.trial_started_at:.0f} s)"
+    )
+    return (
+        f"{head}{value}\nbest {best}{gain} | pruned {p.pruned} failed {p.failed}\n[dim]{params}[/]"
+    )
+
+
+def _short(v: object) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+@contextlib.contextmanager
+def _live(console: Any, view: _View, enabled: bool) -> Iterator[None]:
+    if not enabled:
+        yield
+        return
+    from rich.live import Live
+
+    with Live(view, console=console, refresh_per_second=2, transient=False) as live:
+        view.live = live
+        try:
+            yield
+        finally:
+            view.live = None
+
+
+def _print_result(result: StudyResult) -> None:
+    from rich.console import Console
+
+    from lbtune.report.study import before_after, confirmation_table, headline
+
+    out = Console()
+    from lbtune.cli.stress import fmt_cell
+
+    out.print(f"[bold]{headline(result)}[/]")
+    for t in (before_after(result), confirmation_table(result)):
+        if not t.rows:
+            continue
+        from rich.table import Table
+
+        table = Table(*t.columns)
+        for row in t.rows:
+            table.add_row(*(fmt_cell(c) for c in row))
+        out.print(table)

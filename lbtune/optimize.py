@@ -1,0 +1,385 @@
+"""``lbtune optimize`` as a library: tune the live balancer, confirm the winner, roll it out.
+
+::
+
+    from lbtune.optimize import OptimizeOptions, run_optimize
+    result = run_optimize(OptimizeOptions(budget=20, trial_duration_s=25))
+    print(result.confirmation.verdict, result.report_dir)
+
+Steps: resolve the target (the embedded cluster unless told otherwise), make sure a last
+known good exists, open or resume the Optuna study (references enqueued first), run
+the ask/tell loop (:mod:`lbtune.search.study`), re-run the best candidates against the
+baseline (:mod:`lbtune.search.confirm`), roll a confirmed winner out through the
+target's Ansible path and verify it (rolling back when it is worse beyond the noise),
+otherwise put the last known good back, and write the report. ``stop`` (Ctrl-C)
+ends the running trial, restores the last known good and writes the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lbtune.errors import ConfigError, LbtuneError
+from lbtune.objective import ObjectiveSpec, make_spec, pareto_front, pareto_values, pick
+from lbtune.search.harness import Harness, real_harness, rollout
+from lbtune.search.result import Confirmation, Rollout, StudyResult, TrialResult
+
+if TYPE_CHECKING:
+    from lbtune.search.study import LoopEvent
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCENARIO = "mixed"
+DEFAULT_TARGET = "haproxy"
+DEFAULT_TRIAL_DURATION_S = 25.0
+"""10 s warm-up + 10 s measured + 5 s cool-down of ``mixed``: ~30 s a trial with the
+apply and the summary, so ``--budget 50`` takes about 25–30 minutes with confirmation."""
+_STORED = ("scenario", "target", "objective", "weights", "slo", "trial_duration_s", "seed")
+
+
+@dataclass(frozen=True)
+class OptimizeOptions:
+    budget: int = 50
+    scenario: str | None = None
+    target: str | None = None
+    space: str | None = None
+    objective: str | None = None
+    sampler: str = "tpe"
+    pruner: str = "median"
+    trial_duration_s: float | None = None
+    study: str | None = None
+    storage: str = "sqlite:///reports/studies.db"
+    resume: bool = False
+    apply: bool = True
+    confirm_runs: int = 2
+    confirm_top: int = 2
+    seed: int | None = None
+    slo: str | None = None
+    weights: str | None = None
+    state_dir: Path | None = None
+    cluster_config: str | None = None
+    inventory: str | None = None
+    reports_root: Path = Path("reports")
+    out_dir: Path | None = None
+    window_s: float = 5.0
+    write_report: bool = True
+
+
+@dataclass
+class StudyProgress:
+    """A snapshot for the progress display (mutated in place by :func:`run_optimize`)."""
+
+    study: str = ""
+    phase: str = "starting"
+    budget: int = 0
+    done: int = 0
+    trial: int | None = None
+    role: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.monotonic)
+    trial_started_at: float = field(default_factory=time.monotonic)
+    last_value: float | None = None
+    best: float | None = None
+    best_trial: int | None = None
+    baseline: float | None = None
+    pruned: int = 0
+    failed: int = 0
+    message: str = ""
+
+    @property
+    def improvement(self) -> float | None:
+        if self.best is None or not self.baseline:
+            return None
+        return self.best / self.baseline - 1
+
+
+def _spec(kind: str, slo: str | None, weights: str | None, scenario: str) -> ObjectiveSpec:
+    from lbtune.metrics.summary import Slo
+    from lbtune.scenario import load_scenario
+    from lbtune.stress import parse_slo
+
+    scen = load_scenario(scenario)
+    s = scen.slo
+    base = Slo(ttft_s=s.ttft if s and s.ttft else None, e2e_s=s.e2e if s and s.e2e else None)
+    parsed = parse_slo(slo, base)
+    return make_spec(
+        kind,
+        weights=weights,
+        ttft_ref_s=parsed.ttft_s,
+        e2e_ref_s=parsed.e2e_s,
+        max_error_rate=parsed.max_error_rate,
+    )
+
+
+def _stored_attrs(storage: str, name: str | None) -> tuple[str | None, dict[str, Any]]:
+    """(study name, its user attributes) for ``--resume``: the newest study if unnamed."""
+    import optuna
+
+    from lbtune.search.study import sqlite_dir
+
+    sqlite_dir(storage)
+    summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
+    if name is None:
+        dated = [s for s in summaries if s.datetime_start is not None]
+        if not dated:
+            raise ConfigError(f"--resume: no study in {storage} to resume")
+        name = max(dated, key=lambda s: s.datetime_start).study_name  # type: ignore[arg-type,return-value]
+    found = next((s for s in summaries if s.study_name == name), None)
+    return name, dict(found.user_attrs) if found is not None else {}
+
+
+def resolve_options(opts: OptimizeOptions) -> OptimizeOptions:
+    """Fill unset options: stored in the study on ``--resume``, else the defaults."""
+    stored: dict[str, Any] = {}
+    name = opts.study
+    if opts.resume:
+        name, attrs = _stored_attrs(opts.storage, opts.study)
+        stored = dict(attrs.get("options", {}))
+    changes: dict[str, Any] = {"study": name}
+    for key in _STORED:
+        if getattr(opts, key) is None and stored.get(key) is not None:
+            changes[key] = stored[key]
+    out = replace(opts, **changes)
+    defaults: dict[str, Any] = {
+        "scenario": DEFAULT_SCENARIO, "target": DEFAULT_TARGET, "objective": "composite",
+        "trial_duration_s": DEFAULT_TRIAL_DURATION_S,
+    }  # fmt: skip
+    out = replace(out, **{k: v for k, v in defaults.items() if getattr(out, k) is None})
+    if out.study is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = replace(out, study=f"{out.scenario}-{out.target}-{stamp}".replace("/", "-"))
+    if out.budget < 1:
+        raise ConfigError(f"--budget: must be >= 1, got {out.budget}")
+    if out.confirm_runs < 0 or out.confirm_top < 1:
+        raise ConfigError("--confirm-runs must be >= 0")
+    return out
+
+
+def run_optimize(
+    opts: OptimizeOptions,
+    *,
+    on_progress: Callable[[StudyProgress], None] | None = None,
+    say: Callable[[str], None] = log.info,
+    stop: threading.Event | None = None,
+    harness: Harness | None = None,
+) -> StudyResult:
+    """Run (or resume) a study end to end; see the module docstring."""
+    from lbtune.search.pruning import make_pruner
+    from lbtune.search.study import (
+        collect,
+        enqueue_references,
+        make_sampler,
+        open_study,
+        recover,
+        reference_trials,
+        run_loop,
+    )  # fmt: skip
+    from lbtune.search.trial import TrialRunner
+
+    opts = resolve_options(opts)
+    assert opts.scenario and opts.target and opts.objective and opts.study
+    stop = stop or threading.Event()
+    spec = _spec(opts.objective, opts.slo, opts.weights, opts.scenario)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = opts.out_dir or opts.reports_root / f"{stamp}-optimize-{opts.study}"
+    h = harness or real_harness(opts, out_dir / "runs", stop, say)
+    prog = StudyProgress(study=opts.study, budget=opts.budget)
+    notify = on_progress or (lambda p: None)
+    t_start = time.monotonic()
+
+    def phase(text: str) -> None:
+        prog.phase, prog.message = text, text
+        say(text)
+        notify(prog)
+
+    space = h.target.space()
+    lkg = h.lkg_get()
+    if lkg is None:
+        lkg = h.target.read_live()
+        h.lkg_record(lkg, "baseline (live before the first study)")
+    refs = reference_trials(space, h.target.read_live())
+    sampler = make_sampler(opts.sampler, opts.seed, n_startup=len(refs) + 5)
+    pruner = make_pruner(
+        opts.pruner, n_references=len(refs), multi_objective=spec.kind != "composite"
+    )
+    study = open_study(opts.study, opts.storage, spec, sampler, pruner, resume=opts.resume)
+    if opts.resume:
+        phase("resuming: putting the balancer back on the last known good")
+        h.target.apply(lkg)
+        lost = recover(study)
+        if lost:
+            lost_s = ", ".join(map(str, lost))
+            say(f"trials {lost_s} were left running by a dead process: marked FAIL")
+    else:
+        study.set_user_attr("options", {k: getattr(opts, k) for k in _STORED})
+        study.set_user_attr("lkg_params", dict(lkg))
+        enqueue_references(study, refs)
+    runner = TrialRunner(h.target, h.measure)
+
+    def on_event(e: LoopEvent) -> None:
+        prog.done, prog.trial, prog.role, prog.params = e.done, e.number, e.role, dict(e.params)
+        if e.kind == "start":
+            prog.phase, prog.trial_started_at, prog.last_value = "trial", time.monotonic(), None
+        elif e.kind == "window":
+            prog.last_value = e.value
+        else:
+            prog.pruned += e.state == "PRUNED"
+            prog.failed += e.state == "FAIL"
+            if e.state == "COMPLETE" and e.value is not None:
+                prog.last_value = e.value
+                if e.role == "live" and prog.baseline is None:
+                    prog.baseline = e.value
+                if prog.best is None or e.value < prog.best:
+                    prog.best, prog.best_trial = e.value, e.number
+        notify(prog)
+
+    _seed_progress(prog, collect(study, spec))
+    phase(f"study {opts.study}: {opts.budget} trials of {opts.trial_duration_s:g} s")
+    run_loop(study, space, runner, spec, opts.budget, prune=opts.pruner != "none", stop=stop,
+             on_event=on_event)  # fmt: skip
+    trials = collect(study, spec)
+    base = _baseline(trials)
+    best, front = _best(trials, spec)
+    notes: list[str] = []
+    confirmation: Confirmation | None = None
+    result_rollout: Rollout | None = None
+    try:
+        if not stop.is_set():
+            confirmation = _confirm(opts, h, runner, spec, trials, base, best, front, stop, phase)
+        if (
+            confirmation is not None and confirmation.winner is not None
+            and opts.apply and not stop.is_set()
+        ):  # fmt: skip
+            phase(f"rolling out trial {confirmation.winner} through {h.rollout_via}")
+            winner = next(t for t in trials if t.number == confirmation.winner)
+            result_rollout = rollout(h, winner.params, lkg, confirmation, spec, opts.study, say)
+        elif confirmation is not None and confirmation.winner is not None:
+            notes.append("--no-apply: the confirmed winner was not applied")
+    except LbtuneError as exc:
+        notes.append(f"stopped after the search: {exc}")
+        say(f"error after the search: {exc}")
+    if result_rollout is None or not result_rollout.applied or result_rollout.rolled_back:
+        phase("restoring the last known good")
+        try:
+            h.target.apply(h.lkg_get() or lkg)
+        except LbtuneError as exc:
+            notes.append(f"could not restore the last known good: {exc}")
+    if stop.is_set():
+        notes.append("interrupted (Ctrl-C): the running trial was stopped; --resume continues")
+    result = StudyResult(
+        study=opts.study, storage=opts.storage, target=opts.target, scenario=opts.scenario,
+        sampler=opts.sampler, spec=spec, budget=opts.budget, trials=tuple(trials),
+        best=None if best is None else best.number, baseline=None if base is None else base.number,
+        pareto_front=tuple(front), importances=_importances(study), confirmation=confirmation,
+        rollout=result_rollout, interrupted=stop.is_set(), elapsed_s=time.monotonic() - t_start,
+        report_dir=str(out_dir) if opts.write_report else None, notes=tuple(notes),
+        started_at=stamp,
+    )  # fmt: skip
+    if opts.write_report:
+        from lbtune.report.study import write_study_report
+
+        write_study_report(out_dir, result)
+    phase("done")
+    return result
+
+
+def _seed_progress(prog: StudyProgress, trials: list[TrialResult]) -> None:
+    """On resume: counts and best so far from the trials already in the study."""
+    for t in trials:
+        prog.pruned += t.state == "PRUNED"
+        prog.failed += t.state == "FAIL"
+        if t.state == "COMPLETE" and t.objective is not None:
+            if t.role == "live" and prog.baseline is None:
+                prog.baseline = t.objective
+            if prog.best is None or t.objective < prog.best:
+                prog.best, prog.best_trial = t.objective, t.number
+    prog.done = sum(t.state in ("COMPLETE", "PRUNED", "FAIL") for t in trials)
+
+
+def _baseline(trials: list[TrialResult]) -> TrialResult | None:
+    done = [t for t in trials if t.state == "COMPLETE" and t.figures is not None]
+    for role in ("live", "round-robin"):
+        found = next((t for t in done if t.role == role), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _best(trials: list[TrialResult], spec: ObjectiveSpec) -> tuple[TrialResult | None, list[int]]:
+    done = [t for t in trials if t.state == "COMPLETE" and t.figures is not None]
+    figs = [t.figures for t in done if t.figures is not None]
+    i = pick(figs, spec)
+    front: list[int] = []
+    if spec.kind == "pareto":
+        ok = [t for t in done if t.feasible]
+        front = [
+            ok[j].number for j in pareto_front([pareto_values(t.figures) for t in ok if t.figures])
+        ]
+    return (None if i is None else done[i]), front
+
+
+def _candidates(
+    trials: list[TrialResult], spec: ObjectiveSpec, base: TrialResult, front: list[int], k: int
+) -> list[TrialResult]:
+    pool = [t for t in trials if t.state == "COMPLETE" and t.feasible and t.objective is not None]
+    if spec.kind == "pareto":
+        pool = [t for t in pool if t.number in front]
+    pool.sort(key=lambda t: t.objective if t.objective is not None else float("inf"))
+    out: list[TrialResult] = []
+    for t in pool:
+        if t.params != base.params and all(t.params != c.params for c in out):
+            out.append(t)
+    return out[:k]
+
+
+def _confirm(
+    opts: OptimizeOptions, h: Harness, runner: Any, spec: ObjectiveSpec,
+    trials: list[TrialResult], base: TrialResult | None, best: TrialResult | None,
+    front: list[int], stop: threading.Event, phase: Callable[[str], None],
+) -> Confirmation:  # fmt: skip
+    from lbtune.search.confirm import Arm, confirm
+
+    if base is None:
+        return Confirmation("not run", None)
+    if best is None or best.params == base.params or (
+        best.objective is not None and base.objective is not None
+        and best.objective >= base.objective
+    ):  # fmt: skip
+        return Confirmation("baseline is best", base.number, base.figures)
+    if opts.confirm_runs == 0:
+        return Confirmation("not run", base.number, base.figures)
+    cands = _candidates(trials, spec, base, front, opts.confirm_top)
+    arms = [Arm(f"B{i + 1}", t.number, t.params) for i, t in enumerate(cands)]
+    phase(f"confirmation: {len(arms)} candidate(s) against the baseline, {opts.confirm_runs}x each")
+    return confirm(
+        runner, Arm("A", base.number, base.params), arms, spec, runs=opts.confirm_runs,
+        seed=opts.seed or 0, stop=stop, say=phase,
+    )  # fmt: skip
+
+
+def _importances(study: Any) -> dict[str, float]:
+    """PED-ANOVA importances of the composite score (fast, no scikit-learn); {} if too few."""
+    import optuna
+
+    done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    if len(done) < 4:
+        return {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            found = optuna.importance.get_param_importances(
+                study,
+                evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                target=lambda t: float(t.user_attrs.get("objective", float("nan"))),
+            )
+        return {k: float(v) for k, v in found.items()}
+    except (ValueError, RuntimeError, ZeroDivisionError) as exc:
+        log.debug("importances not computed: %s", exc)
+        return {}

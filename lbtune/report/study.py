@@ -1,0 +1,331 @@
+"""The study report: ``study.json`` (the CI contract), ``report.md`` and ``report.html``.
+
+Frames (pure, tested) first: the optimisation history, the before/after table in the
+source material's shape (figures as rows; round robin, least-conn, the live baseline
+and the winner as columns), the confirmation table. Then the renderers: Markdown, and a
+self-contained HTML page whose plots (history, parameter importances, parallel
+coordinates, the Pareto front in pareto mode) are base64 PNGs drawn with matplotlib's
+Agg backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lbtune.report.frame import Table
+
+if TYPE_CHECKING:
+    from lbtune.objective import Figures
+    from lbtune.search.result import StudyResult, TrialResult
+
+
+@dataclass(frozen=True)
+class StudyReportPaths:
+    directory: Path
+    study_json: Path
+    report_md: Path
+    report_html: Path
+
+
+# --- frames -------------------------------------------------------------------------
+
+FIGURE_ROWS: tuple[tuple[str, str, float], ...] = (
+    ("P99 end-to-end latency (ms)", "p99_e2e_s", 1000.0),
+    ("P99 time to first token (ms)", "p99_ttft_s", 1000.0),
+    ("P50 time to first token (ms)", "p50_ttft_s", 1000.0),
+    ("throughput (req/s)", "requests_per_s", 1.0),
+    ("goodput (req/s)", "goodput_per_s", 1.0),
+    ("GPU-util std-dev across replicas", "balance", 1.0),
+    ("failed requests (%)", "error_rate", 100.0),
+    ("throughput decay", "decay", 1.0),
+)
+
+
+def history(result: StudyResult) -> list[tuple[int, float, float]]:
+    """``(trial, objective, best so far)`` for every completed trial with a score."""
+    out, best = [], math.inf
+    for t in result.trials:
+        if t.state == "COMPLETE" and t.objective is not None:
+            best = min(best, t.objective) if t.feasible is not False else best
+            out.append((t.number, t.objective, best))
+    return out
+
+
+def winner_figures(result: StudyResult) -> tuple[str, Figures | None]:
+    """The winner's figures: its confirmation runs if confirmed, else the best trial's."""
+    c = result.confirmation
+    if c is not None and c.winner is not None:
+        comp = next((x for x in c.comparisons if x.trial == c.winner), None)
+        if comp is not None and comp.figures is not None:
+            return f"winner (trial {c.winner}, confirmed)", comp.figures
+    best = result.trial(result.best)
+    if best is None:
+        return "best trial", None
+    return f"best trial {best.number} (not confirmed)", best.figures
+
+
+def before_after(result: StudyResult) -> Table:
+    """Figures as rows; round robin, least-conn, live baseline and winner as columns."""
+    cols: list[tuple[str, Figures | None]] = []
+    for role, label in (("round-robin", "round robin"), ("least-conn", "least-conn")):
+        t = _first(result, role)
+        if t is not None:
+            cols.append((f"{label} (trial {t.number})", t.figures))
+    base = result.trial(result.baseline)
+    if base is not None and base.role == "live":
+        cols.append((f"live baseline (trial {base.number})", base.figures))
+    cols.append(winner_figures(result))
+    rr = next((f for label, f in cols if label.startswith("round robin")), None)
+    win = cols[-1][1]
+    columns = ("figure", *(label for label, _ in cols), "winner vs round robin")
+    rows = []
+    for name, attr, scale in FIGURE_ROWS:
+        vals = [_val(f, attr, scale) for _, f in cols]
+        a, b = _val(rr, attr, scale), _val(win, attr, scale)
+        change = f"{(b / a - 1) * 100:+.0f} %" if a and b is not None else None
+        rows.append((name, *vals, change))
+    return Table(columns, tuple(rows))
+
+
+def confirmation_table(result: StudyResult) -> Table:
+    c = result.confirmation
+    cols = ("candidate", "runs", "score (mean)", "baseline (mean)", "diff", "95 % CI", "verdict")
+    if c is None:
+        return Table(cols, ())
+    rows = []
+    for x in c.comparisons:
+        mean = _mean(x.runs)
+        verdict = (
+            "winner" if x.trial == c.winner else ("better" if x.significant else "not significant")
+        )
+        if not x.feasible:
+            verdict = "infeasible"
+        rows.append(
+            (f"trial {x.trial}", len(x.runs), mean, _mean(x.baseline_runs), x.diff,
+             f"{x.ci_low:+.3f} .. {x.ci_high:+.3f}", verdict)
+        )  # fmt: skip
+    return Table(cols, tuple(rows))
+
+
+def trials_table(result: StudyResult) -> Table:
+    cols = ("trial", "role", "state", "score", "P99 e2e (s)", "P99 TTFT (s)", "errors (%)", "note")
+    rows = []
+    for t in result.trials:
+        f = t.figures
+        rows.append(
+            (t.number, t.role, t.state, t.objective, _val(f, "p99_e2e_s", 1.0),
+             _val(f, "p99_ttft_s", 1.0), _val(f, "error_rate", 100.0), t.fail_reason or "")
+        )  # fmt: skip
+    return Table(cols, tuple(rows))
+
+
+def _first(result: StudyResult, role: str) -> TrialResult | None:
+    return next(
+        (t for t in result.trials if t.role == role and t.state == "COMPLETE" and t.figures), None
+    )
+
+
+def _val(f: Figures | None, attr: str, scale: float) -> float | None:
+    v = None if f is None else getattr(f, attr)
+    return None if v is None else float(v) * scale
+
+
+def _mean(xs: tuple[float, ...]) -> float | None:
+    ok = [x for x in xs if math.isfinite(x)]
+    return sum(ok) / len(ok) if ok else None
+
+
+def headline(result: StudyResult) -> str:
+    c = result.confirmation
+    r = result.rollout
+    if result.interrupted:
+        return "Interrupted: the last known good was restored; `--resume` continues the study."
+    if c is None or c.verdict == "not run":
+        return "No confirmation was run: nothing applied."
+    if c.verdict != "improved":
+        return f"{c.verdict.capitalize()}: nothing applied; the last known good stays live."
+    comp = next(x for x in c.comparisons if x.trial == c.winner)
+    what = f"Trial {c.winner} beats the baseline by {-comp.relative:.1%} (score CI "
+    what += f"{comp.ci_low:+.3f} .. {comp.ci_high:+.3f})."
+    if r is None:
+        return what + " Not applied (--no-apply)."
+    return f"{what} Rollout: {r.detail}."
+
+
+# --- renderers ----------------------------------------------------------------------
+
+
+def write_study_report(out_dir: Path | str, result: StudyResult) -> StudyReportPaths:
+    from lbtune.metrics.summary import to_jsonable
+
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = StudyReportPaths(d, d / "study.json", d / "report.md", d / "report.html")
+    data = to_jsonable(result.to_dict())
+    paths.study_json.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    paths.report_md.write_text(render_markdown(result))
+    paths.report_html.write_text(render_html(result))
+    return paths
+
+
+def render_markdown(result: StudyResult) -> str:
+    from lbtune.report.markdown import table
+
+    best = result.trial(result.best)
+    lines = [
+        f"# lbtune optimize — study `{result.study}`",
+        "",
+        f"Scenario `{result.scenario}`, target `{result.target}`, objective "
+        f"`{result.spec.kind}`, sampler `{result.sampler}`, {len(result.trials)} trials "
+        f"({result.count('COMPLETE')} complete, {result.count('PRUNED')} pruned, "
+        f"{result.count('FAIL')} failed) in {result.elapsed_s / 60:.1f} min.",
+        "",
+        f"**{headline(result)}**",
+        "",
+        "## Before / after",
+        "",
+        table(before_after(result)),
+        "",
+        "## Confirmation (interleaved re-runs against the baseline, bootstrap CI)",
+        "",
+        table(confirmation_table(result)),
+        "",
+    ]
+    if best is not None:
+        lines += ["## Best parameters", "", "```json", json.dumps(best.params, indent=1), "```", ""]
+    if result.importances:
+        lines += ["## Parameter importances (PED-ANOVA)", ""]
+        lines += [f"- `{k}`: {v:.3f}" for k, v in result.importances.items()] + [""]
+    lines += ["## Trials", "", table(trials_table(result)), ""]
+    if result.notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]
+    return "\n".join(lines)
+
+
+def render_html(result: StudyResult) -> str:
+    from lbtune.report.html import CSS, esc, img, table
+
+    plots = render_plots(result)
+    figs = "".join(img(png, key, caption) for key, (png, caption) in plots.items())
+    notes = "".join(f"<li>{esc(n)}</li>" for n in result.notes)
+    best = result.trial(result.best)
+    params = esc(json.dumps(best.params, indent=1)) if best is not None else "none"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>lbtune optimize {esc(result.study)}</title><style>{CSS}</style></head><body><main>"
+        f"<h1>lbtune optimize — {esc(result.study)}</h1>"
+        f"<div class='meta'>scenario {esc(result.scenario)} · target {esc(result.target)} · "
+        f"objective {esc(result.spec.kind)} · sampler {esc(result.sampler)} · "
+        f"{len(result.trials)} trials · {result.elapsed_s / 60:.1f} min</div>"
+        f"<div class='warn'>{esc(headline(result))}</div>"
+        f"<h2>Before / after</h2>{table(before_after(result))}"
+        f"<h2>Confirmation</h2>{table(confirmation_table(result))}"
+        f"<h2>Plots</h2><div class='plots'>{figs}</div>"
+        f"<h2>Best parameters</h2><pre>{params}</pre>"
+        f"<h2>Trials</h2>{table(trials_table(result))}"
+        + (f"<h2>Notes</h2><ul class='notes'>{notes}</ul>" if notes else "")
+        + "</main></body></html>\n"
+    )
+
+
+def render_plots(result: StudyResult) -> dict[str, tuple[bytes, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from lbtune.report.plots import _figure, _no_data, _png
+
+    out: dict[str, tuple[bytes, str]] = {}
+    fig, (ax,) = _figure()
+    h = history(result)
+    if h:
+        ax.scatter([x[0] for x in h], [x[1] for x in h], s=18, label="trial")
+        ax.step([x[0] for x in h], [x[2] for x in h], where="post", color="#d62728", label="best")
+        base = result.trial(result.baseline)
+        if base is not None and base.objective is not None:
+            ax.axhline(base.objective, color="#7f7f7f", ls="--", label="live baseline")
+        ax.set_xlabel("trial")
+        ax.set_ylabel("composite score (lower is better)")
+        ax.legend(loc="upper right", fontsize=8)
+    else:
+        _no_data(ax, "no completed trial")
+    out["history"] = (_png(fig), "Optimisation history: score per trial and best so far.")
+    fig, (ax,) = _figure(height=max(2.0, 0.35 * len(result.importances) + 1))
+    if result.importances:
+        names = list(result.importances)[::-1]
+        ax.barh(names, [result.importances[n] for n in names])
+        ax.set_xlabel("importance (PED-ANOVA)")
+    else:
+        _no_data(ax, "too few completed trials")
+    out["importances"] = (_png(fig), "Parameter importances of the composite score.")
+    out["parallel"] = (_parallel(result), "Parallel coordinates (colour: score, dark = better).")
+    if result.spec.kind == "pareto":
+        out["pareto"] = (_pareto(result), "Pareto front: P99 e2e against P99 TTFT (front in red).")
+    return out
+
+
+def _parallel(result: StudyResult) -> bytes:
+    from lbtune.report.plots import _figure, _no_data, _png
+
+    done = [t for t in result.trials if t.state == "COMPLETE" and t.objective is not None]
+    names = list(result.importances)[:8] or sorted({k for t in done for k in t.params})[:8]
+    fig, (ax,) = _figure(width=9.0)
+    if len(done) < 2 or not names:
+        _no_data(ax, "fewer than two completed trials")
+        return _png(fig)
+    cols: list[list[float]] = []
+    for n in names:
+        raw = [t.params.get(n) for t in done]
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in raw):
+            nums = [float(v) for v in raw]  # type: ignore[arg-type]
+        else:
+            cats = sorted({str(v) for v in raw})
+            nums = [float(cats.index(str(v))) for v in raw]
+        lo, hi = min(nums), max(nums)
+        cols.append([(v - lo) / (hi - lo) if hi > lo else 0.5 for v in nums])
+    scores = [t.objective or 0.0 for t in done]
+    lo, hi = min(scores), max(scores)
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
+    for i, s in enumerate(scores):
+        ax.plot(
+            range(len(names)),
+            [c[i] for c in cols],
+            color=cmap((s - lo) / (hi - lo or 1)),
+            alpha=0.7,
+        )
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks([])
+    return _png(fig)
+
+
+def _pareto(result: StudyResult) -> bytes:
+    from lbtune.report.plots import _figure, _no_data, _png
+
+    fig, (ax,) = _figure()
+    done = [t for t in result.trials if t.state == "COMPLETE" and t.figures is not None]
+    if not done:
+        _no_data(ax, "no completed trial")
+        return _png(fig)
+    xs = [t.figures.p99_e2e_s for t in done if t.figures]
+    ys = [t.figures.p99_ttft_s for t in done if t.figures]
+    ax.scatter(xs, ys, s=18, color="#7f7f7f", label="trial")
+    front = [t for t in done if t.number in result.pareto_front and t.figures]
+    ax.scatter(
+        [t.figures.p99_e2e_s for t in front if t.figures],
+        [t.figures.p99_ttft_s for t in front if t.figures],
+        s=30, color="#d62728", label="Pareto front",
+    )  # fmt: skip
+    ax.set_xlabel("P99 e2e (s)")
+    ax.set_ylabel("P99 TTFT (s)")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def load_study_json(path: Path | str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+    return data

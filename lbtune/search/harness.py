@@ -1,0 +1,135 @@
+"""What a study runs against — target, measurement, rollout path, last known good — and
+the safe rollout of a confirmed winner.
+
+:func:`real_harness` wires the real pieces (the embedded cluster or a running one,
+``run_stress``, ``apply_params(via="ansible")``, the LKG store); tests pass a
+:class:`Harness` of fakes to :func:`lbtune.optimize.run_optimize` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lbtune.errors import LbtuneError, TrialFailed
+from lbtune.objective import ObjectiveSpec, feasible
+from lbtune.search.result import Confirmation, Rollout
+from lbtune.search.trial import Measure
+
+if TYPE_CHECKING:
+    from lbtune.targets.base import ParamSet, Target
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Harness:
+    target: Target
+    measure: Measure
+    rollout_apply: Callable[[ParamSet, str], object]
+    """Apply a parameter set through the rollout path (Ansible), without recording LKG."""
+    lkg_get: Callable[[], ParamSet | None]
+    lkg_record: Callable[[ParamSet, str], object]
+    rollout_via: str = "ansible"
+
+
+def real_harness(
+    opts: Any, runs_dir: Path, stop: threading.Event, say: Callable[[str], None]
+) -> Harness:
+    """The embedded cluster (started if needed) or the running one in ``opts.state_dir``."""
+    from lbtune.apply import apply_params
+    from lbtune.apply.lkg import LkgStore
+    from lbtune.errors import ConfigError
+    from lbtune.search.measure import StressMeasure
+    from lbtune.stress import StressOptions, resolve_target
+    from lbtune.targets import get_target
+
+    sopts = StressOptions(
+        scenario=opts.scenario, duration_s=opts.trial_duration_s, seed=opts.seed, slo=opts.slo,
+        state_dir=opts.state_dir, cluster_config=opts.cluster_config,
+        reports_root=opts.reports_root, write_report=False,
+    )  # fmt: skip
+    resolved = resolve_target(sopts, say)
+    if resolved.endpoints is None:
+        raise ConfigError("optimize needs a cluster lbtune manages (lbtune cluster up)")
+    extra: dict[str, Any] = {"space_file": opts.space} if opts.space else {}
+    target = get_target(opts.target, resolved.endpoints, **extra)
+    sopts = StressOptions(**{**sopts.__dict__, "state_dir": Path(resolved.endpoints.state_dir)})
+    store = LkgStore(resolved.endpoints.state_dir, target.name)
+
+    def lkg_get() -> ParamSet | None:
+        found = store.get()
+        return None if found is None else dict(found.params)
+
+    def rollout_apply(params: ParamSet, source: str) -> object:
+        return apply_params(
+            target, params, via="ansible", inventory=opts.inventory, source=source,
+            record=False, progress=say,
+        )  # fmt: skip
+
+    return Harness(
+        target=target,
+        measure=StressMeasure(sopts, runs_dir, window_s=opts.window_s, interrupt=stop),
+        rollout_apply=rollout_apply,
+        lkg_get=lkg_get,
+        lkg_record=store.record,
+    )
+
+
+def rollout(
+    h: Harness,
+    params: ParamSet,
+    previous: ParamSet,
+    confirmation: Confirmation,
+    spec: ObjectiveSpec,
+    study: str,
+    say: Callable[[str], None],
+) -> Rollout:
+    """Apply the winner through the rollout path, verify it, roll back when it is worse.
+
+    Worse = the verification run fails the constraints, cannot be measured, or its
+    score is above the baseline's with a bootstrap CI that excludes zero.
+    The winner becomes the last known good only once verified.
+    """
+    from lbtune.search.confirm import bootstrap_diff
+
+    source = f"study:{study}#{confirmation.winner}"
+    try:
+        h.rollout_apply(params, source)
+    except LbtuneError as exc:
+        return Rollout(applied=False, via=h.rollout_via, detail=f"rollout failed: {exc}")
+    say("verification run of the applied winner")
+    problem, fig, diff, ci = None, None, None, None
+    try:
+        m = h.measure("verify", None)
+        fig = m.figures
+        if m.degraded:
+            problem = "the load generator fell behind during verification"
+        elif fig is None or m.samples is None:
+            problem = "verification was not measurable"
+        elif not feasible(fig, spec):
+            problem = f"verification error rate {fig.error_rate:.2%} exceeds the limit"
+        else:
+            d, lo, hi = bootstrap_diff([m.samples], list(confirmation.baseline_samples), spec)
+            diff, ci = d, (lo, hi)
+            if lo > 0:
+                problem = (
+                    "verification is worse than the baseline beyond the noise "
+                    f"({d:+.3f}, CI {lo:+.3f}..{hi:+.3f})"
+                )
+    except (TrialFailed, LbtuneError, ValueError) as exc:
+        problem = f"verification failed: {exc}"
+    if problem is None:
+        h.lkg_record(params, source)
+        return Rollout(True, h.rollout_via, True, False, "applied and verified", fig, diff, ci)
+    say(f"{problem}: rolling back to the last known good")
+    try:
+        h.rollout_apply(previous, f"rollback after {source}")
+        detail = f"{problem}; rolled back to the last known good"
+    except LbtuneError as exc:
+        detail = f"{problem}; the rollback failed too: {exc}"
+    return Rollout(True, h.rollout_via, False, True, detail, fig, diff, ci)

@@ -1,0 +1,347 @@
+"""The Optuna study: storage, create or resume, reference trials, and the ask/tell loop.
+
+* Storage is any Optuna RDB URL; the default is SQLite (``reports/studies.db``).
+* The reference trials are enqueued first (``study.enqueue_trial``) with a ``role``
+  user attribute: ``live`` (what the target runs now, read back), ``round-robin``
+  (the space's baseline: plain round robin, equal weights) and ``least-conn`` when
+  the space has that algorithm. Identical parameter sets are enqueued once.
+* A failed trial is told ``FAIL`` with a ``fail_reason`` user attribute and the
+  loop goes on; a trial whose load generator fell behind is re-enqueued once
+  (``retry_of``). Every finished trial (complete, pruned or failed) counts towards
+  the budget.
+* ``recover`` marks trials left ``RUNNING`` by a dead process (same host, PID gone,
+  or no owner recorded) as ``FAIL`` with reason ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lbtune.errors import ConfigError, DependencyError, TrialFailed
+from lbtune.objective import Figures, ObjectiveSpec, constraints, feasible, values
+from lbtune.search.pruning import window_value
+from lbtune.search.result import TrialResult
+from lbtune.search.trial import GeneratorBehind, Measurement, TrialRunner
+
+if TYPE_CHECKING:
+    import optuna
+
+    from lbtune.targets.base import ParamSet
+    from lbtune.targets.space import ParameterSpace
+
+log = logging.getLogger(__name__)
+
+SAMPLERS = ("tpe", "gp", "nsga2", "random")
+DEFAULT_STORAGE = "sqlite:///reports/studies.db"
+FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+
+
+@dataclass(frozen=True)
+class LoopEvent:
+    """What the loop tells its caller (for the progress display)."""
+
+    kind: str
+    """``start`` (a trial begins), ``window`` (an intermediate value), ``end`` (told)."""
+    number: int
+    done: int
+    budget: int
+    params: ParamSet
+    role: str
+    value: float | None = None
+    state: str | None = None
+    reason: str | None = None
+
+
+def owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _constraints_func(trial: optuna.trial.FrozenTrial) -> list[float]:
+    return [float(c) for c in trial.user_attrs.get("constraints", [1.0])]
+
+
+def _trial_constraints() -> bool:
+    """Optuna >= 5 takes constraints per trial (``Trial.set_constraint``)."""
+    import optuna
+
+    return hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def make_sampler(name: str, seed: int | None, n_startup: int) -> optuna.samplers.BaseSampler:
+    """TPE (default), GP (needs torch and scipy), NSGA-II or random, with constraints."""
+    import optuna
+
+    s = optuna.samplers
+    cf: dict[str, Any] = {} if _trial_constraints() else {"constraints_func": _constraints_func}
+    if name == "tpe":
+        return s.TPESampler(seed=seed, n_startup_trials=n_startup, multivariate=True, **cf)
+    if name == "gp":
+        try:
+            import scipy  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError:
+            raise DependencyError(
+                "--sampler gp needs torch and scipy (pip install torch scipy); or use --sampler tpe"
+            ) from None
+        return s.GPSampler(seed=seed, n_startup_trials=n_startup, **cf)
+    if name == "nsga2":
+        return s.NSGAIISampler(seed=seed, **cf)
+    if name == "random":
+        return s.RandomSampler(seed=seed)
+    raise ConfigError(f"Unknown sampler {name!r}. Available: {', '.join(SAMPLERS)}")
+
+
+def sqlite_dir(storage: str) -> None:
+    """Create the directory of a ``sqlite:///relative/or/abs.db`` URL."""
+    if storage.startswith("sqlite:///"):
+        path = Path(storage.removeprefix("sqlite:///"))
+        if str(path) != ":memory:":
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def open_study(
+    name: str,
+    storage: str,
+    spec: ObjectiveSpec,
+    sampler: optuna.samplers.BaseSampler,
+    pruner: optuna.pruners.BasePruner,
+    *,
+    resume: bool,
+) -> optuna.Study:
+    """Create a new study, or load ``name`` with ``resume``; refuse the other two cases."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sqlite_dir(storage)
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    if resume and name not in names:
+        raise ConfigError(
+            f"--resume: no study {name!r} in {storage}; "
+            f"existing: {', '.join(sorted(names)) or 'none'}"
+        )
+    if not resume and name in names:
+        raise ConfigError(
+            f"study {name!r} already exists in {storage}: add --resume to continue it, "
+            "or pick another --study name"
+        )
+    if resume:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    return optuna.create_study(
+        study_name=name,
+        storage=storage,
+        sampler=sampler,
+        pruner=pruner,
+        directions=spec.directions,
+    )
+
+
+def reference_trials(space: ParameterSpace, live: ParamSet) -> list[tuple[str, ParamSet]]:
+    """``[(role, params)]``: live, round robin (the baseline), least-conn; deduplicated."""
+    refs: list[tuple[str, ParamSet]] = [("live", space.complete({}, live))]
+    rr = space.baseline()
+    refs.append(("round-robin", rr))
+    algo = next(
+        (
+            n
+            for n, s in space.params.items()
+            if s.type == "categorical" and "leastconn" in (s.choices or [])
+        ),
+        None,
+    )
+    if algo is not None:
+        refs.append(("least-conn", {**rr, algo: "leastconn"}))
+    out: list[tuple[str, ParamSet]] = []
+    for role, params in refs:
+        if all(params != p for _, p in out):
+            out.append((role, params))
+    return out
+
+
+def enqueue_references(study: optuna.Study, refs: list[tuple[str, ParamSet]]) -> None:
+    for role, params in refs:
+        study.enqueue_trial(
+            dict(params),
+            user_attrs={"role": role, "enqueued_params": dict(params)},
+            skip_if_exists=False,
+        )
+
+
+def recover(study: optuna.Study) -> list[int]:
+    """Mark trials left RUNNING by a dead process as FAIL; returns their numbers."""
+    from optuna.trial import TrialState
+
+    host = socket.gethostname()
+    storage = study._storage
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        who = str(t.user_attrs.get("owner", ""))
+        h, _, pid = who.partition(":")
+        if who and (h != host or (pid.isdigit() and _alive(int(pid)))):
+            log.warning("trial %d is RUNNING in %s: left alone", t.number, who)
+            continue
+        storage.set_trial_user_attr(t._trial_id, "fail_reason", "interrupted: process died")
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        failed.append(t.number)
+    return failed
+
+
+def finished(study: optuna.Study) -> int:
+    return sum(t.state.name in FINISHED for t in study.get_trials(deepcopy=False))
+
+
+def run_loop(
+    study: optuna.Study,
+    space: ParameterSpace,
+    runner: TrialRunner,
+    spec: ObjectiveSpec,
+    budget: int,
+    *,
+    prune: bool = True,
+    stop: threading.Event | None = None,
+    on_event: Callable[[LoopEvent], None] | None = None,
+) -> None:
+    """Ask, run, tell until ``budget`` trials finished or ``stop`` is set."""
+    from optuna.trial import TrialState
+
+    stop = stop or threading.Event()
+    emit = on_event or (lambda e: None)
+    while not stop.is_set():
+        done = finished(study)
+        if done >= budget:
+            break
+        trial = study.ask()
+        role = str(trial.user_attrs.get("role", "sampled"))
+        base = trial.user_attrs.get("enqueued_params")
+        params = space.suggest(trial, base if isinstance(base, dict) else None)
+        trial.set_user_attr("params", dict(params))
+        trial.set_user_attr("owner", owner())
+        n = trial.number
+        start = LoopEvent("start", n, done, budget, params, role)
+        emit(start)
+        on_window = _window_hook(trial, start, spec, prune, emit)
+
+        t0 = time.monotonic()
+        try:
+            m = runner.run(params, f"trial-{n:04d}", on_window)
+        except TrialFailed as exc:
+            trial.set_user_attr("fail_reason", str(exc))
+            trial.set_user_attr("duration_s", time.monotonic() - t0)
+            study.tell(trial, state=TrialState.FAIL)
+            emit(LoopEvent("end", n, done + 1, budget, params, role, state="FAIL", reason=str(exc)))
+            if isinstance(exc, GeneratorBehind) and "retry_of" not in trial.user_attrs:
+                study.enqueue_trial(
+                    dict(params),
+                    user_attrs={"role": role, "retry_of": n, "enqueued_params": dict(params)},
+                )
+            continue
+        trial.set_user_attr("duration_s", time.monotonic() - t0)
+        if m.stopped:
+            state, reason = _stopped(stop)
+            if reason:
+                trial.set_user_attr("fail_reason", reason)
+            study.tell(trial, state=state)
+            emit(
+                LoopEvent("end", n, done + 1, budget, params, role, state=state.name, reason=reason)
+            )
+            continue
+        _tell(study, trial, m, spec)
+        emit(
+            LoopEvent(
+                "end",
+                n,
+                done + 1,
+                budget,
+                params,
+                role,
+                state="COMPLETE",
+                value=trial_objective(m, spec),
+            )
+        )
+
+
+def _window_hook(
+    trial: Any,
+    start: LoopEvent,
+    spec: ObjectiveSpec,
+    prune: bool,
+    emit: Callable[[LoopEvent], None],
+) -> Callable[[int, Figures], bool]:
+    """Report each window's score to Optuna; True when the pruner says stop."""
+
+    def on_window(step: int, fig: Figures) -> bool:
+        value = window_value(fig, spec)
+        emit(replace(start, kind="window", value=value))
+        if spec.kind != "composite":
+            return False
+        trial.report(value, step)
+        return prune and bool(trial.should_prune())
+
+    return on_window
+
+
+def _stopped(stop: threading.Event) -> tuple[Any, str | None]:
+    from optuna.trial import TrialState
+
+    if stop.is_set():
+        return TrialState.FAIL, "interrupted by the user"
+    return TrialState.PRUNED, None
+
+
+def trial_objective(m: Measurement, spec: ObjectiveSpec) -> float | None:
+    from lbtune.objective import composite
+
+    return None if m.figures is None else composite(m.figures, spec)
+
+
+def _tell(study: optuna.Study, trial: Any, m: Measurement, spec: ObjectiveSpec) -> None:
+    assert m.figures is not None
+    trial.set_user_attr("figures", m.figures.to_dict())
+    cons = constraints(m.figures, spec)
+    trial.set_user_attr("constraints", cons)
+    if _trial_constraints():
+        trial.set_constraint("error_rate", cons[0])
+    trial.set_user_attr("objective", trial_objective(m, spec))
+    study.tell(trial, values(m.figures, spec))
+
+
+def collect(study: optuna.Study, spec: ObjectiveSpec) -> list[TrialResult]:
+    """Every trial of the study as a :class:`TrialResult`, in number order."""
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        ua: Mapping[str, Any] = t.user_attrs
+        fig = Figures.from_dict(ua["figures"]) if isinstance(ua.get("figures"), dict) else None
+        params = ua.get("params") or ua.get("enqueued_params") or dict(t.params)
+        out.append(
+            TrialResult(
+                number=t.number,
+                state=t.state.name,
+                role=str(ua.get("role", "sampled")),
+                params=dict(params),
+                objective=ua.get("objective"),
+                values=None if t.values is None else tuple(t.values),
+                figures=fig,
+                feasible=None if fig is None else feasible(fig, spec),
+                fail_reason=ua.get("fail_reason"),
+                duration_s=ua.get("duration_s"),
+                intermediate=dict(t.intermediate_values),
+            )
+        )
+    return out

@@ -1,0 +1,132 @@
+"""A fake target and a fake measurement for fast, deterministic study tests.
+
+Why fakes: the study loop, pruning, confirmation and rollout logic must be tested in
+milliseconds and without a cluster; the real target and ``run_stress`` are covered by
+``tests/test_optimize_e2e.py``. The fake target implements the
+:class:`lbtune.targets.base.Target` protocol (space, read_live, apply, rollback) over a
+real :class:`~lbtune.targets.space.ParameterSpace`, so validation is the real one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lbtune.errors import ApplyError
+from lbtune.objective import Figures
+from lbtune.search.harness import Harness
+from lbtune.search.measure import nearest_rank
+from lbtune.search.trial import Measurement, Samples, WindowHook
+from lbtune.targets.base import ApplyResult, ParamSet
+from lbtune.targets.space import ParameterSpace, SpaceFile
+
+SPACE = {
+    "target": "fake",
+    "params": {
+        "algorithm": {
+            "type": "categorical",
+            "choices": ["roundrobin", "leastconn", "random"],
+            "baseline": "roundrobin",
+        },
+        "weight": {"type": "int", "low": 1, "high": 256, "baseline": 100, "per_server": True},
+        "x": {"type": "float", "low": 0.0, "high": 1.0, "baseline": 0.5},
+    },
+}
+
+
+class FakeTarget:
+    name = "fake"
+
+    def __init__(self, fail_when: Callable[[ParamSet], bool] | None = None) -> None:
+        self._space = ParameterSpace.from_file(SpaceFile.model_validate(SPACE), ["a", "b"])
+        self.live: ParamSet = self._space.baseline()
+        self.lkg: ParamSet = dict(self.live)
+        self.applied: list[ParamSet] = []
+        self.fail_when = fail_when
+
+    def space(self) -> ParameterSpace:
+        return self._space
+
+    def read_live(self) -> ParamSet:
+        return dict(self.live)
+
+    def apply(self, params: ParamSet, *, check: bool = False) -> ApplyResult:
+        checked = self._space.validate(params)
+        if self.fail_when is not None and self.fail_when(checked):
+            raise ApplyError("fake balancer refused the config")
+        self.live = self._space.complete(checked, self.live)
+        self.applied.append(dict(self.live))
+        return ApplyResult(changed=True, applied=dict(self.live))
+
+    def rollback(self) -> ApplyResult:
+        return self.apply(self.lkg)
+
+
+def quality(p: ParamSet) -> float:
+    """Latency multiplier of a parameter set: best at x=0.2 with leastconn."""
+    x = float(p["x"])
+    algo = {"roundrobin": 0.4, "leastconn": 0.0, "random": 0.2}[str(p["algorithm"])]
+    return 1.0 + 4.0 * (x - 0.2) ** 2 + algo
+
+
+@dataclass
+class FakeMeasure:
+    """Samples latencies from a distribution scaled by :func:`quality` of what is live."""
+
+    target: FakeTarget
+    quality: Callable[[ParamSet], float] = quality
+    n: int = 400
+    windows: int = 3
+    degraded_once: set[str] = field(default_factory=set)
+    interrupt_on: str | None = None
+    stop: threading.Event | None = None
+    calls: list[str] = field(default_factory=list)
+
+    def __call__(self, label: str, on_window: WindowHook | None = None) -> Measurement:
+        self.calls.append(label)
+        q = self.quality(self.target.live)
+        seed = int(hashlib.sha256(label.encode()).hexdigest()[:8], 16)
+        rng = np.random.default_rng(seed)
+        e2e = q * rng.lognormal(0.0, 0.3, self.n)
+        ttft = q * 0.1 * rng.lognormal(0.0, 0.3, self.n)
+        stopped = False
+        for step in range(1, self.windows + 1):
+            k = self.n * step // self.windows
+            fig = Figures(nearest_rank(list(e2e[:k]), 99), nearest_rank(list(ttft[:k]), 99))
+            if on_window is not None and on_window(step, fig):
+                stopped = True
+                break
+            if self.interrupt_on == label and self.stop is not None:
+                self.stop.set()
+                stopped = True
+                break
+        degraded = ("lateness",) if label in self.degraded_once else ()
+        self.degraded_once.discard(label)
+        figs = Figures(
+            p99_e2e_s=nearest_rank(list(e2e), 99),
+            p99_ttft_s=nearest_rank(list(ttft), 99),
+            requests_per_s=10.0 / q,
+            completed=self.n,
+        )
+        return Measurement(figs, Samples.of(ttft, e2e, self.n, 0), degraded, stopped)
+
+
+def harness(target: FakeTarget, measure: FakeMeasure) -> Harness:
+    lkg: dict[str, ParamSet] = {}
+
+    def record(p: ParamSet, source: str) -> None:
+        lkg["current"] = dict(p)
+        target.lkg = dict(p)
+
+    return Harness(
+        target=target,
+        measure=measure,
+        rollout_apply=lambda p, source: target.apply(p),
+        lkg_get=lambda: lkg.get("current"),
+        lkg_record=record,
+        rollout_via="direct (fake)",
+    )
