@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's main-job command: set up, bring the embedded cluster up, show one
-# streamed completion through the balancer, run a short load test and point at its report.
+# streamed completion through the balancer, then run a short tuning study (a few minutes)
+# that applies a confirmed winner, and show what is live.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -16,6 +17,10 @@ curl -sN -D - "$balancer/v1/chat/completions" -H 'Content-Type: application/json
   | grep -iE '^(HTTP|x-lbtune-replica)|^data:' | head -n 14
 
 echo
-echo "== a 30 s load test with the mixed scenario =="
-$LB stress --scenario mixed --duration 30
+echo "== a short tuning study on the mixed scenario (about 6 minutes) =="
+$LB optimize --budget ${LBTUNE_DEMO_BUDGET:-8} --trial-duration ${LBTUNE_DEMO_TRIAL_S:-20} --confirm-runs 1
+
+echo
+echo "== live balancer parameters now =="
+$LB apply --show
 $LB cluster status
