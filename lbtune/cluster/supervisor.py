@@ -134,6 +134,19 @@ def alive(record: ProcessRecord) -> bool:
     return _process(record) is not None
 
 
+def send_signal(record: ProcessRecord, sig: int) -> bool:
+    """Send ``sig`` to the process we started (identity-checked like :func:`stop`);
+    False when it is gone or its PID now belongs to another process."""
+    ps = _process(record)
+    if ps is None:
+        return False
+    try:
+        ps.send_signal(sig)
+    except psutil.Error:
+        return False
+    return True
+
+
 def exited(record: ProcessRecord) -> int | None:
     """Exit status when we started it in this interpreter and it has exited."""
     _reap(record.pid)
@@ -182,7 +195,9 @@ def stop(record: ProcessRecord, paths: StatePaths, timeout: float = 10.0) -> lis
             log.warning("%s (pid %d) did not stop in %.0f s: SIGKILL", record.name, p.pid, timeout)
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        psutil.wait_procs(family, timeout=2.0)
+        # Wait only for what still runs: a zombie whose parent is not us (an orphan
+        # adopted by init) counts as stopped, however slowly init reaps it.
+        psutil.wait_procs(_gone(family), timeout=2.0)
         _reap(record.pid)
         log.info("stopped %s (pid %d)", record.name, record.pid)
     with contextlib.suppress(FileNotFoundError):
