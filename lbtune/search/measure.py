@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lbtune.loadgen.records import ERROR_OUTCOMES
 from lbtune.objective import Figures, figures_from_summary
 from lbtune.search.trial import Measurement, Samples, WindowHook
 
@@ -35,17 +36,32 @@ def nearest_rank(values: list[float], q: float) -> float:
     return s[k - 1]
 
 
+def censored(records: list[RequestRecord]) -> list[tuple[float, float]]:
+    """(TTFT, E2E) of every request that succeeded or was cut off by the test's end.
+
+    A cancelled request still ran when the test ended: its latencies are at least
+    what had elapsed by then, so it enters the objective with that lower bound. A
+    configuration cannot look better by leaving its slowest requests unfinished.
+    """
+    return [
+        (r.ttft if r.ttft is not None else r.e2e, r.e2e)
+        for r in records
+        if r.outcome in ("ok", "cancelled")
+    ]
+
+
 def partial_figures(records: list[RequestRecord], start: float, end: float) -> Figures | None:
     """Figures from the requests sent in ``[start, end)`` that have ended so far."""
     sent = [r for r in records if start <= r.sent_at < end]
     ok = [r for r in sent if r.outcome == "ok"]
+    errors = [r for r in sent if r.outcome in ERROR_OUTCOMES]
     if not ok:
         return None
     ttfts = [r.ttft for r in ok if r.ttft is not None] or [r.e2e for r in ok]
     return Figures(
         p99_e2e_s=nearest_rank([r.e2e for r in ok], 99),
         p99_ttft_s=nearest_rank(ttfts, 99),
-        error_rate=(len(sent) - len(ok)) / len(sent),
+        error_rate=len(errors) / len(sent),
         completed=len(ok),
     )
 
@@ -118,16 +134,19 @@ class StressMeasure:
                 raise
             figures = None
         window = summary.window
-        ok = [
-            r
-            for r in read_records(res.records_path)
-            if window.contains(r.sent_at) and r.outcome == "ok"
-        ]
+        in_window = [r for r in read_records(res.records_path) if window.contains(r.sent_at)]
+        scored = censored(in_window)
+        if figures is not None and scored:
+            figures = replace(
+                figures,
+                p99_e2e_s=max(figures.p99_e2e_s, nearest_rank([e for _, e in scored], 99)),
+                p99_ttft_s=max(figures.p99_ttft_s, nearest_rank([t for t, _ in scored], 99)),
+            )
         samples = Samples.of(
-            [r.ttft if r.ttft is not None else r.e2e for r in ok],
-            [r.e2e for r in ok],
-            sent=summary.outcomes.sent,
-            errors=summary.outcomes.sent - len(ok),
+            [t for t, _ in scored],
+            [e for _, e in scored],
+            sent=len(in_window),
+            errors=sum(1 for r in in_window if r.outcome in ERROR_OUTCOMES),
         )
         return Measurement(
             figures=figures,
