@@ -61,7 +61,7 @@ def partial_figures(records: list[RequestRecord], start: float, end: float) -> F
     return Figures(
         p99_e2e_s=nearest_rank([r.e2e for r in ok], 99),
         p99_ttft_s=nearest_rank(ttfts, 99),
-        error_rate=len(errors) / len(sent),
+        error_rate=len(errors) / sum(1 for r in sent if r.outcome != "cancelled"),
         completed=len(ok),
     )
 

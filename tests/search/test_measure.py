@@ -32,5 +32,5 @@ def test_partial_figures_count_only_real_errors() -> None:
     ]
     fig = partial_figures(records, 0.0, 5.0)
     assert fig is not None
-    assert fig.error_rate == 1 / 4
+    assert fig.error_rate == 1 / 3  # cancelled: neither success nor error
     assert fig.completed == 2
