@@ -10,6 +10,7 @@ coefficients a = 0.5 (KV-cache headroom), b = 0.3 (latency), c = 0.2 (queue).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from lbtune.errors import ConfigError
 
-__all__ = ["AgentConfig", "load_agent_config"]
+__all__ = [
+    "AgentConfig",
+    "check_settings",
+    "load_agent_config",
+    "read_agent_file",
+    "write_agent_file",
+]
 
 
 class AgentConfig(BaseModel):
@@ -138,6 +145,28 @@ def _errors(exc: ValidationError, where: str) -> ConfigError:
     return ConfigError(f"{where}: " + "; ".join(parts))
 
 
+def check_settings(settings: Mapping[str, Any], reserved: Mapping[str, str] | None = None) -> None:
+    """Raise ValueError naming the field when ``settings`` (a partial AgentConfig, e.g. a
+    cluster YAML's ``agent.settings``) holds a ``reserved`` field (key → what sets it
+    instead), an unknown field, or a value AgentConfig rejects."""
+    reserved = reserved or {}
+    for key in settings:
+        if key in reserved:
+            raise ValueError(f"{key}: set by the cluster ({reserved[key]})")
+        if key not in AgentConfig.model_fields:
+            known = ", ".join(k for k in AgentConfig.model_fields if k not in reserved)
+            raise ValueError(f"{key}: unknown agent setting. Known: {known}")
+    try:
+        AgentConfig.model_validate(dict(settings))
+    except ValidationError as exc:
+        parts = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err["loc"])
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            parts.append(f"{loc}: {msg}" if loc else msg)
+        raise ValueError("; ".join(parts)) from None
+
+
 def load_agent_config(
     path: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
@@ -171,3 +200,31 @@ def load_agent_config(
         return AgentConfig.model_validate(data)
     except ValidationError as exc:
         raise _errors(exc, where) from None
+
+
+def read_agent_file(path: str | Path) -> dict[str, Any]:
+    """The settings in an agent config file (un-nested from ``agent:``), unvalidated;
+    ``{}`` when the file is missing or is not a mapping."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    if isinstance(loaded, dict) and set(loaded) == {"agent"} and isinstance(loaded["agent"], dict):
+        loaded = loaded["agent"]
+    return dict(loaded) if isinstance(loaded, dict) else {}
+
+
+def write_agent_file(path: str | Path, settings: Mapping[str, Any]) -> None:
+    """Check ``settings`` against :class:`AgentConfig` and write them atomically, nested
+    under ``agent:`` (what ``lbtune cluster up`` and the HAProxy target both write).
+
+    Raises :class:`ConfigError` naming the field when a setting is invalid.
+    """
+    try:
+        AgentConfig.model_validate(dict(settings))
+    except ValidationError as exc:
+        raise _errors(exc, str(path)) from None
+    target = Path(path)
+    tmp = target.with_name(target.name + ".lbtune-tmp")
+    tmp.write_text(yaml.safe_dump({"agent": dict(settings)}, sort_keys=False), encoding="utf-8")
+    os.replace(tmp, target)

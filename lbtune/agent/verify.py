@@ -4,8 +4,10 @@
 through HAProxy with the agent running, measures one replica's weight and share of new
 requests from HAProxy's per-server session counters (``stot`` deltas of ``show stat``),
 then slows that replica with the sim's ``POST /admin/slowdown {"factor": F}`` and
-measures again.
-It leaves the cluster as it found it (slowdown 1, the weights it had).
+measures again, sampling the replica's weight twice per second meanwhile.
+It runs its own agent in a thread, or (``run_agent=False``) relies on the agent the
+cluster runs (``agent.enabled`` in the cluster YAML). It leaves the replica unslowed and,
+with its own agent, the weights as they were.
 
 Used by the integration test and callable by hand::
 
@@ -47,9 +49,16 @@ class SlowdownReport:
     weight_before: int
     weight_after: int
     weights: list[int] = field(default_factory=list)
-    """The replica's weight after each agent step (one step a second)."""
+    """The replica's weight after each agent step (one step a second); with the cluster's
+    agent (``run_agent=False``), the sampled weights of the slowed phase."""
+    samples: list[tuple[float, int]] = field(default_factory=list)
+    """(seconds since the slowdown, the replica's HAProxy weight), every 0.5 s."""
     requests: int = 0
     errors: int = 0
+
+    def seconds_to(self, weight: float) -> float | None:
+        """When the sampled weight first fell to ``weight`` or below after the slowdown."""
+        return next((t for t, w in self.samples if w <= weight), None)
 
 
 def _post(url: str, body: dict[str, float], timeout: float = 10.0) -> Any:
@@ -126,6 +135,7 @@ def slowdown_check(
     phase_s: tuple[float, float] = (8.0, 12.0),
     concurrency: int = 6,
     config: AgentConfig | None = None,
+    run_agent: bool = True,
 ) -> SlowdownReport:
     """With the agent running at a 1 s interval throughout, measure ``replica``'s weight
     and share of new requests over the second half of a first phase, then slow it by
@@ -135,7 +145,8 @@ def slowdown_check(
     mini2 preset, the L4 beside the H100). Default agent config: the cluster's endpoints,
     a TTFT ceiling of 350 ms scaled by the cluster's time scale, and latency-led
     coefficients (a, b, c) = (0.2, 0.6, 0.2): a slowdown shows in TTFT, not in KV usage,
-    which the source's defaults (0.5, 0.3, 0.2) weigh most.
+    which the source's defaults (0.5, 0.3, 0.2) weigh most. With ``run_agent=False`` no
+    agent is started (the cluster's own must be running) and ``config`` is not used.
     """
     if model is None:
         shared = [m for m in ep.models if sum(m in r.models for r in ep.replicas) >= 2]
@@ -166,30 +177,40 @@ def slowdown_check(
     def weight() -> int:
         return next(s.weight for s in rt.servers_state(backend) if s.server == target.name)
 
-    def measure(seconds: float) -> tuple[float, int]:
-        time.sleep(seconds / 2)
+    samples: list[tuple[float, int]] = []
+
+    def wait(seconds: float, since: float | None) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if since is not None:
+                samples.append((round(time.monotonic() - since, 2), weight()))
+            time.sleep(min(0.5, left))
+
+    def measure(seconds: float, since: float | None = None) -> tuple[float, int]:
+        wait(seconds / 2, since)
         a = _stot(rt, backend)
-        time.sleep(seconds / 2)
+        wait(seconds / 2, since)
         return _share(a, _stot(rt, backend), target.name), weight()
 
     try:
         with (
             _load_running(ep.balancer_url, model, concurrency, prompt) as counts,
-            AgentThread(cfg) as agent,
+            AgentThread(cfg) if run_agent else contextlib.nullcontext() as agent,
         ):
             share_before, weight_before = measure(phase_s[0])
             _post(f"{target.url}/admin/slowdown", {"factor": factor})
-            share_after, weight_after = measure(phase_s[1])
+            share_after, weight_after = measure(phase_s[1], since=time.monotonic())
             weights = [
                 d.weight
-                for res in list(agent.results)
+                for res in (list(agent.results) if agent is not None else [])
                 for d in res.decisions
                 if d.replica == target.name
-            ]
+            ] or [w for _, w in samples]
     finally:
         _post(f"{target.url}/admin/slowdown", {"factor": 1.0})
-        with contextlib.suppress(TargetError):
-            rt.set_weights(saved)
+        if run_agent:
+            with contextlib.suppress(TargetError):
+                rt.set_weights(saved)
     report = SlowdownReport(
         backend=backend,
         replica=target.name,
@@ -198,6 +219,7 @@ def slowdown_check(
         weight_before=weight_before,
         weight_after=weight_after,
         weights=weights,
+        samples=samples,
         requests=counts["requests"],
         errors=counts["errors"],
     )

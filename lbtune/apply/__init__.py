@@ -36,6 +36,13 @@ class ApplyOutcome:
     log_path: Path | None = None
 
 
+def _owned_elsewhere(target: Target) -> frozenset[str]:
+    """Knobs the target says another controller sets (e.g. HAProxy weights while the
+    cluster's feedback agent runs): live values the read-back cannot hold to a value."""
+    hook = getattr(target, "owned_elsewhere", None)
+    return frozenset(hook()) if callable(hook) else frozenset()
+
+
 def _is_local(inventory: str | Path | None) -> bool:
     return inventory is None or Path(inventory).resolve() == LOCAL_INVENTORY.resolve()
 
@@ -118,7 +125,8 @@ def apply_params(
             )  # fmt: skip
             if not check and expected is not None:
                 live = target.read_live()
-                bad = [k for k, v in expected.items() if live.get(k) != v]
+                others = _owned_elsewhere(target)
+                bad = [k for k, v in expected.items() if live.get(k) != v and k not in others]
                 if bad:
                     shown = ", ".join(
                         f"{k}={live.get(k)!r} (wanted {expected[k]!r})" for k in bad[:4]

@@ -65,12 +65,16 @@ def _endpoints_table(ep: Endpoints, health: dict[str, str] | None = None) -> Non
     table.add_row("HAProxy metrics", ep.haproxy_metrics_url, "", "", ok)
     table.add_row("Prometheus", ep.prometheus_url, "", "", ok)
     table.add_row("lbtune exporter", ep.exporter_url, "", "", "reserved")
+    if ep.agent_metrics_url is not None:
+        table.add_row("feedback agent", ep.agent_metrics_url, "", "", ok)
     for r in ep.replicas:
         gpu = r.gpu or ("external" if r.external else "")
         table.add_row(r.name, r.url, gpu, ", ".join(r.models), health.get(r.name, ok))
     console = _console()
     console.print(table)
     console.print(f"runtime API: {ep.runtime_socket}    master CLI: {ep.master_socket}")
+    if ep.agent_config is not None:
+        console.print(f"agent settings: {ep.agent_config}  (re-read on SIGHUP)")
 
 
 def _status_tables(st: ClusterStatus) -> None:

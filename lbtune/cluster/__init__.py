@@ -6,6 +6,7 @@
 * :mod:`lbtune.cluster.probes` — HTTP, runtime-API and Prometheus probes.
 * :mod:`lbtune.cluster.health` — readiness checks and the status records.
 * :mod:`lbtune.cluster.state` — the state dir layout and the endpoints record.
+* :mod:`lbtune.cluster.agent` — the feedback agent as a cluster component (``agent.enabled``).
 * :mod:`lbtune.cluster.api` — ``up()``, ``down()``, ``status()``: what the CLI and the
   ``stress``/``optimize`` commands call.
 

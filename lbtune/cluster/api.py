@@ -3,9 +3,11 @@
 The CLI (``lbtune cluster ...``) and the ``stress``/``optimize`` commands call these.
 ``up`` starts the sim host, HAProxy and Prometheus (in that order, each only once the
 previous one is ready), waits until every replica is healthy, every HAProxy server is
-UP and Prometheus has scraped every replica, then writes ``endpoints.json``. If any
-step fails, everything this ``up`` started is stopped again. With ``balancer:
-vllm-router`` the router (:mod:`lbtune.cluster.router`) takes HAProxy's place.
+UP and Prometheus has scraped every replica, then, when the cluster YAML enables it,
+starts the feedback agent (:mod:`lbtune.cluster.agent`), and writes ``endpoints.json``.
+If any step fails, everything this ``up`` started is stopped again; ``down`` stops the
+agent first. With ``balancer: vllm-router`` the router (:mod:`lbtune.cluster.router`)
+takes HAProxy's place.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lbtune.cluster import health, probes, render, router, supervisor
+from lbtune.cluster import agent, health, probes, render, router, supervisor
 from lbtune.cluster.config import (
     DEFAULT_PRESET,
     LOOPBACK,
@@ -30,6 +32,7 @@ from lbtune.cluster.config import (
 )
 from lbtune.cluster.health import ClusterStatus, ComponentStatus, ReplicaStatus
 from lbtune.cluster.state import (
+    AGENT,
     COMPONENTS,
     Endpoints,
     ReplicaEndpoint,
@@ -80,7 +83,7 @@ def _locked(paths: StatePaths) -> Iterator[None]:
 
 
 def _records(paths: StatePaths) -> list[ProcessRecord]:
-    names = (*COMPONENTS, router.COMPONENT)
+    names = (*COMPONENTS, router.COMPONENT, AGENT)  # down stops them in reverse: agent first
     return [r for n in names if (r := supervisor.read_record(paths, n)) is not None]
 
 
@@ -147,6 +150,9 @@ def _endpoints(cluster: ResolvedCluster, paths: StatePaths, source: str) -> Endp
         ],
         time_scale=cluster.config.time_scale,
         ground_truth_path=str(paths.ground_truth) if cluster.simulated else None,
+        balancer=cluster.config.balancer,
+        agent_config=str(paths.agent_config) if p.agent is not None else None,
+        agent_metrics_url=f"http://{LOOPBACK}:{p.agent}/metrics" if p.agent is not None else None,
     )
 
 
@@ -227,6 +233,7 @@ def _check_ports(cluster: ResolvedCluster, source: str) -> None:
         ("stats", p.stats),
         ("prometheus", p.prometheus),
         ("exporter", p.exporter),
+        *([("agent", p.agent)] if p.agent is not None else []),
     ] + [(f"replica {r.name}", r.port) for r in cluster.simulated]
     for what, port in wanted:
         if probes.port_busy(LOOPBACK, port):
@@ -248,6 +255,9 @@ def _write_configs(cluster: ResolvedCluster, paths: StatePaths) -> None:
     # A fresh start is untuned and has no history: no saved weights, no old series.
     paths.server_state.unlink(missing_ok=True)
     paths.ground_truth.unlink(missing_ok=True)
+    paths.agent_config.unlink(missing_ok=True)
+    if cluster.ports.agent is not None:
+        agent.write_config(cluster, paths)
     shutil.rmtree(paths.prometheus_data, ignore_errors=True)
     paths.prometheus_data.mkdir(parents=True, exist_ok=True)
     if cluster.simulated:
@@ -311,6 +321,10 @@ def _start_all(
         "Prometheus scrapes",
         [*sim, hap, prom],
     )
+    if ep.agent_config is not None:
+        _say(progress, "starting the feedback agent")
+        started.append(agent.start(paths))
+        agent.wait_ready(ep, [*sim, hap, prom, started[-1]])
 
 
 def down(

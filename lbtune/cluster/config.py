@@ -86,6 +86,12 @@ class PortsConfig(BaseModel):
     replica_base: int = Field(
         default=8100, ge=0, le=65535, description="First simulated replica; the rest follow."
     )
+    agent: int = Field(
+        default=9492,
+        ge=0,
+        le=65535,
+        description="The feedback agent's /metrics (only used when agent.enabled).",
+    )
 
 
 class ReplicaGroup(BaseModel):
@@ -195,6 +201,34 @@ class RouterSettings(BaseModel):
     max_tree_size: int = Field(default=33554432, ge=1)
 
 
+AGENT_RESERVED = {
+    "prometheus_url": "the cluster's Prometheus",
+    "runtime_socket": "the cluster's HAProxy runtime socket",
+    "metrics_port": "ports.agent",
+}
+"""AgentConfig fields the cluster sets itself (and what sets them)."""
+
+
+class AgentSection(BaseModel):
+    """The feedback agent, run by the cluster when ``enabled`` (see docs/cluster.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=False, description="Start `lbtune agent run` with the cluster.")
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="AgentConfig fields written to <state>/agent.yaml as given (wall-clock s).",
+    )
+
+    @field_validator("settings")
+    @classmethod
+    def _agent_settings(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from lbtune.agent.config import check_settings
+
+        check_settings(v, AGENT_RESERVED)
+        return v
+
+
 class ClusterConfig(BaseModel):
     """A cluster file: simulated replica groups or external replicas, and ports."""
 
@@ -205,6 +239,7 @@ class ClusterConfig(BaseModel):
     seed: int = 0
     balancer: Literal["haproxy", "vllm-router"] = "haproxy"
     router: RouterSettings = RouterSettings()
+    agent: AgentSection = AgentSection()
     ports: PortsConfig = PortsConfig()
     replicas: list[ReplicaGroup] = Field(default_factory=list)
     external: list[ExternalReplica] = Field(default_factory=list)
@@ -236,6 +271,10 @@ class ClusterConfig(BaseModel):
         served = {frozenset(g.models) for g in self.replicas} | {
             frozenset(e.models) for e in self.external
         }
+        if self.balancer == "vllm-router" and self.agent.enabled:
+            raise ValueError(
+                "The feedback agent sets HAProxy weights: 'agent.enabled' needs 'balancer: haproxy'"
+            )
         if self.balancer == "vllm-router" and len(served) > 1:
             raise ValueError(
                 "vllm-router does not route by model: with 'balancer: vllm-router' every "
@@ -333,6 +372,8 @@ class Ports:
     stats: int
     prometheus: int
     exporter: int
+    agent: int | None = None
+    """The agent's /metrics port; ``None`` when the agent is not enabled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +424,7 @@ def resolve(config: ClusterConfig, pick_port: Callable[[], int] = free_port) -> 
         stats=port(cp.stats),
         prometheus=port(cp.prometheus),
         exporter=port(cp.exporter),
+        agent=port(cp.agent) if config.agent.enabled else None,
     )
     replicas: list[Replica] = []
     if config.external:

@@ -103,8 +103,27 @@ def prometheus_missing(ep: Endpoints) -> str | None:
     return None if haproxy_up else "haproxy target not scraped yet"
 
 
+AGENT_JOB = "lbtune-agent"
+
+
+def agent_missing(ep: Endpoints) -> str | None:
+    """The agent serves ``/metrics`` and Prometheus scrapes it (job ``lbtune-agent``)."""
+    if ep.agent_metrics_url is None:
+        return None
+    if probes.http_get(ep.agent_metrics_url, timeout=1.0)[0] != 200:
+        return f"agent {ep.agent_metrics_url} not answering"
+    targets = probes.prometheus_targets(ep.prometheus_url)
+    if not any(
+        t.get("labels", {}).get("job") == AGENT_JOB and t.get("health") == "up" for t in targets
+    ):
+        return "agent target not scraped yet"
+    return None
+
+
 def problems(ep: Endpoints, records: list[ProcessRecord], simulated: bool) -> list[str]:
     expected = ["sim", "haproxy", "prometheus"] if simulated else ["haproxy", "prometheus"]
+    if ep.agent_config is not None:
+        expected.append("agent")
     alive = {r.name for r in records if supervisor.alive(r)}
     found: list[str | None] = [f"{name} is not running" for name in expected if name not in alive]
     found.append(replicas_missing({r.name: r.url for r in ep.replicas}))
@@ -112,4 +131,6 @@ def problems(ep: Endpoints, records: list[ProcessRecord], simulated: bool) -> li
         found.append(haproxy_missing(ep))
     if "prometheus" in alive:
         found.append(prometheus_missing(ep))
+    if "agent" in alive and "prometheus" in alive:
+        found.append(agent_missing(ep))
     return [p for p in found if p is not None]

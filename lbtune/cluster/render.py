@@ -102,6 +102,9 @@ def prometheus_context(cluster: ResolvedCluster) -> dict[str, Any]:
         ],
         "prometheus_haproxy_target": f"{LOOPBACK}:{cluster.ports.stats}",
         "prometheus_lbtune_target": f"{LOOPBACK}:{cluster.ports.exporter}",
+        "prometheus_agent_target": (
+            f"{LOOPBACK}:{cluster.ports.agent}" if cluster.ports.agent is not None else ""
+        ),
     }
 
 

@@ -13,8 +13,9 @@ Layout of a state dir (default ``$LBTUNE_STATE_DIR``, else
     prometheus.yml       rendered from playbooks/templates/prometheus.yml.j2
     prometheus-data/     Prometheus TSDB
     ground_truth.jsonl   the sim's per-request server-side timestamps
-    sim.pid haproxy.pid prometheus.pid   one JSON record per started process
-    logs/sim.log logs/haproxy.log logs/prometheus.log
+    agent.yaml           the feedback agent's settings (when the cluster YAML enables it)
+    sim.pid haproxy.pid prometheus.pid agent.pid   one JSON record per started process
+    logs/sim.log logs/haproxy.log logs/prometheus.log logs/agent.log
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from pydantic import BaseModel, ConfigDict
 from lbtune.errors import ClusterError
 
 COMPONENTS = ("sim", "haproxy", "prometheus")
+AGENT = "agent"
+"""The feedback agent's component name (``agent.pid``, ``logs/agent.log``)."""
 # sun_path is 108 bytes on Linux; keep a margin.
 _MAX_SOCKET_PATH = 100
 
@@ -95,6 +98,10 @@ class StatePaths:
     @property
     def ground_truth(self) -> Path:
         return self.root / "ground_truth.jsonl"
+
+    @property
+    def agent_config(self) -> Path:
+        return self.root / "agent.yaml"
 
     @property
     def lock(self) -> Path:
@@ -166,6 +173,13 @@ class Endpoints(BaseModel):
     time_scale: float
     ground_truth_path: str | None
     """The sim's per-request ground truth (JSONL); ``None`` for external replicas."""
+    balancer: str = "haproxy"
+    """``haproxy`` or ``vllm-router``."""
+    agent_config: str | None = None
+    """The feedback agent's settings file (``agent.yaml``) when the cluster runs the agent
+    (it then owns the per-server weights); ``None`` otherwise."""
+    agent_metrics_url: str | None = None
+    """The agent's own ``/metrics`` (Prometheus job ``lbtune-agent``) when it runs."""
 
     @property
     def models(self) -> list[str]:

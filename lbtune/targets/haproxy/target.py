@@ -15,11 +15,16 @@ An apply:
    reload through the master socket and wait for the new worker;
 4. sets weights/maxconn through the runtime API (every backend a server is in);
 5. reads back: runtime weights and maxconn, the config file's hash, the new worker.
+
+While the cluster runs the feedback agent (``agent.enabled`` in its YAML; endpoints'
+``agent_config``) the agent owns the per-server weights: the space marks ``weight.*``
+fixed, a parameter set holding nothing but weights is refused (RejectedBeforeApply,
+nothing touched), weights inside a larger set are ignored (a warning names them), and
+read-back reports the agent's weights (``owned_elsewhere`` tells ``lbtune.apply``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -31,11 +36,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from lbtune.cluster import render
-from lbtune.cluster.state import Endpoints
-from lbtune.errors import ApplyError, TargetError
+from lbtune.agent.config import AgentConfig, read_agent_file, write_agent_file
+from lbtune.cluster import agent as cluster_agent
+from lbtune.cluster import render, supervisor
+from lbtune.cluster.state import AGENT, Endpoints, StatePaths
+from lbtune.errors import ApplyError, ConfigError, TargetError
 from lbtune.targets.base import ApplyResult, ParamSet, ParamValue, RejectedBeforeApply
 from lbtune.targets.haproxy import config, master
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
@@ -48,6 +53,7 @@ log = logging.getLogger(__name__)
 SPACE_FILE = Path(__file__).with_name("space.yaml")
 RECORD_NAME = "haproxy-params.json"
 AGENT_FILE = "agent.yaml"
+WEIGHT_PREFIX = "weight."
 
 
 def _sha(text: str) -> str:
@@ -83,18 +89,38 @@ class HaproxyTarget:
         self.runtime = HaproxyRuntime(endpoints.runtime_socket)
         self.cfg_path = Path(endpoints.haproxy_cfg)
         self.record_path = self.state_dir / RECORD_NAME
+        self.agent_path = Path(endpoints.agent_config or self.state_dir / AGENT_FILE)
         self._space: ParameterSpace | None = None
+        self._warned_weights = False
 
     def __repr__(self) -> str:
         return f"HaproxyTarget({self.state_dir})"
 
     # -- space & read-back -------------------------------------------------------------
 
+    def agent_owns_weights(self) -> bool:
+        """The cluster's feedback agent sets the weights (then ``weight.*`` are fixed)."""
+        return cluster_agent.owns_weights(self.endpoints)
+
+    def owned_elsewhere(self) -> frozenset[str]:
+        """Knobs another controller sets (the agent's weights): ``lbtune.apply`` does not
+        hold them to a value in its read-back."""
+        if not self.agent_owns_weights():
+            return frozenset()
+        return frozenset(n for n in self.space().params if n.startswith(WEIGHT_PREFIX))
+
     def space(self) -> ParameterSpace:
         if self._space is None:
-            self._space = ParameterSpace.load(
+            space = ParameterSpace.load(
                 self.space_file, replicas=[r.name for r in self.endpoints.replicas]
             )
+            if self.agent_owns_weights():
+                fixed = {
+                    n: s.model_copy(update={"fixed": True}) if n.startswith(WEIGHT_PREFIX) else s
+                    for n, s in space.params.items()
+                }
+                space = ParameterSpace(space.target, fixed, space.source)
+            self._space = space
         return self._space
 
     def _record(self) -> dict[str, Any] | None:
@@ -122,13 +148,17 @@ class HaproxyTarget:
         return weights, maxconn, rows
 
     def read_live(self) -> ParamSet:
-        """Weights and maxconn from the runtime API; the other knobs from lbtune's record of
-        the config it wrote (the baseline when haproxy.cfg is not lbtune's)."""
+        """Weights and maxconn from the runtime API; ``agent.*`` from the agent's file; the
+        other knobs from lbtune's record of the config it wrote (the baseline when
+        haproxy.cfg is not lbtune's)."""
         space = self.space()
         rec = self._record()
         base = dict(rec["params"]) if rec else {}
         weights, maxconn, _ = self._runtime_values()
         live: ParamSet = {k: v for k, v in base.items() if k in space.params}
+        for key, value in read_agent_file(self.agent_path).items():
+            if config.AGENT_PREFIX + key in space.params:
+                live[config.AGENT_PREFIX + key] = value
         for server, w in weights.items():
             live[f"weight.{server}"] = w
         for server, m in maxconn.items():
@@ -141,7 +171,12 @@ class HaproxyTarget:
         """(desired, live, desired config text, reload needed, config file differs)."""
         space = self.space()
         checked = space.validate(params)
+        owned = self.agent_owns_weights()
+        if owned:
+            checked = self._without_weights(checked)
         live = self.read_live()
+        if owned:
+            self._warn_ignored_weights(params, live)
         desired = space.complete(checked, live)
         text = config.render_config(self.endpoints, desired, self.template_overrides)
         try:
@@ -152,7 +187,30 @@ class HaproxyTarget:
         needs_reload = config.structure(text) != config.structure(current) or any(
             config.kind_of(k, desired) == "structural" for k in changed
         )
-        return desired, live, text, needs_reload, text != current
+        # The agent's weights drift from the file's between applies: not a change of ours.
+        differs = config.structure(text) != config.structure(current) if owned else text != current
+        return desired, live, text, needs_reload, differs
+
+    def _without_weights(self, checked: ParamSet) -> ParamSet:
+        weights = [k for k in checked if k.startswith(WEIGHT_PREFIX)]
+        if weights and len(weights) == len(checked):
+            raise RejectedBeforeApply(
+                f"{', '.join(weights)}: the feedback agent owns the per-server weights of this "
+                f"cluster (agent.enabled in its cluster YAML; settings {self.agent_path}); tune "
+                "its agent.* knobs instead, or run the cluster without the agent"
+            )
+        return {k: v for k, v in checked.items() if not k.startswith(WEIGHT_PREFIX)}
+
+    def _warn_ignored_weights(self, params: Mapping[str, object], live: ParamSet) -> None:
+        ignored = sorted(
+            k for k, v in params.items() if k.startswith(WEIGHT_PREFIX) and live.get(k) != v
+        )
+        if ignored and not self._warned_weights:
+            self._warned_weights = True
+            log.warning(
+                "ignoring %s: the feedback agent owns the per-server weights of this cluster",
+                ", ".join(ignored),
+            )
 
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
         t0 = time.perf_counter()
@@ -169,17 +227,19 @@ class HaproxyTarget:
                 check=check,
                 seconds=time.perf_counter() - t0,
             )
+        agent_doc = (
+            self._agent_doc(desired)
+            if any(k.startswith(config.AGENT_PREFIX) for k in diff) or not self.agent_path.exists()
+            else None
+        )
         if needs_reload:
             self._validate(text)
             self._reload_with(text)
         self._set_runtime(desired)
-        if not needs_reload and file_differs:
+        if not needs_reload:
             _write_atomic(self.cfg_path, text)  # weights/maxconn only: no reload needed
-        if (
-            any(k.startswith(config.AGENT_PREFIX) for k in diff)
-            or not (self.state_dir / AGENT_FILE).exists()
-        ):
-            self._write_agent(desired)
+        if agent_doc is not None:
+            self._write_agent(agent_doc)
         self._write_record(desired, text)
         applied = self.verify(desired, text)
         return ApplyResult(
@@ -202,14 +262,15 @@ class HaproxyTarget:
     def verify(self, desired: ParamSet, text: str) -> ParamSet:
         """Read back; raise ApplyError naming every knob that is not what was applied."""
         live = self.read_live()
+        owned = self.agent_owns_weights()  # then the agent may have moved them since
         bad = [
             f"{k}: wanted {v!r}, live {live.get(k)!r}"
             for k, v in desired.items()
-            if live.get(k) != v
+            if live.get(k) != v and not (owned and k.startswith(WEIGHT_PREFIX))
         ]
         _, _, rows = self._runtime_values()
         states = {(s.backend, s.server): s.weight for s in self.runtime.servers_state()}
-        for server, backends in rows.items():
+        for server, backends in {} if owned else rows.items():
             want = desired.get(f"weight.{server}")
             for be in backends:
                 if want is not None and states.get((be, server)) != want:
@@ -255,7 +316,7 @@ class HaproxyTarget:
         weights = config.per_server(desired, "weight")
         maxconn = config.per_server(desired, "maxconn")
         cmds: list[str] = []
-        dynamic = config.is_live("weight.x", desired)
+        dynamic = config.is_live("weight.x", desired) and not self.agent_owns_weights()
         for server, backends in rows.items():
             for be in backends:
                 if dynamic and server in weights:
@@ -267,32 +328,32 @@ class HaproxyTarget:
         if failed:
             raise ApplyError("HAProxy refused runtime changes: " + "; ".join(failed[:3]))
 
-    def _write_agent(self, desired: ParamSet) -> None:
-        """``<state>/agent.yaml`` for ``lbtune agent`` (checked against AgentConfig), and
-        SIGHUP to a running agent so it re-reads it."""
-        settings = config.agent_settings(self.endpoints, desired)
+    def _agent_doc(self, desired: ParamSet) -> dict[str, Any]:
+        """The agent file's new contents: what it holds (the cluster's wiring, settings
+        that are not knobs) with the ``agent.*`` knobs of ``desired`` over it; checked
+        against AgentConfig before anything is touched."""
+        doc = read_agent_file(self.agent_path)
+        doc.update(config.agent_settings(self.endpoints, desired))
         try:
-            from lbtune.agent.config import AgentConfig
-        except ImportError:  # pragma: no cover - the agent ships with lbtune
-            pass
-        else:
-            try:
-                AgentConfig.model_validate(settings)
-            except ValueError as exc:
-                raise RejectedBeforeApply(f"agent settings rejected: {exc}") from None
-        path = self.state_dir / AGENT_FILE
-        _write_atomic(path, yaml.safe_dump({"agent": settings}, sort_keys=False))
+            AgentConfig.model_validate(doc)
+        except ValueError as exc:
+            raise RejectedBeforeApply(f"agent settings rejected: {exc}") from None
+        return doc
+
+    def _write_agent(self, doc: dict[str, Any]) -> None:
+        """Write the agent file and SIGHUP a running agent so that it re-reads it."""
+        try:
+            write_agent_file(self.agent_path, doc)
+        except ConfigError as exc:  # pragma: no cover - checked by _agent_doc
+            raise ApplyError(str(exc)) from None
         self._signal_agent()
 
     def _signal_agent(self) -> None:
-        pid_file = self.state_dir / "agent.pid"
-        try:
-            pid = int(json.loads(pid_file.read_text(encoding="utf-8"))["pid"])
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGHUP)
-            log.info("signalled the agent (pid %d) to re-read %s", pid, AGENT_FILE)
+        """SIGHUP the agent of ``<state>/agent.pid`` (the supervisor's record, identity
+        checked: a recycled PID is never signalled)."""
+        record = supervisor.read_record(StatePaths(self.state_dir), AGENT)
+        if record is not None and supervisor.send_signal(record, signal.SIGHUP):
+            log.info("signalled the agent (pid %d) to re-read %s", record.pid, self.agent_path)
 
     def _write_record(self, desired: ParamSet, text: str) -> None:
         rec = {"params": desired, "cfg_sha256": _sha(text), "time": time.time()}
