@@ -78,6 +78,18 @@ def optimize_command(
         None, "--out", "-o", help="Report dir (default: reports/<time>-optimize-<study>/)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print study.json alone on stdout."),
+    ci: bool = typer.Option(
+        False,
+        "--ci",
+        envvar="LBTUNE_CI",
+        help="CI mode: a plain line per trial, no colour; exit 1 when the winner was rolled "
+        "back, 3 on an infrastructure failure.",
+    ),
+    junit: Path | None = typer.Option(
+        None,
+        "--junit",
+        help="Write each trial, confirmation and rollout step as a JUnit test case here.",
+    ),
 ) -> None:
     """Tune the balancer for your traffic: search, confirm the winner, roll it out.
 
@@ -85,7 +97,8 @@ def optimize_command(
     has it); the best candidates are re-run against the baseline, interleaved, and the
     winner is applied through Ansible only if a bootstrap CI says it is better. Ctrl-C
     stops the running trial, restores the last known good and writes the report
-    (exit 130); `--resume` continues.
+    (exit 130); `--resume` continues. With GITHUB_STEP_SUMMARY set, a Markdown
+    summary is appended to that file.
 
     Example: lbtune optimize --budget 50
     """
@@ -100,23 +113,50 @@ def optimize_command(
         confirm_top=confirm_top, seed=seed, slo=slo, weights=weights, state_dir=state_dir,
         cluster_config=cluster, inventory=inventory, out_dir=out,
     )  # fmt: skip
-    err = Console(stderr=True)
+    from lbtune import ci as ci_mode
+
+    ci_mode.check_writable(junit)
+    if ci:
+        ci_mode.plain_logging()
+    err = ci_mode.console(stderr=True) if ci else Console(stderr=True)
     stop = threading.Event()
     view = _View()
-    with _sigint(stop), _live(err, view, enabled=err.is_terminal):
-        result = run_optimize(
-            opts, on_progress=view.update, stop=stop, say=lambda m: view.say(err, m)
-        )
+    lines = ci_mode.StudyLines() if ci else None
+
+    def on_progress(p: StudyProgress) -> None:
+        view.update(p)
+        if lines is not None:
+            lines(p)
+
+    say = ci_mode.line if ci else (lambda m: view.say(err, m))
+    try:
+        with _sigint(stop), _live(err, view, enabled=err.is_terminal and not ci):
+            result = run_optimize(opts, on_progress=on_progress, stop=stop, say=say)
+    except Exception as exc:
+        ci_mode.junit_on_error(junit, "optimize", exc)
+        raise
     if as_json:
         from lbtune.metrics.summary import to_jsonable
 
         sys.stdout.write(json.dumps(to_jsonable(result.to_dict()), indent=1) + "\n")
     else:
-        _print_result(result)
+        _print_result(result, ci_mode.console() if ci else None)
     if result.report_dir:
-        err.print(f"report: {result.report_dir}")
+        err.print(f"report: {result.report_dir}", markup=False)
+    if junit is not None:
+        from lbtune.report.junit import study_suite, write_junit
+
+        write_junit(junit, [study_suite(result)])
+        err.print(f"junit: {junit}", markup=False)
+    ci_mode.append_step_summary(ci_mode.study_markdown(result))
     if result.interrupted:
         raise typer.Exit(130)
+    code = ci_mode.study_exit_code(result) if ci else 0
+    if code:
+        r = result.rollout
+        why = "; ".join(([r.detail] if r is not None and r.detail else []) + list(result.notes))
+        err.print(f"--ci: exit {code}: {why or 'no trial could be measured'}", markup=False)
+        raise typer.Exit(code)
 
 
 def dashboard_command(
@@ -215,12 +255,12 @@ def _live(console: Any, view: _View, enabled: bool) -> Iterator[None]:
             view.live = None
 
 
-def _print_result(result: StudyResult) -> None:
+def _print_result(result: StudyResult, out: Any = None) -> None:
     from rich.console import Console
 
     from lbtune.report.study import before_after, confirmation_table, headline
 
-    out = Console()
+    out = out or Console()
     from lbtune.cli.stress import fmt_cell
 
     out.print(f"[bold]{headline(result)}[/]")

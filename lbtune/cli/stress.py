@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -61,12 +61,23 @@ def stress_command(
     ),
     state_dir: Path | None = typer.Option(None, "--state-dir", help="Embedded cluster state dir."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary JSON alone on stdout."),
+    ci: bool = typer.Option(
+        False,
+        "--ci",
+        envvar="LBTUNE_CI",
+        help="CI mode: plain progress lines, no colour; exit 1 when an SLO check fails.",
+    ),
+    junit: Path | None = typer.Option(
+        None, "--junit", help="Write each SLO check as a JUnit test case to this file."
+    ),
 ) -> None:
     """Run one load test against the cluster and write a report.
 
     Live progress goes to stderr; the summary table (or --json) to stdout; the
     report directory holds summary.json, requests.parquet, report.md and report.html.
     Ctrl-C stops the test cleanly and still writes the (partial) report.
+    With --ci an SLO breach exits 1 (without it, 0 unless --strict); with
+    GITHUB_STEP_SUMMARY set, a Markdown summary is appended to that file.
 
     Example: lbtune stress --scenario longctx --duration 30
     """
@@ -91,22 +102,60 @@ def stress_command(
     )
     from rich.console import Console
 
-    err = Console(stderr=True)
-    with _LiveProgress(err, enabled=err.is_terminal or not as_json) as live:
-        result = run_stress(opts, on_progress=live.update, say=lambda m: err.print(f"[dim]{m}[/]"))
+    from lbtune import ci as ci_mode
+
+    ci_mode.check_writable(junit)
+    if ci:
+        ci_mode.plain_logging()
+    err = ci_mode.console(stderr=True) if ci else Console(stderr=True)
+    try:
+        if ci:
+            result = run_stress(
+                opts, on_progress=ci_mode.StressLines(format_progress), say=ci_mode.line
+            )
+        else:
+            with _LiveProgress(err, enabled=err.is_terminal or not as_json) as live:
+                result = run_stress(
+                    opts, on_progress=live.update, say=lambda m: err.print(f"[dim]{m}[/]")
+                )
+    except Exception as exc:
+        ci_mode.junit_on_error(junit, "stress", exc)
+        raise
     summary = result.summary
     if as_json:
         from lbtune.report.json import dumps
 
         sys.stdout.write(dumps(summary) + "\n")
     else:
-        out = Console()
-        _print_summary(out if out.is_terminal else Console(width=140), summary)
-    if result.report is not None:
-        err.print(f"report: {result.report.directory}")
+        stdout = Console()
+        if ci:
+            stdout = ci_mode.console()
+        elif not stdout.is_terminal:
+            stdout = Console(width=140)
+        _print_summary(stdout, summary)
+    report_dir = None if result.report is None else str(result.report.directory)
+    if report_dir is not None:
+        err.print(f"report: {report_dir}", markup=False)
+    _ci_outputs(summary, report_dir, junit, err)
     if result.load.stopped_early:
         err.print("interrupted: the report holds what was measured until then")
         raise typer.Exit(130)
+    breaches = ci_mode.slo_breaches(summary)
+    if ci and breaches:
+        err.print("SLO breached (--ci: exit 1): " + ", ".join(breaches), markup=False)
+        raise typer.Exit(1)
+
+
+def _ci_outputs(summary: RunSummary, report_dir: str | None, junit: Path | None, err: Any) -> None:
+    """The JUnit file (--junit) and the GitHub step summary (when GITHUB_STEP_SUMMARY is set)."""
+    from lbtune import ci as ci_mode
+
+    if junit is not None:
+        from lbtune.report.junit import stress_suite, write_junit
+
+        write_junit(junit, [stress_suite(summary, report_dir)])
+        err.print(f"junit: {junit}", markup=False)
+    ci_mode.append_step_summary(ci_mode.stress_markdown(summary, report_dir))
 
 
 class _LiveProgress:

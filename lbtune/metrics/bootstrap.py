@@ -1,0 +1,206 @@
+"""Bootstrap distributions of a run's figures from its per-request records (pure; numpy).
+
+A run is turned into per-request arrays once (:class:`RunArrays`); every figure is
+then a function of one weight per request, so that the point estimate (all weights 1)
+and thousands of resamples are the same vectorised computation.
+
+Resampling is the **Poisson bootstrap**: in each resample every request of a run is
+drawn ``Poisson(1)`` times, independently. That is resampling the requests within
+each run (runs are never mixed), it approximates the classic multinomial bootstrap
+for latencies, and unlike the multinomial one it lets *counts* vary too, so rates
+(throughput, goodput) get an interval from the same draws. Gaps between chunks (ITL)
+follow their request's weight: a request is resampled with all of its gaps.
+
+Figures use exactly the definitions of :mod:`lbtune.metrics.stats` (latencies over
+the successful requests sent in the window, percentiles by linear interpolation,
+rates over the successful requests that ended in the window, the error rate over the
+judged requests sent in the window), so the point estimates equal ``summary.json``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lbtune.loadgen.records import RequestRecord
+from lbtune.metrics.summary import Slo, Window
+
+FloatArray = np.ndarray[tuple[int], np.dtype[np.float64]]
+BoolArray = np.ndarray[tuple[int], np.dtype[np.bool_]]
+IntArray = np.ndarray[tuple[int], np.dtype[np.int64]]
+Weights = np.ndarray[tuple[int, int], np.dtype[np.int32]]
+
+FIGURE_KEYS: tuple[str, ...] = (
+    "ttft_p50",
+    "ttft_p99",
+    "e2e_p99",
+    "itl_p50",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "goodput_per_s",
+    "error_rate",
+)
+_CELLS_PER_CHUNK = 2_000_000
+"""Resamples are evaluated in chunks of about this many weight cells (memory bound)."""
+
+
+@dataclass(frozen=True, eq=False)
+class RunArrays:
+    """Per-request arrays of one run, or of several runs pooled (:meth:`concat`)."""
+
+    window_s: float
+    in_window: BoolArray
+    """Sent in the measurement window."""
+    ok: BoolArray
+    judged: BoolArray
+    """Not ``cancelled`` (cut off by the test's end): counts in the error rate."""
+    done: BoolArray
+    """Successful and ended in the window: counts in throughput."""
+    good: BoolArray | None
+    """``done`` and within the SLO; ``None`` when the run has no latency SLO."""
+    ttft: FloatArray
+    e2e: FloatArray
+    tokens: FloatArray
+    itl: FloatArray
+    itl_owner: IntArray
+    """Index of the request each ITL gap belongs to."""
+
+    @property
+    def size(self) -> int:
+        return int(self.ok.size)
+
+    @classmethod
+    def from_records(
+        cls, records: Sequence[RequestRecord], window: Window, slo: Slo | None = None
+    ) -> RunArrays:
+        from lbtune.metrics.stats import meets_slo
+
+        n = len(records)
+        sent = np.fromiter((r.sent_at for r in records), float, n)
+        ended = np.fromiter((r.ended_at for r in records), float, n)
+        ok = np.fromiter((r.outcome == "ok" for r in records), bool, n)
+        in_window = (sent >= window.start) & (sent < window.end)
+        done = ok & (ended >= window.start) & (ended < window.end)
+        good = None
+        if slo is not None and (slo.ttft_s is not None or slo.e2e_s is not None):
+            good = done & np.fromiter((meets_slo(r, slo) for r in records), bool, n)
+        itl: list[float] = []
+        owner: list[int] = []
+        for i, r in enumerate(records):
+            if in_window[i] and ok[i] and len(r.chunk_times) > 1:
+                gaps = r.itls
+                itl.extend(gaps)
+                owner.extend([i] * len(gaps))
+        nan = float("nan")
+        return cls(
+            window_s=window.duration,
+            in_window=in_window,
+            ok=ok,
+            judged=np.fromiter((r.outcome != "cancelled" for r in records), bool, n),
+            done=done,
+            good=good,
+            ttft=np.fromiter((nan if (t := r.ttft) is None else t for r in records), float, n),
+            e2e=ended - sent,
+            tokens=np.fromiter((r.output_tokens or 0 for r in records), float, n),
+            itl=np.asarray(itl, dtype=float),
+            itl_owner=np.asarray(owner, dtype=np.int64),
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[RunArrays]) -> RunArrays:
+        """Several runs pooled: figures over all their requests, rates over all windows."""
+        if len(parts) == 1:
+            return parts[0]
+        offsets = np.cumsum([0, *(p.size for p in parts[:-1])])
+        goods = [p.good for p in parts]
+        return RunArrays(
+            window_s=sum(p.window_s for p in parts),
+            in_window=np.concatenate([p.in_window for p in parts]),
+            ok=np.concatenate([p.ok for p in parts]),
+            judged=np.concatenate([p.judged for p in parts]),
+            done=np.concatenate([p.done for p in parts]),
+            good=None if any(g is None for g in goods) else np.concatenate(goods),  # type: ignore[arg-type]
+            ttft=np.concatenate([p.ttft for p in parts]),
+            e2e=np.concatenate([p.e2e for p in parts]),
+            tokens=np.concatenate([p.tokens for p in parts]),
+            itl=np.concatenate([p.itl for p in parts]),
+            itl_owner=np.concatenate(
+                [p.itl_owner + o for p, o in zip(parts, offsets, strict=True)]
+            ),
+        )
+
+
+def _quantile(values: FloatArray, weights: Weights, q: float) -> FloatArray:
+    """Linear-interpolation quantile of each column's expanded sample (``values`` sorted).
+
+    Column ``k`` stands for the sample in which ``values[j]`` appears ``weights[j, k]``
+    times; the result equals ``np.percentile(expanded, 100 q, method="linear")``.
+    """
+    if values.size == 0:
+        return np.full(weights.shape[1], np.nan)
+    cum = np.cumsum(weights, axis=0, dtype=np.int32)
+    total = cum[-1]
+    h = (total - 1) * q
+    lo = np.floor(h)
+    frac = h - lo
+    i_lo = np.minimum((cum <= lo).sum(axis=0), values.size - 1)
+    i_hi = np.minimum((cum <= lo + 1).sum(axis=0), values.size - 1)
+    out = values[i_lo] + frac * (values[i_hi] - values[i_lo])
+    return np.where(total > 0, out, np.nan)
+
+
+def _rate(num: FloatArray, den: float) -> FloatArray:
+    return num / den if den > 0 else np.full(num.shape, np.nan)
+
+
+def figures(a: RunArrays, weights: Weights) -> dict[str, FloatArray]:
+    """Every figure of :data:`FIGURE_KEYS` for each column of ``weights`` (requests × k)."""
+    lat = a.in_window & a.ok
+    out: dict[str, FloatArray] = {}
+    for key, values, mask, q in (
+        ("ttft_p50", a.ttft, lat & ~np.isnan(a.ttft), 0.5),
+        ("ttft_p99", a.ttft, lat & ~np.isnan(a.ttft), 0.99),
+        ("e2e_p99", a.e2e, lat, 0.99),
+    ):
+        idx = np.flatnonzero(mask)
+        order = idx[np.argsort(values[idx], kind="stable")]
+        out[key] = _quantile(values[order], weights[order], q)
+    order = np.argsort(a.itl, kind="stable")
+    out["itl_p50"] = _quantile(a.itl[order], weights[a.itl_owner[order]], 0.5)
+    done = np.flatnonzero(a.done)
+    out["requests_per_s"] = _rate(weights[done].sum(axis=0).astype(float), a.window_s)
+    out["output_tokens_per_s"] = _rate(a.tokens[done] @ weights[done], a.window_s)
+    if a.good is not None:
+        out["goodput_per_s"] = _rate(weights[a.good].sum(axis=0).astype(float), a.window_s)
+    judged = a.in_window & a.judged
+    n_judged = weights[judged].sum(axis=0).astype(float)
+    n_err = weights[judged & ~a.ok].sum(axis=0).astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["error_rate"] = np.where(n_judged > 0, n_err / n_judged, np.nan)
+    return out
+
+
+def point(a: RunArrays) -> dict[str, float | None]:
+    """The figures of the run itself (every request once); ``None`` where undefined."""
+    found = figures(a, np.ones((a.size, 1), dtype=np.int32))
+    out: dict[str, float | None] = {k: None for k in FIGURE_KEYS}
+    for k, v in found.items():
+        out[k] = float(v[0]) if np.isfinite(v[0]) else None
+    return out
+
+
+def resample(a: RunArrays, n: int, rng: np.random.Generator) -> Mapping[str, FloatArray]:
+    """``n`` Poisson-bootstrap replicates of every figure (NaN where a replicate is empty)."""
+    width = max(a.size, a.itl.size, 1)
+    chunk = max(1, min(n, _CELLS_PER_CHUNK // width))
+    parts: dict[str, list[FloatArray]] = {}
+    left = n
+    while left > 0:
+        k = min(chunk, left)
+        w = rng.poisson(1.0, size=(a.size, k)).astype(np.int32)
+        for key, vals in figures(a, w).items():
+            parts.setdefault(key, []).append(vals)
+        left -= k
+    return {k: np.concatenate(v) for k, v in parts.items()}
