@@ -286,6 +286,9 @@ def run_optimize(
         from lbtune.report.study import write_study_report
 
         write_study_report(out_dir, result)
+    from lbtune.history import index_study
+
+    index_study(opts, result)
     phase("done")
     return result
 

@@ -243,6 +243,10 @@ def run_stress(
 
         report = write_report(out_dir, summary, read_records(load.records_path))
     result = StressResult(summary, report, load.records_path, load, target)
+    if report is not None:
+        from lbtune.history import index_stress
+
+        index_stress(opts, result)
     if opts.strict and result.degraded:
         raise GeneratorDegraded(
             "the load generator fell behind ("

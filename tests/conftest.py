@@ -14,6 +14,14 @@ M8 = "llama-3.1-8b-instruct"
 M70 = "llama-3.1-70b-instruct-awq"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _history_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Runs the tests index go to a temporary history database, not ./reports/studies.db."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LBTUNE_HISTORY_DB", str(tmp_path_factory.mktemp("history") / "studies.db"))
+        yield
+
+
 def have_cluster_binaries() -> bool:
     return shutil.which("haproxy") is not None and shutil.which("prometheus") is not None
 

@@ -16,6 +16,8 @@ from lbtune import __version__
 from lbtune.cli import agent as _agent
 from lbtune.cli import apply as _apply
 from lbtune.cli import cluster as _cluster
+from lbtune.cli import compare as _compare
+from lbtune.cli import history as _history
 from lbtune.cli import optimize as _optimize
 from lbtune.cli import scenarios as _scenarios
 from lbtune.cli import stress as _stress
@@ -40,6 +42,8 @@ app.command("optimize")(_optimize.optimize_command)
 app.command("apply")(_apply.apply_command)
 app.command("rollback")(_apply.rollback_command)
 app.command("dashboard")(_optimize.dashboard_command)
+app.command("compare")(_compare.compare_command)
+app.command("history")(_history.history_command)
 
 
 def _version_callback(value: bool) -> None:

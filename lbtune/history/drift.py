@@ -1,0 +1,224 @@
+"""Drift: is the live config now significantly worse than the last accepted one?
+
+*Current* is the newest entry of a scenario: tonight's study baseline (the live config
+measured as the study's trial 0) or the newest stress run. *Reference* is the newest
+**accepted** study before it (a winner rolled out, verified and not rolled back), through
+the figures of its verification run (else of its confirmation). Without an accepted
+study there is nothing to drift from, and nothing is flagged.
+
+A figure has drifted when it is worse by more than the threshold (default 20 %, relative;
+error rate: more than 1 percentage point, absolute) and, for P99 E2E and P99 TTFT, when
+both measurements still have their ``requests.parquet``, when the 95 % bootstrap
+confidence interval of the P99 difference (current − reference; 1000 resamples of the
+successful requests in each measurement window) lies entirely above zero. Without the
+records, the threshold alone decides. Throughput compares goodput where both have it,
+else completed requests/s; it has no CI.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lbtune.history.store import Entry, KeyFigures
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "ERROR_RATE_POINTS",
+    "DriftReport",
+    "FigureCheck",
+    "bootstrap_p99_diff",
+    "check_drift",
+]
+
+DEFAULT_THRESHOLD = 0.20
+ERROR_RATE_POINTS = 0.01
+N_BOOT = 1000
+LEVEL = 0.95
+Array = np.ndarray[tuple[int], np.dtype[np.float64]]
+
+
+@dataclass(frozen=True)
+class FigureCheck:
+    name: str
+    current: float | None
+    reference: float | None
+    change: float | None
+    """Relative change (``current/reference - 1``); absolute for the error rate."""
+    limit: float
+    beyond: bool
+    """Worse than the reference by more than ``limit``."""
+    ci: tuple[float, float] | None = None
+    """Bootstrap CI of ``current - reference`` (seconds), P99 figures with records only."""
+    drifted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "current": self.current, "reference": self.reference,
+            "change": self.change, "limit": self.limit, "beyond": self.beyond,
+            "ci95": None if self.ci is None else list(self.ci), "drifted": self.drifted,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DriftReport:
+    scenario: str
+    current: Entry | None
+    reference: Entry | None
+    checks: tuple[FigureCheck, ...] = ()
+    drift: bool = False
+    notes: tuple[str, ...] = ()
+
+    @property
+    def drifted(self) -> list[str]:
+        return [c.name for c in self.checks if c.drifted]
+
+    def to_dict(self) -> dict[str, Any]:
+        def ref(e: Entry | None) -> dict[str, Any] | None:
+            if e is None:
+                return None
+            return {"id": e.id, "kind": e.kind, "time": e.time, "study": e.study,
+                    "report_dir": e.report_dir, "config_hash": e.config_hash}  # fmt: skip
+
+        return {
+            "scenario": self.scenario, "drift": self.drift, "drifted": self.drifted,
+            "current": ref(self.current), "reference": ref(self.reference),
+            "checks": [c.to_dict() for c in self.checks], "notes": list(self.notes),
+        }  # fmt: skip
+
+
+def check_drift(
+    entries: Sequence[Entry],
+    scenario: str,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+) -> DriftReport:
+    """Compare the newest entry of ``scenario`` with the last accepted one before it."""
+    mine = [e for e in entries if e.scenario == scenario]
+    cur_i = next((i for i in range(len(mine) - 1, -1, -1) if mine[i].current is not None), None)
+    if cur_i is None:
+        return DriftReport(scenario, None, None, notes=("no measurement of this scenario",))
+    current = mine[cur_i]
+    reference = next((e for e in reversed(mine[:cur_i]) if e.reference is not None), None)
+    if reference is None:
+        return DriftReport(
+            scenario, current, None,
+            notes=("no accepted configuration before the newest run: nothing to drift from",),
+        )  # fmt: skip
+    cur, ref = current.current, reference.reference
+    assert cur is not None and ref is not None
+    checks = [_p99(name, cur, ref, threshold, n_boot, seed) for name in ("p99_e2e_s", "p99_ttft_s")]
+    checks.append(_throughput(cur, ref, threshold))
+    checks.append(_error_rate(cur, ref))
+    notes = []
+    if cur.degraded:
+        notes.append("the load generator fell behind in the current run: figures not trusted")
+    if current.load.get("duration_s") != reference.load.get("duration_s"):
+        notes.append(
+            f"load differs: {current.load.get('duration_s')} s now, "
+            f"{reference.load.get('duration_s')} s for the reference"
+        )
+    return DriftReport(
+        scenario, current, reference, tuple(checks), any(c.drifted for c in checks), tuple(notes)
+    )
+
+
+def _p99(
+    name: str, cur: KeyFigures, ref: KeyFigures, threshold: float, n_boot: int, seed: int
+) -> FigureCheck:
+    a, b = getattr(cur, name), getattr(ref, name)
+    if a is None or b is None or b <= 0:
+        return FigureCheck(name, a, b, None, threshold, False)
+    change = a / b - 1
+    beyond = change > threshold
+    ci = None
+    if beyond:
+        metric = "e2e" if name == "p99_e2e_s" else "ttft"
+        xa, xb = samples(cur, metric), samples(ref, metric)
+        if xa is not None and xb is not None:
+            _, lo, hi = bootstrap_p99_diff(xa, xb, n_boot=n_boot, seed=seed)
+            ci = (lo, hi)
+    drifted = beyond and (ci is None or ci[0] > 0)
+    return FigureCheck(name, a, b, change, threshold, beyond, ci, drifted)
+
+
+def _throughput(cur: KeyFigures, ref: KeyFigures, threshold: float) -> FigureCheck:
+    name = "goodput_per_s"
+    if cur.goodput_per_s is None or ref.goodput_per_s is None:
+        name = "requests_per_s"
+    a, b = getattr(cur, name), getattr(ref, name)
+    if a is None or b is None or b <= 0:
+        return FigureCheck(name, a, b, None, threshold, False)
+    change = a / b - 1
+    return FigureCheck(
+        name, a, b, change, threshold, change < -threshold, None, change < -threshold
+    )
+
+
+def _error_rate(cur: KeyFigures, ref: KeyFigures) -> FigureCheck:
+    a, b = cur.error_rate, ref.error_rate
+    if a is None or b is None:
+        return FigureCheck("error_rate", a, b, None, ERROR_RATE_POINTS, False)
+    change = a - b
+    beyond = change > ERROR_RATE_POINTS
+    return FigureCheck("error_rate", a, b, change, ERROR_RATE_POINTS, beyond, None, beyond)
+
+
+def samples(fig: KeyFigures, metric: str) -> Array | None:
+    """Latencies (``e2e`` or ``ttft``, s) of the successful requests sent in the window."""
+    if not fig.records_dir:
+        return None
+    path = Path(fig.records_dir) / "requests.parquet"
+    if not path.is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    cols = ["sent_at", "ended_at", "first_token_at", "outcome"]
+    table = pq.read_table(path, columns=cols).to_pydict()
+    sent = np.asarray(table["sent_at"], dtype=float)
+    if sent.size == 0:
+        return None
+    ok = np.asarray([o == "ok" for o in table["outcome"]], dtype=bool)
+    offset = sent - sent.min()
+    if fig.window_start_s is not None and fig.window_end_s is not None:
+        ok &= (offset >= fig.window_start_s) & (offset < fig.window_end_s)
+    ended = np.asarray(table["ended_at"], dtype=float)
+    first = np.asarray([math.nan if v is None else v for v in table["first_token_at"]], float)
+    values = ended - sent
+    if metric == "ttft":
+        values = np.where(np.isnan(first), values, first - sent)
+    out: Array = values[ok & np.isfinite(values)]
+    return out if out.size else None
+
+
+def bootstrap_p99_diff(
+    current: Array, reference: Array, *, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0
+) -> tuple[float, float, float]:
+    """``(diff, ci_low, ci_high)`` of nearest-rank P99(current) − P99(reference)."""
+    rng = np.random.default_rng(seed)
+    diff = _p99_of(current) - _p99_of(reference)
+    boots = _boot_p99(current, n_boot, rng) - _boot_p99(reference, n_boot, rng)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
+    return float(diff), float(lo), float(hi)
+
+
+def _p99_of(x: Array) -> float:
+    return float(np.quantile(x, 0.99, method="inverted_cdf"))
+
+
+def _boot_p99(x: Array, n_boot: int, rng: np.random.Generator) -> Array:
+    out = np.empty(n_boot)
+    chunk = max(1, 2_000_000 // max(1, x.size))  # bound the index matrix to ~16 MB
+    for start in range(0, n_boot, chunk):
+        k = min(chunk, n_boot - start)
+        idx = rng.integers(0, x.size, size=(k, x.size))
+        out[start : start + k] = np.quantile(x[idx], 0.99, axis=1, method="inverted_cdf")
+    return out

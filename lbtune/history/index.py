@@ -1,0 +1,146 @@
+"""History entries from what ``run_stress`` and ``run_optimize`` return (pure but for reads).
+
+A stress run keeps its summary's figures (role ``run``) and, on the embedded cluster, the
+last known good of its balancer as its config (what was live, as far as lbtune knows). A
+study keeps its baseline trial (the live config measured as trial 0), the confirmed
+winner, the verification run after the rollout, and whether the winner was accepted
+(rolled out, verified, not rolled back).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lbtune import __version__
+from lbtune.history.store import Entry, KeyFigures
+
+if TYPE_CHECKING:
+    from lbtune.objective import Figures
+    from lbtune.optimize import OptimizeOptions
+    from lbtune.search.result import StudyResult
+    from lbtune.stress import StressOptions, StressResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["from_objective", "stress_entry", "study_entry"]
+
+
+def from_objective(
+    fig: Figures,
+    records_dir: Path | str | None = None,
+    window: tuple[float, float] | None = None,
+    degraded: bool | None = None,
+) -> KeyFigures:
+    return KeyFigures(
+        p99_e2e_s=fig.p99_e2e_s,
+        p50_ttft_s=fig.p50_ttft_s,
+        p99_ttft_s=fig.p99_ttft_s,
+        requests_per_s=fig.requests_per_s,
+        output_tokens_per_s=fig.output_tokens_per_s,
+        goodput_per_s=fig.goodput_per_s,
+        error_rate=fig.error_rate,
+        degraded=degraded,
+        completed=fig.completed,
+        records_dir=None if records_dir is None else str(records_dir),
+        window_start_s=None if window is None else window[0],
+        window_end_s=None if window is None else window[1],
+    )
+
+
+def stress_entry(opts: StressOptions, result: StressResult) -> Entry:
+    from lbtune.objective import figures_from_summary
+
+    s = result.summary
+    rdir = result.report.directory if result.report is not None else result.records_path.parent
+    window = (s.window.start - s.run_start, s.window.end - s.run_start)
+    degraded = s.generator.degraded
+    try:
+        fig = from_objective(figures_from_summary(s), rdir, window, degraded)
+    except ValueError:  # nothing succeeded: keep what there is
+        fig = KeyFigures(
+            error_rate=s.outcomes.error_rate, requests_per_s=s.throughput.requests_per_s,
+            degraded=degraded, completed=0, records_dir=str(rdir),
+            window_start_s=window[0], window_end_s=window[1],
+        )  # fmt: skip
+    params, chash = _live_config(result)
+    load = {
+        "duration_s": round(result.load.ended_at - result.load.started_at, 1),
+        "users": opts.users, "rate": opts.rate, "seed": opts.seed, "mode": s.mode,
+    }  # fmt: skip
+    return Entry(
+        kind="stress", time=s.run_start, scenario=s.scenario, target=s.target,
+        report_dir=str(rdir), config_hash=chash, params=params, load=load,
+        figures={"run": fig}, lbtune_version=__version__,
+    )  # fmt: skip
+
+
+def _live_config(result: StressResult) -> tuple[dict[str, Any] | None, str | None]:
+    """The embedded cluster's balancer config (params, sha256): its last known good, else
+    what is live now; ``(None, None)`` for an external target or when it cannot be read."""
+    ep = result.target.endpoints
+    if ep is None:
+        return None, None
+    from lbtune.apply.lkg import LkgStore, params_hash
+
+    balancer = getattr(ep, "balancer", "haproxy")
+    lkg = LkgStore(ep.state_dir, balancer).get()
+    if lkg is not None:
+        return dict(lkg.params), lkg.sha256
+    try:
+        from lbtune.targets import get_target
+
+        live = dict(get_target(balancer, ep).read_live())
+    except Exception as exc:
+        log.debug("history: live config not read (%s)", exc)
+        return None, None
+    return live, params_hash(live)
+
+
+def study_entry(opts: OptimizeOptions, result: StudyResult) -> Entry:
+    from lbtune.apply.lkg import params_hash
+
+    rdir = Path(result.report_dir) if result.report_dir else None
+    window = _trial_window(opts)
+    conf, ro = result.confirmation, result.rollout
+    accepted = bool(ro is not None and ro.applied and ro.verified and not ro.rolled_back)
+    figures: dict[str, KeyFigures] = {}
+    base = result.trial(result.baseline)
+    if base is not None and base.figures is not None:
+        runs = None if rdir is None else rdir / "runs" / f"trial-{base.number:04d}"
+        figures["baseline"] = from_objective(base.figures, runs, window)
+    winner = None if conf is None else result.trial(conf.winner)
+    if conf is not None and conf.winner is not None:
+        comp = next((c for c in conf.comparisons if c.trial == conf.winner), None)
+        if comp is not None and comp.figures is not None:
+            figures["winner"] = from_objective(comp.figures)
+    if ro is not None and ro.verification is not None:
+        runs = None if rdir is None else rdir / "runs" / "verify"
+        figures["verification"] = from_objective(ro.verification, runs, window)
+    kept = winner if accepted and winner is not None else base
+    params = None if kept is None else dict(kept.params)
+    return Entry(
+        kind="study", time=time.time() - result.elapsed_s, scenario=result.scenario,
+        target=result.target, report_dir=None if rdir is None else str(rdir),
+        study=result.study, config_hash=None if params is None else params_hash(params),
+        params=params,
+        load={"duration_s": opts.trial_duration_s, "seed": opts.seed, "budget": result.budget},
+        verdict=None if conf is None else conf.verdict, accepted=accepted,
+        baseline_trial=result.baseline, winner_trial=None if conf is None else conf.winner,
+        figures=figures, lbtune_version=__version__,
+    )  # fmt: skip
+
+
+def _trial_window(opts: OptimizeOptions) -> tuple[float, float] | None:
+    """A trial's measurement window (seconds after its start), from its scenario's plan."""
+    try:
+        from lbtune.scenario import load_scenario, plan_load
+
+        assert opts.scenario is not None
+        plan = plan_load(load_scenario(opts.scenario), opts.trial_duration_s, None, None, opts.seed)
+        return plan.measure_window
+    except Exception as exc:
+        log.debug("history: no trial window (%s)", exc)
+        return None

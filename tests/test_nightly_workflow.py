@@ -1,0 +1,159 @@
+"""The nightly tuning workflow: valid, scheduled only, and its `run:` steps work in order.
+
+The integration test runs the `run:` steps of `.github/workflows/nightly-tune.yml` in
+order, as GitHub would (``bash --noprofile --norc -eo pipefail``, the job's ``env:``,
+``$GITHUB_STEP_SUMMARY``), against the embedded cluster with a tiny budget:
+``${{ ... }}`` expressions are evaluated with empty secrets and inputs, and the nightly
+knobs are overridden (mini2, 3 trials of 8 s, no confirmation runs; outputs in tmp).
+Skipped, and why: ``uses:`` steps (checkout, cache, artifact upload: GitHub's own
+actions, not shell) and the install step (``scripts/setup.sh``: the test already runs
+inside the venv it made). Any ``LBTUNE_STAGING_*`` in the caller's environment is
+removed, so this never sends load anywhere but to the embedded cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW = ROOT / ".github" / "workflows" / "nightly-tune.yml"
+GITLAB = ROOT / "ci" / "gitlab-nightly.yml"
+_EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+
+
+def _workflow() -> dict[Any, Any]:
+    data = yaml.safe_load(WORKFLOW.read_text())
+    assert isinstance(data, dict)
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads a bare `on` as true
+    return data
+
+
+def evaluate(text: str, ctx: dict[str, str]) -> str:
+    """``${{ a || 'b' }}`` → the first non-empty operand; unknown contexts are an error."""
+
+    def one(m: re.Match[str]) -> str:
+        for operand in (o.strip() for o in m.group(1).split("||")):
+            if operand[:1] == "'" and operand[-1:] == "'":
+                value = operand[1:-1]
+            elif operand in ctx:
+                value = ctx[operand]
+            elif operand.split(".")[0] in ("secrets", "inputs"):
+                value = ""  # unset secrets and inputs are empty strings on GitHub
+            else:
+                raise AssertionError(f"the test cannot evaluate {operand!r} in {text!r}")
+            if value:
+                return value
+        return ""
+
+    return _EXPR.sub(one, text)
+
+
+def test_workflow_runs_only_on_a_schedule_or_by_hand() -> None:
+    wf = _workflow()
+    assert set(wf["on"]) == {"schedule", "workflow_dispatch"}  # never on push / pull request
+    (cron,) = [c["cron"] for c in wf["on"]["schedule"]]
+    assert len(cron.split()) == 5
+    assert wf["permissions"] == {"contents": "read"}
+    (job,) = wf["jobs"].values()
+    runs = [s["run"] for s in job["steps"] if "run" in s]
+    assert runs[0] == "scripts/setup.sh"  # the README's install command
+    steps = [r.removeprefix("scripts/nightly.sh ") for r in runs[1:]]
+    assert steps == ["up", "tune", "gate", "drift", "remember", "down"]
+    uses = [s["uses"].split("@")[0] for s in job["steps"] if "uses" in s]
+    assert "actions/upload-artifact" in uses and "actions/cache/save" in uses
+    # Secrets reach the job only as the two staging variables, nowhere else.
+    text = WORKFLOW.read_text()
+    assert sorted(re.findall(r"secrets\.(\w+)", text)) == [
+        "LBTUNE_STAGING_CLUSTER", "LBTUNE_STAGING_INVENTORY",
+    ]  # fmt: skip
+
+
+def test_gitlab_job_runs_only_scheduled_and_calls_the_same_script() -> None:
+    (job,) = yaml.safe_load(GITLAB.read_text()).values()
+    assert job["script"] == ["scripts/nightly.sh all"]
+    assert all("schedule" in r["if"] or "LBTUNE_NIGHTLY" in r["if"] for r in job["rules"])
+    assert "scripts/setup.sh" in " ".join(job["before_script"])
+    assert job["artifacts"]["reports"]["junit"].endswith("junit.xml")
+
+
+def test_nightly_script_refuses_an_unknown_step() -> None:
+    proc = subprocess.run(["bash", str(ROOT / "scripts/nightly.sh"), "nope"], capture_output=True,
+                          text=True, timeout=30)  # fmt: skip
+    assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+@pytest.mark.integration
+def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> None:
+    from lbtune.cluster import api
+    from lbtune.history.store import HistoryStore
+
+    wf = _workflow()
+    (job,) = wf["jobs"].values()
+    ctx = {"github.run_id": "4242", "runner.temp": str(tmp_path)}
+    env = {k: evaluate(str(v), ctx) for k, v in job["env"].items()}
+    assert env["LBTUNE_STAGING_CLUSTER"] == "" and env["LBTUNE_STAGING_INVENTORY"] == ""
+    nightly, report, state = tmp_path / "nightly", tmp_path / "nightly/reports/4242", tmp_path / "s"
+    env.update(
+        LBTUNE_NIGHTLY_BUDGET="3", LBTUNE_NIGHTLY_TRIAL_S="8", LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
+        LBTUNE_NIGHTLY_CLUSTER="mini2", LBTUNE_NIGHTLY_DIR=str(nightly),
+        LBTUNE_NIGHTLY_REPORT=str(report), LBTUNE_STATE_DIR=str(state),
+        LBTUNE_BIN=f"{sys.executable} -m lbtune", GITHUB_STEP_SUMMARY=str(tmp_path / "summary.md"),
+    )  # fmt: skip
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LBTUNE_STAGING_")}
+    full_env = {**base, **env, "CI": "true", "GITHUB_ACTIONS": "true"}
+    ran, skipped = [], []
+
+    def run(script: str, name: str) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=ROOT,
+            env=full_env, capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"step {name!r} exited {proc.returncode}:\n{proc.stderr}"
+        return proc
+
+    try:
+        for step in job["steps"]:
+            name = step.get("name", step.get("uses"))
+            if "run" not in step or step["run"] == "scripts/setup.sh":
+                skipped.append(name)
+                continue
+            if step["run"].endswith(" remember"):
+                # The tiny study cannot find a winner: pretend it accepted one, so that
+                # the next night has a reference.
+                study = json.loads((report / "study.json").read_text())
+                study["rollout"] = {"applied": True, "verified": True, "rolled_back": False}
+                (report / "study.json").write_text(json.dumps(study))
+            script = evaluate(step["run"], {**ctx, **{f"env.{k}": v for k, v in env.items()}})
+            ran.append((name, run(script, name)))
+        assert len(ran) == 6 and len(skipped) == 5
+        assert "nightly: target: embedded" in ran[0][1].stderr
+        ET.parse(report / "junit.xml")  # valid JUnit XML
+        assert (report / "study.json").is_file() and (report / "history.html").is_file()
+        summary = (tmp_path / "summary.md").read_text()
+        assert "lbtune optimize" in summary and "No accepted study yet" in summary
+        assert "History and drift" in summary
+        (entry,) = HistoryStore(nightly / "studies.db").entries()
+        assert entry.kind == "study" and entry.report_dir == str(report)
+        assert not api.status(state).running
+        assert (nightly / "accepted").read_text().strip() == str(report)
+        assert "params:" in (nightly / "accepted-params.yaml").read_text()
+
+        # The next night: a fresh cluster gets the accepted config back, and the gate
+        # compares against the accepted study (here the same measurements: no regression).
+        up = run("scripts/nightly.sh up", "up (next night)")
+        assert "putting the last accepted config back" in up.stderr
+        run("scripts/nightly.sh gate", "gate (next night)")
+        ET.parse(report / "compare-junit.xml")
+        assert "lbtune compare" in (tmp_path / "summary.md").read_text()
+    finally:
+        api.down(state)
