@@ -158,7 +158,8 @@ def replica_stats(records: Sequence[RequestRecord]) -> tuple[ReplicaStats, ...]:
                 share=len(group) / total,
                 ok=len(ok),
                 errors=sum(errors.values()),
-                error_rate=sum(errors.values()) / judged if (judged := len(group) - cancelled(group))
+                error_rate=sum(errors.values()) / judged
+                if (judged := len(group) - cancelled(group))
                 else None,
                 errors_by_outcome=dict(sorted(errors.items())),
                 too_few_samples=tuple(k for k, v in figures.items() if v is None),

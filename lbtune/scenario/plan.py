@@ -156,9 +156,7 @@ def plan_load(
         arrival = shape.arrival or "poisson"
         cv = shape.cv if arrival == "gamma" else None
     times = _arrivals(stages, duration, arrival, cv, scenario.seed if seed is None else seed)
-    return LoadPlan(
-        "open", duration, stages, warmup, cooldown, times, arrival, cv
-    )
+    return LoadPlan("open", duration, stages, warmup, cooldown, times, arrival, cv)
 
 
 def _stage(seg: Segment, stretch: float, scale: float, mode: str) -> Stage:

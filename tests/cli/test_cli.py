@@ -16,10 +16,7 @@ HEAVY = ("locust", "gevent", "optuna", "pandas", "ansible_runner", "matplotlib",
 
 
 def test_importing_cli_pulls_in_no_heavy_or_patching_module() -> None:
-    code = (
-        "import sys, lbtune.cli; "
-        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
-    )
+    code = f"import sys, lbtune.cli; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
