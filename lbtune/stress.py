@@ -61,6 +61,13 @@ class StressOptions:
     reports_root: Path = Path("reports")
     allow_remote: bool = False
     workers: int = 0
+    """Locust distributed mode on this machine: a master and N local worker processes."""
+    role: str = "auto"
+    """auto, master (waits for ``expect_workers`` workers from other machines) or worker."""
+    master_host: str = "127.0.0.1"
+    master_bind: str = "127.0.0.1"
+    master_port: int = 0
+    expect_workers: int | None = None
     ui: bool = False
     strict: bool = False
     tokenizer: str | None = None
@@ -229,6 +236,12 @@ def run_stress(
         rate=opts.rate,
         exporter_port=target.exporter_port,
         workers=opts.workers,
+        role=opts.role,
+        master_host=opts.master_host,
+        master_bind_host=opts.master_bind,
+        master_port=opts.master_port,
+        expect_workers=opts.expect_workers,
+        tokenizer_path=opts.tokenizer,
         ui=opts.ui,
         request_timeout_s=opts.request_timeout_s,
         allow_remote=opts.allow_remote,

@@ -49,6 +49,24 @@ def stress_command(
     workers: int = typer.Option(
         0, "--workers", help="Locust distributed mode: N local worker processes."
     ),
+    master: bool = typer.Option(
+        False, "--master", help="Run the Locust master only; workers join from other machines."
+    ),
+    expect_workers: int | None = typer.Option(
+        None, "--expect-workers", help="With --master: how many workers to wait for (default 1)."
+    ),
+    worker: bool = typer.Option(
+        False, "--worker", help="Run a Locust worker that joins --master-host."
+    ),
+    master_host: str = typer.Option(
+        "127.0.0.1", "--master-host", help="With --worker: the master's address."
+    ),
+    master_port: int = typer.Option(5557, "--master-port", help="Locust master port."),
+    master_bind: str = typer.Option(
+        "127.0.0.1",
+        "--master-bind",
+        help="With --master: the address to listen on for workers (default loopback only).",
+    ),
     ui: bool = typer.Option(False, "--ui", help="Also open Locust's web UI on 127.0.0.1:8089."),
     strict: bool = typer.Option(
         False, "--strict", help="Fail (exit 1) when the generator fell behind."
@@ -83,6 +101,9 @@ def stress_command(
     """
     from lbtune.stress import StressOptions, run_stress
 
+    if master and worker:
+        raise typer.BadParameter("give --master or --worker, not both")
+
     opts = StressOptions(
         scenario=scenario,
         target_url=target,
@@ -95,6 +116,11 @@ def stress_command(
         out_dir=out,
         allow_remote=allow_remote,
         workers=workers,
+        role="master" if master else ("worker" if worker else "auto"),
+        master_host=master_host,
+        master_bind=master_bind,
+        master_port=master_port if (master or worker) else 0,
+        expect_workers=expect_workers,
         ui=ui,
         strict=strict,
         tokenizer=tokenizer,

@@ -80,6 +80,10 @@ class LoadConfig:
     grace_s: float = 5.0
     """After the duration (or stop): how long in-flight requests may still finish."""
     allow_remote: bool = False
+    master_bind_host: str = "127.0.0.1"
+    """Where a master listens for workers; loopback unless spread over machines on purpose."""
+    tokenizer_path: str | None = None
+    """A Hugging Face ``tokenizer.json`` that prompt lengths are fitted to."""
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,7 @@ def run_load(
     """Run one load test; bounded by ``duration_s + grace_s`` and a hard deadline."""
     from lbtune.loadgen.source import resolve
 
-    resolve(cfg.scenario, cfg.seed, cfg.duration_s, cfg.users, cfg.rate)  # fails early
+    resolve(cfg.scenario, cfg.seed, cfg.duration_s, cfg.users, cfg.rate, cfg.tokenizer_path)
     _check_target(cfg)
     rdir = Path(cfg.records_dir)
     rdir.mkdir(parents=True, exist_ok=True)

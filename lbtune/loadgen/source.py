@@ -119,7 +119,12 @@ def arrivals(rate: float, duration_s: float, seed: int, kind: str = "poisson") -
 
 
 def resolve(
-    scenario: str, seed: int, duration_s: float, users: int | None, rate: float | None
+    scenario: str,
+    seed: int,
+    duration_s: float,
+    users: int | None,
+    rate: float | None,
+    tokenizer_path: str | None = None,
 ) -> tuple[Workload, Any]:
     """(workload, plan) for a scenario name/path or a ``fixed:`` spec."""
     if scenario.startswith("fixed:") or scenario == "fixed":
@@ -133,6 +138,6 @@ def resolve(
     except ImportError as e:  # pragma: no cover - until lbtune.scenario lands
         raise ConfigError(f"scenarios are not available ({e}); use a 'fixed:' workload") from e
     sc = load_scenario(scenario)
-    workload = build_workload(sc, seed)
+    workload = build_workload(sc, seed, tokenizer_path=tokenizer_path)
     plan = plan_load(sc, duration_s=duration_s, users=users, rate=rate, seed=seed)
     return workload, plan

@@ -85,9 +85,15 @@ class GeneratorState:
             setattr(self, k, v)
 
     def load(
-        self, scenario: str, seed: int, duration_s: float, users: int | None, rate: float | None
+        self,
+        scenario: str,
+        seed: int,
+        duration_s: float,
+        users: int | None,
+        rate: float | None,
+        tokenizer_path: str | None = None,
     ) -> None:
-        self.workload, self.plan = resolve(scenario, seed, duration_s, users, rate)
+        self.workload, self.plan = resolve(scenario, seed, duration_s, users, rate, tokenizer_path)
 
     def next_index(self) -> int:
         if self._indices is None:

@@ -73,7 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         STATE.run_id = args.run_id
     duration = float(cfg["duration_s"])
     grace = float(cfg["grace_s"])
-    STATE.load(cfg["scenario"], int(cfg["seed"]), duration, cfg.get("users"), cfg.get("rate"))
+    STATE.load(
+        cfg["scenario"],
+        int(cfg["seed"]),
+        duration,
+        cfg.get("users"),
+        cfg.get("rate"),
+        cfg.get("tokenizer_path"),
+    )
     closed = STATE.plan.mode == "closed"
     user_cls: Any = LLMUser if closed else OpenLoopUser
     user_cls.host = cfg["target_url"]
