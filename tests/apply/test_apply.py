@@ -160,3 +160,38 @@ def test_cli_show_apply_check_invalid_and_rollback(fresh: HaproxyTarget, tmp_pat
 def test_rollback_without_a_record_is_an_error(fresh: HaproxyTarget) -> None:
     with pytest.raises(ApplyError, match="No last known good"):
         rollback(fresh, via="direct")
+
+
+def test_an_unreachable_host_is_reported_and_no_host_is_left_half_applied(
+    fresh: HaproxyTarget, tmp_path: Path
+) -> None:
+    """localhost applies first, then lb-down is unreachable: the rollout stops and rolls back."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]  # nothing listens there once the block ends
+    apply_params(fresh, {"weight.h100-0": 70}, via="direct", source="good")
+    inventory = tmp_path / "two-hosts.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {"all": {"children": {"balancers": {
+                "vars": {"lbtune_serial": 1},
+                "hosts": {
+                    "localhost": {
+                        "ansible_connection": "local",
+                        "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                    },
+                    "lb-down": {
+                        "ansible_host": "127.0.0.1", "ansible_port": closed_port,
+                        "ansible_connection": "ssh", "ansible_ssh_timeout": 3,
+                    },
+                },
+            }}}}
+        )
+    )  # fmt: skip
+    with pytest.raises(ApplyError) as err:
+        apply_params(fresh, {"weight.h100-0": 9}, via="ansible", inventory=inventory)
+    message = str(err.value)
+    assert "lb-down" in message and "unreachable" in message.lower(), message
+    assert fresh.read_live()["weight.h100-0"] == 70, "localhost must be back on the last known good"
