@@ -94,6 +94,8 @@ def figures_from_summary(summary: RunSummary) -> Figures:
     lat = summary.latency
     e2e = lat.e2e.p99 if lat.e2e.p99 is not None else lat.e2e.max
     ttft = lat.ttft.p99 if lat.ttft.p99 is not None else lat.ttft.max
+    if ttft is None:  # nothing streamed: the whole response is the first token
+        ttft = e2e
     if e2e is None or ttft is None:
         raise ValueError("no successful request in the measurement window")
     server = summary.server

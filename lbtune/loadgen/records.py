@@ -3,7 +3,8 @@
 Times are wall-clock seconds (``time.time()`` on the generator host, the same
 clock the simulator's ground truth uses). Definitions (see docs/metrics.md):
 
-* TTFT: ``first_token_at - sent_at`` (first chunk with non-empty content).
+* TTFT: ``first_token_at - sent_at`` (first chunk with non-empty content), for
+  streamed requests; a non-streamed response has no TTFT (its body arrives whole).
 * ITL: gaps between consecutive content chunks.
 * TPOT: ``(ended_at - first_token_at) / (output_tokens - 1)``.
 * In open loop, latencies are also reported from ``scheduled_at`` so that a
@@ -61,7 +62,10 @@ class RequestRecord:
 
     @property
     def ttft(self) -> float | None:
-        return None if self.first_token_at is None else self.first_token_at - self.sent_at
+        """Streamed requests only: a non-streamed body has no first token to time."""
+        if not self.stream or self.first_token_at is None:
+            return None
+        return self.first_token_at - self.sent_at
 
     @property
     def e2e(self) -> float:
@@ -78,6 +82,7 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float | None:
-        if self.first_token_at is None or not self.output_tokens or self.output_tokens < 2:
+        first = self.first_token_at
+        if not self.stream or first is None or not self.output_tokens or self.output_tokens < 2:
             return None
-        return (self.ended_at - self.first_token_at) / (self.output_tokens - 1)
+        return (self.ended_at - first) / (self.output_tokens - 1)

@@ -36,18 +36,24 @@ def nearest_rank(values: list[float], q: float) -> float:
     return s[k - 1]
 
 
-def censored(records: list[RequestRecord]) -> list[tuple[float, float]]:
+def censored(records: list[RequestRecord]) -> list[tuple[float | None, float]]:
     """(TTFT, E2E) of every request that succeeded or was cut off by the test's end.
+
+    TTFT is ``None`` for non-streamed requests (they have no first token).
 
     A cancelled request still ran when the test ended: its latencies are at least
     what had elapsed by then, so it enters the objective with that lower bound. A
     configuration cannot look better by leaving its slowest requests unfinished.
     """
-    return [
-        (r.ttft if r.ttft is not None else r.e2e, r.e2e)
-        for r in records
-        if r.outcome in ("ok", "cancelled")
-    ]
+    out: list[tuple[float | None, float]] = []
+    for r in records:
+        if r.outcome == "ok":
+            out.append((r.ttft, r.e2e))
+        elif r.outcome == "cancelled":
+            # Still waiting for its first token at the end: TTFT >= what had elapsed.
+            ttft = r.ttft if r.ttft is not None else (r.e2e if r.stream else None)
+            out.append((ttft, r.e2e))
+    return out
 
 
 def partial_figures(records: list[RequestRecord], start: float, end: float) -> Figures | None:
@@ -136,15 +142,17 @@ class StressMeasure:
         window = summary.window
         in_window = [r for r in read_records(res.records_path) if window.contains(r.sent_at)]
         scored = censored(in_window)
-        if figures is not None and scored:
+        ttfts = [t for t, _ in scored if t is not None]
+        e2es = [e for _, e in scored]
+        if figures is not None and e2es:
             figures = replace(
                 figures,
-                p99_e2e_s=max(figures.p99_e2e_s, nearest_rank([e for _, e in scored], 99)),
-                p99_ttft_s=max(figures.p99_ttft_s, nearest_rank([t for t, _ in scored], 99)),
+                p99_e2e_s=max(figures.p99_e2e_s, nearest_rank(e2es, 99)),
+                p99_ttft_s=max(figures.p99_ttft_s, nearest_rank(ttfts or e2es, 99)),
             )
         samples = Samples.of(
-            [t for t, _ in scored],
-            [e for _, e in scored],
+            ttfts or e2es,
+            e2es,
             sent=len(in_window),
             errors=sum(1 for r in in_window if r.outcome in ERROR_OUTCOMES),
         )

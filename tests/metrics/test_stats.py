@@ -197,3 +197,15 @@ def test_open_loop_lateness_fills_generator_health() -> None:
     assert s.generator.lateness_p99_s == s.lateness.p99
     assert s.latency.ttft_from_schedule is not None
     assert s.latency.ttft_from_schedule.max == pytest.approx(0.05 + 0.099, abs=1e-6)
+
+
+def test_non_streamed_requests_have_no_ttft_but_count_for_e2e() -> None:
+    """A whole body is not a first token: TTFT and TPOT come from streamed requests only."""
+    import dataclasses
+
+    streamed = [rec(i, sent=T0 + i, ttft=0.1, e2e=1.0) for i in range(3)]
+    whole = dataclasses.replace(rec(3, sent=T0 + 3, ttft=4.0, e2e=4.0), stream=False)
+    lat = latencies([*streamed, whole])
+    assert lat.ttft.count == 3 and lat.ttft.max == pytest.approx(0.1)
+    assert lat.tpot.count == 3
+    assert lat.e2e.count == 4 and lat.e2e.max == pytest.approx(4.0)

@@ -6,9 +6,11 @@ from lbtune.loadgen.records import RequestRecord
 from lbtune.search.measure import censored, partial_figures
 
 
-def rec(i: int, outcome: str, sent: float, end: float, first: float | None) -> RequestRecord:
+def rec(
+    i: int, outcome: str, sent: float, end: float, first: float | None, stream: bool = True
+) -> RequestRecord:
     return RequestRecord(
-        request_id=str(i), index=i, model="m", api="chat", stream=True,
+        request_id=str(i), index=i, model="m", api="chat", stream=stream,
         sent_at=sent, ended_at=end, outcome=outcome, first_token_at=first,  # type: ignore[arg-type]
     )  # fmt: skip
 
@@ -19,8 +21,10 @@ def test_cancelled_requests_enter_the_score_at_their_elapsed_time() -> None:
         rec(1, "cancelled", 0.0, 9.0, None),  # still waiting for its first token at the end
         rec(2, "cancelled", 1.0, 9.0, 1.5),
         rec(3, "http_error", 2.0, 2.1, None),
+        rec(4, "ok", 2.0, 3.0, 3.0, stream=False),  # a whole body: no first token to time
+        rec(5, "cancelled", 2.0, 9.0, None, stream=False),
     ]
-    assert censored(records) == [(0.1, 1.0), (9.0, 9.0), (0.5, 8.0)]
+    assert censored(records) == [(0.1, 1.0), (9.0, 9.0), (0.5, 8.0), (None, 1.0), (None, 7.0)]
 
 
 def test_partial_figures_count_only_real_errors() -> None:
