@@ -52,7 +52,8 @@ class Figures:
     output_tokens_per_s: float = 0.0
     p50_ttft_s: float | None = None
     balance: float | None = None
-    """Std-dev of GPU utilisation (or busy fraction) across replicas."""
+    """``ServerSide.replica_balance``: std-dev across replicas of SM activity, else of GPU
+    utilisation (or busy fraction). Reported, not scored."""
     completed: int = 0
 
     def to_dict(self) -> dict[str, Any]:

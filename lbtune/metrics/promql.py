@@ -20,6 +20,7 @@ VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
 VLLM_SUCCESS = "vllm:request_success_total"
 VLLM_TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+DCGM_SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
 HAPROXY_BACKEND_QUEUE = "haproxy_backend_current_queue"
 HAPROXY_SERVER_SESSIONS = "haproxy_server_current_sessions"
 HAPROXY_SERVER_RESPONSES = "haproxy_server_http_responses_total"
@@ -108,8 +109,9 @@ def server_side_queries(
         "requests_finished": increase_by(VLLM_SUCCESS, w),
         "server_ttft_p50": histogram_quantile(0.5, VLLM_TTFT_BUCKET, w, by=REPLICA),
         "server_ttft_p99": histogram_quantile(0.99, VLLM_TTFT_BUCKET, w, by=REPLICA),
-        # GPUs (DCGM, percent) and the fallback busy fraction.
+        # GPUs (DCGM: utilisation in percent, SM activity 0..1) and the fallback busy fraction.
         "gpu_util": avg_by(DCGM_GPU_UTIL, w, agg="avg"),
+        "sm_active": avg_by(DCGM_SM_ACTIVE, w, agg="avg"),
         "busy_fraction": busy_fraction(w, step_s),
         # HAProxy.
         "haproxy_queue_avg": avg_by(HAPROXY_BACKEND_QUEUE, w, by="proxy"),

@@ -16,12 +16,12 @@ import math
 import statistics
 import time
 from collections.abc import Mapping
-from typing import Literal
 
 from lbtune.errors import TargetError
 from lbtune.metrics import promql
 from lbtune.metrics.prom import PrometheusUnreachable, Querier, Sample
 from lbtune.metrics.summary import (
+    BalanceSource,
     HaproxyQueue,
     HaproxyServer,
     PromClientSide,
@@ -100,35 +100,23 @@ def assemble(
     """Turn raw query results into a :class:`ServerSide` (pure)."""
     by_replica = {key: _by_label(results.get(key, []), promql.REPLICA) for key in results}
     names: set[str] = set()
-    for key in (*_REPLICA_FIELDS, "gpu_util", "busy_fraction"):
+    for key in (*_REPLICA_FIELDS, "gpu_util", "sm_active", "busy_fraction"):
         names.update(by_replica.get(key, {}))
     all_notes = list(notes)
     replicas = []
-    sources: set[str] = set()
     for name in sorted(names):
         figures = {k: by_replica.get(k, {}).get(name) for k in _REPLICA_FIELDS}
         gpu_pct = by_replica.get("gpu_util", {}).get(name)
         gpu = None if gpu_pct is None else gpu_pct / 100.0
         busy = gpu if gpu is not None else by_replica.get("busy_fraction", {}).get(name)
-        if busy is not None:
-            sources.add("gpu_util" if gpu is not None else "busy")
+        sm = by_replica.get("sm_active", {}).get(name)
         replicas.append(
-            ReplicaServerSide(replica=name, gpu_util=gpu, busy_fraction=busy, **figures)
+            ReplicaServerSide(
+                replica=name, gpu_util=gpu, busy_fraction=busy, sm_active=sm, **figures
+            )
         )
-    busy_values = [r.busy_fraction for r in replicas if r.busy_fraction is not None]
-    balance = statistics.pstdev(busy_values) if len(busy_values) >= 2 else None
-    source: Literal["gpu_util", "busy", "mixed"] | None = None
-    if sources == {"gpu_util"}:
-        source = "gpu_util"
-    elif sources == {"busy"}:
-        source = "busy"
-    elif sources:
-        source = "mixed"
-    if names and "gpu_util" in results and not results["gpu_util"]:
-        all_notes.append(
-            f"no {promql.DCGM_GPU_UTIL} series: replica balance from the fraction of time "
-            "with running requests"
-        )
+    balance, source, balance_notes = _balance(replicas, results)
+    all_notes.extend(balance_notes)
     hit_all = results.get("prefix_cache_hit_rate_all", [])
     return ServerSide(
         window=window,
@@ -144,6 +132,47 @@ def assemble(
         incomplete=incomplete,
         notes=tuple(all_notes),
     )
+
+
+def _balance(
+    replicas: list[ReplicaServerSide], results: Results
+) -> tuple[float | None, BalanceSource | None, list[str]]:
+    """Replica balance, what it is the std-dev of, and notes on why it fell back.
+
+    SM activity where every replica with a figure has it (it tells a replica with one
+    request from one with 200, where GPU utilisation reads 1 for both); else busy fractions.
+    Population std-dev (ddof 0), over at least two replicas.
+    """
+    notes: list[str] = []
+    sm = [r.sm_active for r in replicas if r.sm_active is not None]
+    with_busy = [r for r in replicas if r.busy_fraction is not None]
+    without_sm = [r.replica for r in with_busy if r.sm_active is None]
+    if len(sm) >= 2 and not without_sm:
+        return statistics.pstdev(sm), "sm_active", notes
+    if sm and without_sm:
+        notes.append(
+            f"no {promql.DCGM_SM_ACTIVE} for {', '.join(without_sm)}: replica balance from "
+            "busy fractions on every replica"
+        )
+    elif replicas and "sm_active" in results and not results["sm_active"]:
+        notes.append(
+            f"no {promql.DCGM_SM_ACTIVE} series (DCGM profiling metrics): replica balance from "
+            "busy fractions, which read 1 on every replica that always has work"
+        )
+    if replicas and "gpu_util" in results and not results["gpu_util"]:
+        notes.append(
+            f"no {promql.DCGM_GPU_UTIL} series: busy fractions from the fraction of time "
+            "with running requests"
+        )
+    busy = [r.busy_fraction for r in with_busy if r.busy_fraction is not None]
+    balance = statistics.pstdev(busy) if len(busy) >= 2 else None
+    kinds = {"gpu_util" if r.gpu_util is not None else "busy" for r in with_busy}
+    source: BalanceSource | None = None
+    if len(kinds) == 1:
+        source = "gpu_util" if kinds == {"gpu_util"} else "busy"
+    elif kinds:
+        source = "mixed"
+    return balance, source, notes
 
 
 def _by_label(samples: list[Sample], label: str) -> dict[str, float | None]:

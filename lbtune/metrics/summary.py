@@ -161,6 +161,9 @@ class ReplicaServerSide:
     """DCGM_FI_DEV_GPU_UTIL averaged over the window, as a fraction."""
     busy_fraction: float | None = None
     """``gpu_util`` where exported, else the fraction of time with running requests."""
+    sm_active: float | None = None
+    """DCGM_FI_PROF_SM_ACTIVE averaged over the window (0..1): unlike ``gpu_util`` it does
+    not saturate when a replica always has work, so it is what the balance prefers."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,10 @@ class PromClientSide:
     output_tokens: float | None = None
 
 
+BalanceSource = Literal["sm_active", "gpu_util", "busy", "mixed"]
+"""What ``ServerSide.replica_balance`` is the std-dev of."""
+
+
 @dataclass(frozen=True)
 class ServerSide:
     """Everything read from Prometheus over the window."""
@@ -201,8 +208,11 @@ class ServerSide:
     window: Window
     replicas: tuple[ReplicaServerSide, ...] = ()
     replica_balance: float | None = None
-    """Population std-dev of ``busy_fraction`` across replicas (0 = perfectly even)."""
-    balance_source: Literal["gpu_util", "busy", "mixed"] | None = None
+    """Population std-dev across replicas (0 = perfectly even) of ``sm_active`` where every
+    replica has it, else of ``busy_fraction``."""
+    balance_source: BalanceSource | None = None
+    """What the balance is the std-dev of: ``sm_active``; or busy fractions from ``gpu_util``,
+    the running-request fallback (``busy``) or both (``mixed``)."""
     prefix_cache_hit_rate: float | None = None
     haproxy_queues: tuple[HaproxyQueue, ...] = ()
     haproxy_servers: tuple[HaproxyServer, ...] = ()

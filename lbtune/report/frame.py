@@ -197,12 +197,13 @@ def server_table(summary: RunSummary) -> Table:
                 r.replica, r.running_avg, r.running_max, r.waiting_avg, r.waiting_max,
                 pct(r.kv_usage_avg), pct(r.kv_usage_max), pct(r.prefix_cache_hit_rate),
                 r.preemptions, ms(r.server_ttft_p50), ms(r.server_ttft_p99), pct(r.gpu_util),
+                pct(r.sm_active),
             )
         )  # fmt: skip
     cols = (
         "Replica", "Running avg", "Running max", "Waiting avg", "Waiting max", "KV avg (%)",
         "KV max (%)", "Prefix hit (%)", "Preemptions", "Server TTFT P50 (ms)",
-        "Server TTFT P99 (ms)", "GPU util (%)",
+        "Server TTFT P99 (ms)", "GPU util (%)", "SM active (%)",
     )  # fmt: skip
     return Table(cols, tuple(rows))
 

@@ -84,8 +84,9 @@ def render(summary: RunSummary) -> str:
     if s.server is not None:
         parts.append("## Server side (Prometheus)\n\n" + table(frame.server_table(s)) + "\n")
         if s.server.replica_balance is not None:
+            of = "SM activity" if s.server.balance_source == "sm_active" else "busy fraction"
             parts.append(
-                f"Replica balance: std-dev {fmt(s.server.replica_balance)} of busy fraction"
+                f"Replica balance: std-dev {fmt(s.server.replica_balance)} of {of}"
                 f" ({s.server.balance_source}).\n\n"
             )
     if s.cross_check is not None:

@@ -13,6 +13,10 @@ The first term of the ``max`` is the memory-bound floor (every step streams all 
 and attention reads the KV of every token it attends to); the second is the compute of the
 linear layers; the last term is the attention arithmetic, quadratic in a prompt's length.
 See ``docs/simulator.md`` for the calibration.
+
+The arithmetic part of a step (the linear layers' compute, whether or not it hides under the
+memory floor, plus the attention term) over the step's time is the step's *SM activity*
+(:func:`step_cost`), what the server exports as ``DCGM_FI_PROF_SM_ACTIVE``.
 """
 
 from __future__ import annotations
@@ -63,18 +67,52 @@ def model_time(gpu: GpuProfile, model: ModelProfile, load: ModelLoad) -> float:
     return max(memory, compute) + attention
 
 
-def step_time(gpu: GpuProfile, shares: Iterable[tuple[ModelProfile, ModelLoad]]) -> float:
-    """Seconds of one step: the fixed overhead once, plus each model's share.
+def compute_time(gpu: GpuProfile, model: ModelProfile, load: ModelLoad) -> float:
+    """Seconds of arithmetic in one model's share of a step: the linear layers' FLOPs (also
+    when the memory floor hides them) plus the attention term. At most :func:`model_time`."""
+    if load.tokens <= 0:
+        return 0.0
+    linear = 2.0 * model.params * load.tokens / gpu.effective_flops
+    return linear + load.attn_pairs * model.attn_flops_per_pair / gpu.effective_attn_flops
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What one step costs: its time, and how much of it the SMs spend on arithmetic."""
+
+    duration: float
+    """Seconds of the step (0 when idle)."""
+    compute_s: float
+    """Seconds of arithmetic in it (:func:`compute_time` summed over models), <= duration."""
+
+    @property
+    def activity(self) -> float:
+        """``compute_s / duration`` in 0..1 (0 for an idle step): the step's SM activity."""
+        if self.duration <= 0.0:
+            return 0.0
+        return min(1.0, self.compute_s / self.duration)
+
+
+def step_cost(gpu: GpuProfile, shares: Iterable[tuple[ModelProfile, ModelLoad]]) -> StepCost:
+    """Time and arithmetic of one step: the fixed overhead once, plus each model's share.
 
     A step with no tokens at all takes no time (the engine is idle).
     """
-    total = 0.0
+    total = compute = 0.0
     busy = False
     for model, load in shares:
         if load.tokens > 0:
             busy = True
             total += model_time(gpu, model, load)
-    return gpu.step_overhead_s + total if busy else 0.0
+            compute += compute_time(gpu, model, load)
+    if not busy:
+        return StepCost(0.0, 0.0)
+    return StepCost(gpu.step_overhead_s + total, compute)
+
+
+def step_time(gpu: GpuProfile, shares: Iterable[tuple[ModelProfile, ModelLoad]]) -> float:
+    """Seconds of one step (:func:`step_cost`'s duration); 0 when no share has tokens."""
+    return step_cost(gpu, shares).duration
 
 
 def request_overhead_s(gpu: GpuProfile, model: ModelProfile) -> float:

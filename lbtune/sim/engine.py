@@ -89,6 +89,14 @@ class StepResult:
     """Requests scheduled for the first time (they left the queue: queue time ends here)."""
     num_cached_tokens: dict[str, int] = field(default_factory=dict)
     """request_id -> prompt tokens served from the prefix cache, at its first scheduling."""
+    compute_s: float = 0.0
+    """Seconds of ``duration`` the SMs spend on arithmetic (GEMMs and attention), see
+    :func:`lbtune.sim.costmodel.step_cost`."""
+
+    @property
+    def activity(self) -> float:
+        """SM activity of this step: ``compute_s / duration`` in 0..1, 0 when idle."""
+        return costmodel.StepCost(self.duration, self.compute_s).activity
 
 
 @dataclass
@@ -423,8 +431,9 @@ class Engine:
             (self.models[m], costmodel.ModelLoad(tokens_m[m], kv_read_m[m], pairs_m[m]))
             for m in range(n_models)
         ]
+        cost = costmodel.step_cost(self.gpu, loads)
         return StepResult(
-            duration=costmodel.step_time(self.gpu, loads),
+            duration=cost.duration,
             tokens=out,
             finished=tuple(finished),
             preempted=tuple(preempted),
@@ -433,4 +442,5 @@ class Engine:
             batch_size=len(scheduled),
             scheduled_first=tuple(first),
             num_cached_tokens=cached_tokens,
+            compute_s=cost.compute_s,
         )

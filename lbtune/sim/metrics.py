@@ -23,7 +23,10 @@ Prometheus (``GET /metrics``, text exposition format 0.0.4, written by hand):
 * GPU gauges with DCGM exporter names, labels ``gpu="0"`` and ``modelName`` = the
   GPU profile: ``DCGM_FI_DEV_GPU_UTIL`` (percentage of wall time the engine had
   work, over the interval since the newest earlier scrape at least 0.5 s old —
-  with a 1 s scrape interval, the last interval), ``DCGM_FI_DEV_FB_USED`` and
+  with a 1 s scrape interval, the last interval), ``DCGM_FI_PROF_SM_ACTIVE`` (0..1, over
+  the same interval: the time-weighted mean of each step's arithmetic share of its time,
+  idle time counting 0 — it tells a replica running one request from one running 200,
+  where GPU_UTIL is 100 for both; see ``docs/simulator.md``), ``DCGM_FI_DEV_FB_USED`` and
   ``DCGM_FI_DEV_FB_FREE`` (MiB: weights + KV blocks in use, and the rest).
 
 No ``replica`` label is written: Prometheus adds its target labels.
@@ -102,41 +105,62 @@ class EngineView(Protocol):
     def model_stats(self) -> Mapping[str, Any]: ...
 
 
-class BusyClock:
-    """Wall time during which the engine had work, and the utilisation over scrapes."""
+class LevelClock:
+    """The wall-time integral of a level in 0..1 that changes at known instants, and its
+    time-weighted average over the interval between scrapes."""
 
     def __init__(self) -> None:
-        self._busy_total = 0.0
-        self._busy_since: float | None = None
         now = time.monotonic()
+        self._total = 0.0
+        self._level = 0.0
+        self._since = now
         self._snapshots: deque[tuple[float, float]] = deque([(now, 0.0)], maxlen=64)
 
-    def start(self, now: float) -> None:
-        if self._busy_since is None:
-            self._busy_since = now
+    @property
+    def level(self) -> float:
+        return self._level
 
-    def stop(self, now: float) -> None:
-        if self._busy_since is not None:
-            self._busy_total += now - self._busy_since
-            self._busy_since = None
+    def set(self, now: float, level: float) -> None:
+        """From ``now`` on the level is ``level`` (clamped to 0..1)."""
+        self._total += max(0.0, now - self._since) * self._level
+        self._since = now
+        self._level = max(0.0, min(1.0, level))
 
-    def busy_seconds(self, now: float) -> float:
-        extra = now - self._busy_since if self._busy_since is not None else 0.0
-        return self._busy_total + extra
+    def seconds(self, now: float) -> float:
+        """The integral up to ``now``: seconds at level 1, equivalently."""
+        return self._total + max(0.0, now - self._since) * self._level
 
-    def utilisation(self, now: float) -> float:
-        """Busy percentage since the newest snapshot at least 0.5 s old; takes a snapshot."""
-        busy = self.busy_seconds(now)
-        base_t, base_busy = self._snapshots[0]
-        for t, b in reversed(self._snapshots):
+    def average(self, now: float) -> float:
+        """Mean level (0..1) since the newest snapshot at least 0.5 s old; takes a snapshot."""
+        value = self.seconds(now)
+        base_t, base_v = self._snapshots[0]
+        for t, v in reversed(self._snapshots):
             if now - t >= 0.5:
-                base_t, base_busy = t, b
+                base_t, base_v = t, v
                 break
-        self._snapshots.append((now, busy))
+        self._snapshots.append((now, value))
         span = now - base_t
         if span <= 0:
             return 0.0
-        return max(0.0, min(100.0, 100.0 * (busy - base_busy) / span))
+        return max(0.0, min(1.0, (value - base_v) / span))
+
+
+class BusyClock(LevelClock):
+    """Wall time during which the engine had work, and the utilisation over scrapes."""
+
+    def start(self, now: float) -> None:
+        if self.level == 0.0:
+            self.set(now, 1.0)
+
+    def stop(self, now: float) -> None:
+        self.set(now, 0.0)
+
+    def busy_seconds(self, now: float) -> float:
+        return self.seconds(now)
+
+    def utilisation(self, now: float) -> float:
+        """Busy percentage since the newest snapshot at least 0.5 s old; takes a snapshot."""
+        return 100.0 * self.average(now)
 
 
 class ModelMetrics:
@@ -158,6 +182,9 @@ class ReplicaMetrics:
         self.gpu_name = gpu_name
         self.models = {m: ModelMetrics() for m in models}
         self.busy = BusyClock()
+        self.sm_active = LevelClock()
+        """SM activity of the step running (:attr:`lbtune.sim.engine.StepResult.activity`),
+        0 while idle: its average over a scrape interval is ``DCGM_FI_PROF_SM_ACTIVE``."""
 
     def render(self, engine: EngineView, now: float | None = None) -> str:
         """The exposition text (format 0.0.4)."""
@@ -193,6 +220,8 @@ class ReplicaMetrics:
         free = max(0.0, engine.memory_total_bytes / _MIB - used)
         util = round(self.busy.utilisation(now), 3)
         _metric(out, "DCGM_FI_DEV_GPU_UTIL", "gauge", [(gpu, util)])
+        sm_active = round(self.sm_active.average(now), 4)
+        _metric(out, "DCGM_FI_PROF_SM_ACTIVE", "gauge", [(gpu, sm_active)])
         _metric(out, "DCGM_FI_DEV_FB_USED", "gauge", [(gpu, round(used))])
         _metric(out, "DCGM_FI_DEV_FB_FREE", "gauge", [(gpu, round(free))])
         return "".join(out)
@@ -213,6 +242,7 @@ HELP = {
     "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
     "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
     "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
+    "DCGM_FI_PROF_SM_ACTIVE": "The ratio of cycles an SM has at least 1 warp assigned.",
     "DCGM_FI_DEV_FB_USED": "Framebuffer memory used (in MiB).",
     "DCGM_FI_DEV_FB_FREE": "Framebuffer memory free (in MiB).",
 }

@@ -33,6 +33,7 @@ Endpoints:
   undoes it; ``POST /admin/crash`` makes the replica die as a crashed process
   would (in-flight connections reset, its port closed, health gone; only a host
   restart brings it back); ``GET /admin/state`` shows state, slowdown, engine load, busy time
+  (``busy_s``, and ``sm_active_s``: the same weighted by each step's SM activity)
   and ``modelled_s``/``actual_s``: cumulative modelled step time (already scaled)
   and the wall time the GPU loop actually took for those steps.
 """
@@ -196,6 +197,7 @@ class Replica:
             "actual_s": self.actual_s,
             "lag_resets": self.lag_resets,
             "busy_s": self.metrics.busy.busy_seconds(now),
+            "sm_active_s": self.metrics.sm_active.seconds(now),
         }
 
     # ----------------------------------------------------------------- GPU loop
@@ -211,16 +213,19 @@ class Replica:
                 st.event.set()
 
     async def _gpu_loop(self) -> None:
-        engine, busy = self.engine, self.metrics.busy
+        engine, busy, sm_active = self.engine, self.metrics.busy, self.metrics.sm_active
         while True:
             if not engine.has_work():
-                busy.stop(time.monotonic())
+                idle_from = time.monotonic()
+                busy.stop(idle_from)
+                sm_active.set(idle_from, 0.0)
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = last_end = time.monotonic()
                 busy.start(last_end)
             step_start = last_end
             res = engine.step()
+            sm_active.set(step_start, res.activity)  # over the step's wall time
             dt = res.duration * self.slowdown / self.time_scale
             deadline += dt
             now = time.monotonic()

@@ -35,8 +35,8 @@ pytestmark = pytest.mark.integration
 
 SCRAPE_S = 0.25
 REPLICAS = {
-    "r0": {"running": 3, "kv": 0.5, "hits": 2, "gpu": 80},
-    "r1": {"running": 1, "kv": 0.25, "hits": 1, "gpu": 20},
+    "r0": {"running": 3, "kv": 0.5, "hits": 2, "gpu": 80, "sm": 0.6},
+    "r1": {"running": 1, "kv": 0.25, "hits": 1, "gpu": 20, "sm": 0.2},
 }
 
 
@@ -65,6 +65,8 @@ def _replica_metrics(name: str, k: int) -> str:
         f'vllm:time_to_first_token_seconds_count{{model_name="m"}} {10 * k}',
         "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
         f'DCGM_FI_DEV_GPU_UTIL{{gpu="0"}} {r["gpu"]}',
+        "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge",
+        f'DCGM_FI_PROF_SM_ACTIVE{{gpu="0"}} {r["sm"]}',
     ]
     return "\n".join(lines) + "\n"
 
@@ -221,7 +223,8 @@ def test_collect_reads_known_values(prometheus_url: str) -> None:
     assert r["r0"].server_ttft_p50 == pytest.approx(0.05)
     assert r["r1"].server_ttft_p99 == pytest.approx(0.235)
     assert r["r0"].gpu_util == pytest.approx(0.8) and r["r1"].busy_fraction == pytest.approx(0.2)
-    assert side.replica_balance == pytest.approx(0.3) and side.balance_source == "gpu_util"
+    assert r["r0"].sm_active == pytest.approx(0.6) and r["r1"].sm_active == pytest.approx(0.2)
+    assert side.replica_balance == pytest.approx(0.2) and side.balance_source == "sm_active"
     assert side.haproxy_queues[0].proxy == "llm" and side.haproxy_queues[0].avg == 2.0
     servers = {s.server: s for s in side.haproxy_servers}
     assert servers["r0"].sessions_max == 4.0 and servers["r0"].responses["2xx"] > 0

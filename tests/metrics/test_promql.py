@@ -36,6 +36,7 @@ def test_server_side_queries_are_exact() -> None:
         "(increase(vllm:time_to_first_token_seconds_bucket[30s])))"
     )
     assert q["gpu_util"] == "avg by (replica) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[30s]))"
+    assert q["sm_active"] == "avg by (replica) (avg_over_time(DCGM_FI_PROF_SM_ACTIVE[30s]))"
     assert q["busy_fraction"] == (
         "avg_over_time((sum by (replica) (vllm:num_requests_running) > bool 0)[30s:1s])"
     )
@@ -66,4 +67,5 @@ def test_server_side_queries_are_exact() -> None:
 def test_fractional_window_and_job() -> None:
     q = promql.server_side_queries(12.5, job="lb2", step_s=0.25)
     assert q["busy_fraction"].endswith("[12500ms:250ms])")
+    assert q["sm_active"] == "avg by (replica) (avg_over_time(DCGM_FI_PROF_SM_ACTIVE[12500ms]))"
     assert '{job="lb2"}[12500ms]' in q["client_requests_by_replica"]

@@ -45,6 +45,7 @@ ANSWERS = {
     "prefix_cache_hit_rate": [s(0.5, replica="r0"), s(None, replica="r1")],
     "prefix_cache_hit_rate_all": [s(0.4)],
     "gpu_util": [s(80.0, replica="r0"), s(20.0, replica="r1")],
+    "sm_active": [s(0.6, replica="r0"), s(0.2, replica="r1")],
     "busy_fraction": [s(1.0, replica="r0"), s(0.5, replica="r1")],
     "haproxy_queue_max": [s(4.0, proxy="llm")],
     "haproxy_responses": [s(10.0, server="r0", code="2xx"), s(1.0, server="r0", code="5xx")],
@@ -61,9 +62,10 @@ def test_collect_assembles_per_replica_figures() -> None:
     r0, r1 = side.replicas
     assert (r0.replica, r0.running_avg, r0.kv_usage_max) == ("r0", 3.0, 0.5)
     assert r0.gpu_util == pytest.approx(0.8) and r0.busy_fraction == pytest.approx(0.8)
+    assert (r0.sm_active, r1.sm_active) == (0.6, 0.2)
     assert r1.prefix_cache_hit_rate is None  # NaN (0/0) reads as missing
-    # Balance: population std-dev of (0.8, 0.2) = 0.3, from GPU utilisation.
-    assert side.replica_balance == pytest.approx(0.3) and side.balance_source == "gpu_util"
+    # Balance: population std-dev of the SM activities (0.6, 0.2) = 0.2.
+    assert side.replica_balance == pytest.approx(0.2) and side.balance_source == "sm_active"
     assert side.prefix_cache_hit_rate == 0.4
     assert side.haproxy_queues[0].max == 4.0 and side.haproxy_queues[0].avg is None
     assert dict(side.haproxy_servers[0].responses) == {"2xx": 10.0, "5xx": 1.0}
@@ -73,10 +75,35 @@ def test_collect_assembles_per_replica_figures() -> None:
     assert "query 'preemptions' failed" in side.notes[0]
 
 
+def _without(*keys: str) -> dict[str, list[Sample]]:
+    return {k: v for k, v in ANSWERS.items() if k not in keys}
+
+
+def test_balance_falls_back_to_gpu_util_without_sm_activity() -> None:
+    side = collect(Scripted(_without("sm_active")), WINDOW)
+    # Population std-dev of the utilisations (0.8, 0.2) = 0.3.
+    assert side.balance_source == "gpu_util" and side.replica_balance == pytest.approx(0.3)
+    assert all(r.sm_active is None for r in side.replicas)
+    assert any("no DCGM_FI_PROF_SM_ACTIVE series" in n for n in side.notes)
+
+
 def test_balance_falls_back_to_busy_fraction_without_dcgm() -> None:
-    side = collect(Scripted({k: v for k, v in ANSWERS.items() if k != "gpu_util"}), WINDOW)
+    side = collect(Scripted(_without("gpu_util", "sm_active")), WINDOW)
     assert side.balance_source == "busy" and side.replica_balance == pytest.approx(0.25)
     assert any("no DCGM_FI_DEV_GPU_UTIL series" in n for n in side.notes)
+
+
+def test_sm_activity_without_gpu_util_is_enough() -> None:
+    side = collect(Scripted(_without("gpu_util")), WINDOW)
+    assert side.balance_source == "sm_active" and side.replica_balance == pytest.approx(0.2)
+    assert not any("DCGM" in n for n in side.notes)
+
+
+def test_sm_activity_of_some_replicas_only_is_not_mixed_with_busy_fractions() -> None:
+    answers = {**ANSWERS, "sm_active": [s(0.6, replica="r0")]}
+    side = collect(Scripted(answers), WINDOW)
+    assert side.balance_source == "gpu_util" and side.replica_balance == pytest.approx(0.3)
+    assert any("no DCGM_FI_PROF_SM_ACTIVE for r1" in n for n in side.notes)
 
 
 def test_prometheus_dying_mid_collection_keeps_what_it_got() -> None:

@@ -55,6 +55,7 @@ def server() -> ServerSide:
             kv_usage_avg=0.2 * (i + 1),
             gpu_util=0.3 * (i + 1),
             busy_fraction=0.3 * (i + 1),
+            sm_active=0.2 * (i + 1),
             server_ttft_p99=0.05 * (i + 1),
         )
         for i in range(3)
@@ -69,7 +70,7 @@ def server() -> ServerSide:
         window=WINDOW,
         replicas=reps,
         replica_balance=0.245,
-        balance_source="gpu_util",
+        balance_source="sm_active",
         prefix_cache_hit_rate=0.42,
         client=client,
         queries={"running_avg": "sum by (replica) (...)"},

@@ -67,7 +67,11 @@ def test_tables_hold_the_key_figures() -> None:
     assert [r[0] for r in frame.stage_table(s).rows] == [0, 1, 2]
     cc = {row[0]: row[4] for row in frame.crosscheck_table(s).rows}
     assert cc["requests ok"] == "agree" and cc["ttft_p99 (ms)"] == "agree"
-    assert frame.server_table(s).rows[2][0] == "r2"
+    server = frame.server_table(s)
+    assert server.rows[2][0] == "r2"
+    assert dict(zip(server.columns, server.rows[2], strict=True))["SM active (%)"] == (
+        pytest.approx(60.0)
+    )
 
 
 def test_warnings_come_first_and_name_the_problem() -> None:

@@ -56,6 +56,7 @@ def test_markdown_leads_with_warnings_and_holds_key_figures(
     assert "| error_rate |" in md and "FAIL" in md
     assert "## Stages" in md and "## Cross-check" in md
     assert "unreachable after 12 s" in md
+    assert "Replica balance: std-dev 0.245 of SM activity (sm_active)." in md
 
 
 def test_html_is_self_contained_with_plots(written: tuple[RunSummary, Path]) -> None:

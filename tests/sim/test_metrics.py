@@ -42,6 +42,7 @@ EXPECTED_TYPES = {
     "vllm:e2e_request_latency_seconds": "histogram",
     "vllm:request_queue_time_seconds": "histogram",
     "DCGM_FI_DEV_GPU_UTIL": "gauge",
+    "DCGM_FI_PROF_SM_ACTIVE": "gauge",
     "DCGM_FI_DEV_FB_USED": "gauge",
     "DCGM_FI_DEV_FB_FREE": "gauge",
 }
