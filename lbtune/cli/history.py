@@ -35,8 +35,8 @@ def history_command(
     storage: str | None = typer.Option(
         None,
         "--storage",
-        help="The studies database (sqlite:///path or a path) [default: $LBTUNE_HISTORY_DB, "
-        "else reports/studies.db].",
+        help="The studies database (sqlite:///path or a path; default: $LBTUNE_HISTORY_DB, "
+        "else reports/studies.db).",
     ),
 ) -> None:
     """Show indexed stress runs and studies over time, and flag drift.

@@ -26,21 +26,21 @@ if TYPE_CHECKING:
 def optimize_command(
     budget: int = typer.Option(50, "--budget", "-n", help="Trials to run (references included)."),
     scenario: str | None = typer.Option(
-        None, "--scenario", "-s", help="Built-in scenario or a YAML file [default: mixed]."
+        None, "--scenario", "-s", help="Built-in scenario or a YAML file (default: mixed)."
     ),
     target: str | None = typer.Option(
-        None, "--target", help="Balancer to tune: haproxy or vllm-router [default: haproxy]."
+        None, "--target", help="Balancer to tune: haproxy or vllm-router (default: haproxy)."
     ),
     space: str | None = typer.Option(
         None, "--space", help="Parameter-space YAML (default: the target's own)."
     ),
     objective: str | None = typer.Option(
-        None, "--objective", help="composite (weighted score) or pareto [default: composite]."
+        None, "--objective", help="composite (weighted score) or pareto (default: composite)."
     ),
     sampler: str = typer.Option("tpe", "--sampler", help="tpe, gp, nsga2 or random."),
     pruner: str = typer.Option("median", "--pruner", help="median or none."),
     trial_duration: float | None = typer.Option(
-        None, "--trial-duration", help="Seconds of load per trial, warm-up included [default: 25]."
+        None, "--trial-duration", help="Seconds of load per trial, warm-up included (default: 25)."
     ),
     study: str | None = typer.Option(
         None,
