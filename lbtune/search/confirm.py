@@ -43,6 +43,8 @@ class Arm:
 
 
 def _p99(x: Array) -> float:
+    """P99 of the finite values (NaN marks a request without that figure)."""
+    x = x[np.isfinite(x)]
     return float(np.quantile(x, 0.99, method="inverted_cdf")) if x.size else float("nan")
 
 

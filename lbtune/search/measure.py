@@ -150,8 +150,10 @@ class StressMeasure:
                 p99_e2e_s=max(figures.p99_e2e_s, nearest_rank(e2es, 99)),
                 p99_ttft_s=max(figures.p99_ttft_s, nearest_rank(ttfts or e2es, 99)),
             )
+        # Paired per request (the bootstrap resamples requests); a non-streamed request
+        # has no TTFT: NaN, left out of the TTFT percentile. Nothing streamed: E2E stands in.
         samples = Samples.of(
-            ttfts or e2es,
+            [math.nan if t is None else t for t, _ in scored] if ttfts else e2es,
             e2es,
             sent=len(in_window),
             errors=sum(1 for r in in_window if r.outcome in ERROR_OUTCOMES),

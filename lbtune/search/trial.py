@@ -35,7 +35,10 @@ class GeneratorBehind(TrialFailed):
 
 @dataclass(frozen=True, eq=False)
 class Samples:
-    """Latencies of the successful requests sent in the measurement window (seconds)."""
+    """Latencies of the requests sent in the measurement window (seconds), paired per request.
+
+    ``ttft[i]`` is NaN for a request that has no first token (not streamed).
+    """
 
     ttft: np.ndarray[tuple[int], np.dtype[np.float64]]
     e2e: np.ndarray[tuple[int], np.dtype[np.float64]]

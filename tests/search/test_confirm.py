@@ -98,3 +98,16 @@ def test_no_apply_stops_before_applying(tmp_path: Path) -> None:
     assert res.confirmation is not None and res.confirmation.winner is not None
     assert res.rollout is None and target.live == live0
     assert any("--no-apply" in n for n in res.notes)
+
+
+def test_bootstrap_pairs_requests_when_some_have_no_ttft() -> None:
+    """Non-streamed requests carry NaN TTFT: resampling stays paired and ignores the NaNs."""
+    import math
+
+    spec = ObjectiveSpec()
+    ttft = [0.1] * 80 + [math.nan] * 20
+    base = [Samples.of(ttft, [1.0] * 100)]
+    better = [Samples.of([0.05] * 80 + [math.nan] * 20, [0.5] * 100)]
+    diff, lo, hi = bootstrap_diff(better, base, spec, n_boot=200)
+    assert np.isfinite([diff, lo, hi]).all()
+    assert hi < 0
