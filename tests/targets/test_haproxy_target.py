@@ -199,3 +199,16 @@ def test_a_rejected_config_keeps_haproxy_serving_without_dropping_requests(
     assert Path(t.endpoints.haproxy_cfg).read_text() == cfg_before
     assert t.worker_pid() == pid and t.read_live() == live_before
     assert codes and [c for c in codes if not 200 <= c < 300] == []
+
+
+def test_removing_backends_by_reload_then_setting_weights_is_not_raced(
+    baseline: HaproxyTarget,
+) -> None:
+    """Length routing on/off adds and removes backends; the runtime weights that follow a
+    reload must go to the new worker's backends, never to the old worker's (a resumed study
+    once failed with "No such backend")."""
+    t = baseline
+    for i in range(4):
+        t.apply({"long_request_bytes": 4096, "weight.h100-0": 50 + i})
+        t.apply({"long_request_bytes": 0, "weight.h100-0": 60 + i})
+        assert t.read_live()["weight.h100-0"] == 60 + i

@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -64,6 +65,9 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".lbtune-tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+_BACKEND_RE = re.compile(r"^backend\s+(\S+)", re.MULTILINE)
 
 
 class HaproxyTarget:
@@ -235,7 +239,7 @@ class HaproxyTarget:
         if needs_reload:
             self._validate(text)
             self._reload_with(text)
-        self._set_runtime(desired)
+        self._set_runtime(desired, text)
         if not needs_reload:
             _write_atomic(self.cfg_path, text)  # weights/maxconn only: no reload needed
         if agent_doc is not None:
@@ -310,9 +314,9 @@ class HaproxyTarget:
             self.endpoints.master_socket, self.runtime, self.state_dir / "logs" / "haproxy.log"
         )
 
-    def _set_runtime(self, desired: ParamSet) -> None:
+    def _set_runtime(self, desired: ParamSet, text: str) -> None:
         """weights/maxconn of every server, in every backend it is in, in one connection."""
-        _, _, rows = self._runtime_values()
+        rows = self._rows_of(text)
         weights = config.per_server(desired, "weight")
         maxconn = config.per_server(desired, "maxconn")
         cmds: list[str] = []
@@ -327,6 +331,22 @@ class HaproxyTarget:
         failed = [f"`{c}`: {r.strip()}" for c, r in zip(cmds, replies, strict=True) if r.strip()]
         if failed:
             raise ApplyError("HAProxy refused runtime changes: " + "; ".join(failed[:3]))
+
+    def _rows_of(self, text: str, timeout_s: float = 3.0) -> dict[str, list[str]]:
+        """Backends per server as the worker running ``text`` reports them.
+
+        Right after a reload the old worker can still answer a runtime connection for a
+        moment (both share the listener until it lets go), reporting backends the new
+        config no longer has: wait until the runtime shows exactly the config's backends.
+        """
+        expected = set(_BACKEND_RE.findall(text))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            _, _, rows = self._runtime_values()
+            seen = {be for backends in rows.values() for be in backends}
+            if seen <= expected or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.02)
 
     def _agent_doc(self, desired: ParamSet) -> dict[str, Any]:
         """The agent file's new contents: what it holds (the cluster's wiring, settings
