@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,15 @@ def winner_figures(result: StudyResult) -> tuple[str, Figures | None]:
     return f"best trial {best.number} (not confirmed)", best.figures
 
 
+def is_plain_round_robin(params: Mapping[str, object]) -> bool:
+    """Round robin with equal weights and no per-server limits or length routing."""
+    if params.get("algorithm", "roundrobin") != "roundrobin":
+        return False
+    weights = {v for k, v in params.items() if k.startswith("weight.")}
+    limits = {v for k, v in params.items() if k.startswith("maxconn.")}
+    return len(weights) <= 1 and limits <= {0} and not params.get("long_request_bytes")
+
+
 def before_after(result: StudyResult) -> Table:
     """Figures as rows; round robin, least-conn, live baseline and winner as columns."""
     cols: list[tuple[str, Figures | None]] = []
@@ -76,10 +86,15 @@ def before_after(result: StudyResult) -> Table:
         if t is not None:
             cols.append((f"{label} (trial {t.number})", t.figures))
     base = result.trial(result.baseline)
-    if base is not None and base.role == "live":
-        cols.append((f"live baseline (trial {base.number})", base.figures))
-    cols.append(winner_figures(result))
     rr = next((f for label, f in cols if label.startswith("round robin")), None)
+    if base is not None and base.role == "live":
+        # The round-robin reference is enqueued only when it differs from what was live.
+        plain = rr is None and is_plain_round_robin(base.params)
+        label = "live baseline = round robin" if plain else "live baseline"
+        cols.append((f"{label} (trial {base.number})", base.figures))
+        if plain:
+            rr = base.figures
+    cols.append(winner_figures(result))
     win = cols[-1][1]
     columns = ("figure", *(label for label, _ in cols), "winner vs round robin")
     rows = []
