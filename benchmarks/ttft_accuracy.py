@@ -140,6 +140,7 @@ def analyse(doc: dict[str, Any], gt: dict[str, dict[str, float]]) -> dict[str, A
         "cpu": doc["cpu"],
         "degraded": doc.get("degraded"),
         "why": doc.get("why", []),
+        "loop_lag_p99": doc.get("lag_p99_ms"),
     }
 
 
@@ -183,6 +184,8 @@ def main() -> int:
         for client in ("lbtune", "locust"):
             r = results[client][n]
             flag = {True: "DEGRADED", False: "ok", None: "(none)"}[r["degraded"]]
+            if r.get("loop_lag_p99") is not None:
+                flag += f" (loop lag P99 {r['loop_lag_p99']:.1f} ms)"
             err = f"{fmt(r['err_p50']):>9} {fmt(r['err_p99']):>7}"
             stamp = f"{fmt(r['stamp_p50']):>9} {fmt(r['stamp_p99']):>7}"
             lag = f"{fmt(r['lag_p50']):>11} {fmt(r['lag_p99']):>7}"

@@ -212,3 +212,12 @@ def test_removing_backends_by_reload_then_setting_weights_is_not_raced(
         t.apply({"long_request_bytes": 4096, "weight.h100-0": 50 + i})
         t.apply({"long_request_bytes": 0, "weight.h100-0": 60 + i})
         assert t.read_live()["weight.h100-0"] == 60 + i
+
+
+def test_agent_knobs_are_fixed_when_no_agent_runs(target: HaproxyTarget) -> None:
+    """Searching knobs nobody acts on is noise: without an agent, agent.* are fixed."""
+    assert target.endpoints.agent_config is None
+    space = target.space()
+    agent_knobs = [n for n in space.params if n.startswith("agent.")]
+    assert agent_knobs and all(space.params[n].fixed for n in agent_knobs)
+    assert not space.params["weight.l4-0"].fixed

@@ -118,9 +118,16 @@ class HaproxyTarget:
             space = ParameterSpace.load(
                 self.space_file, replicas=[r.name for r in self.endpoints.replicas]
             )
+            # Knobs nobody acts on are fixed, so a study does not search noise: the
+            # weights while the agent sets them, the agent's knobs while no agent runs.
+            idle: tuple[str, ...] = ()
             if self.agent_owns_weights():
+                idle = (WEIGHT_PREFIX,)
+            elif self.endpoints.agent_config is None:
+                idle = (config.AGENT_PREFIX,)
+            if idle:
                 fixed = {
-                    n: s.model_copy(update={"fixed": True}) if n.startswith(WEIGHT_PREFIX) else s
+                    n: s.model_copy(update={"fixed": True}) if n.startswith(idle) else s
                     for n, s in space.params.items()
                 }
                 space = ParameterSpace(space.target, fixed, space.source)
