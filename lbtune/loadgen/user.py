@@ -313,7 +313,9 @@ def _init(environment: Any, **_: Any) -> None:
     if opts is None or getattr(opts, "lbtune_scenario", None) is None or STATE.workload:
         return
     STATE.configure(
-        request_timeout_s=opts.lbtune_timeout, replica_header=opts.lbtune_replica_header
+        request_timeout_s=opts.lbtune_timeout,
+        replica_header=opts.lbtune_replica_header,
+        locust_stats=True,  # a plain locust run shows Locust's own stats and UI
     )
     STATE.load(opts.lbtune_scenario, opts.lbtune_seed, float(opts.run_time or 3600), None, None)
     if opts.lbtune_records_dir:
