@@ -62,6 +62,10 @@ def reload_count(master_socket: str) -> int:
     raise TargetError(f"HAProxy master socket {master_socket}: no master in `show proc`")
 
 
+NEW_WORKER_STREAK = 5
+"""Consecutive runtime answers from the new worker that end a reload."""
+
+
 def reload(
     master_socket: str, runtime: HaproxyRuntime, log_hint: Path | None = None, timeout_s: float = 10
 ) -> int:
@@ -73,14 +77,24 @@ def reload(
     old = worker_pid(runtime)
     master_command(master_socket, "reload")
     deadline = time.monotonic() + timeout_s
+    # Until the old worker lets go of the runtime socket (soft-stop), either process may
+    # answer a new connection: only several new-worker answers in a row mean it is gone.
+    streak, new = 0, None
     while time.monotonic() < deadline:
         try:
             pid = worker_pid(runtime)
         except TargetError:
             pid = old
         if pid != old:
-            return pid
+            streak = streak + 1 if pid == new else 1
+            new = pid
+            if streak >= NEW_WORKER_STREAK:
+                return pid
+        else:
+            streak = 0
         time.sleep(0.01)
+    if new is not None:
+        return new
     where = f" (see {log_hint})" if log_hint else ""
     raise ApplyError(
         f"HAProxy did not start a new worker within {timeout_s:g} s after `reload`: it kept "

@@ -68,6 +68,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 _BACKEND_RE = re.compile(r"^backend\s+(\S+)", re.MULTILINE)
+_OLD_WORKER_REPLIES = ("Proxy is disabled", "No such backend", "No such server")
 
 
 class HaproxyTarget:
@@ -323,21 +324,29 @@ class HaproxyTarget:
 
     def _set_runtime(self, desired: ParamSet, text: str) -> None:
         """weights/maxconn of every server, in every backend it is in, in one connection."""
-        rows = self._rows_of(text)
         weights = config.per_server(desired, "weight")
         maxconn = config.per_server(desired, "maxconn")
-        cmds: list[str] = []
         dynamic = config.is_live("weight.x", desired) and not self.agent_owns_weights()
-        for server, backends in rows.items():
-            for be in backends:
-                if dynamic and server in weights:
-                    cmds.append(f"set weight {be}/{server} {weights[server]}")
-                if server in maxconn:
-                    cmds.append(f"set maxconn server {be}/{server} {maxconn[server]}")
-        replies = self.runtime.execute(cmds) if cmds else []
-        failed = [f"`{c}`: {r.strip()}" for c, r in zip(cmds, replies, strict=True) if r.strip()]
+        deadline = time.monotonic() + 3.0
+        while True:
+            cmds: list[str] = []
+            for server, backends in self._rows_of(text).items():
+                for be in backends:
+                    if dynamic and server in weights:
+                        cmds.append(f"set weight {be}/{server} {weights[server]}")
+                    if server in maxconn:
+                        cmds.append(f"set maxconn server {be}/{server} {maxconn[server]}")
+            replies = self.runtime.execute(cmds) if cmds else []
+            failed = [(c, r.strip()) for c, r in zip(cmds, replies, strict=True) if r.strip()]
+            # An old worker in soft-stop answering instead of the new one: try again (the
+            # commands are idempotent). Anything else is a real refusal.
+            stale = all(r.startswith(_OLD_WORKER_REPLIES) for _, r in failed)
+            if not failed or not stale or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         if failed:
-            raise ApplyError("HAProxy refused runtime changes: " + "; ".join(failed[:3]))
+            shown = "; ".join(f"`{c}`: {r}" for c, r in failed[:3])
+            raise ApplyError("HAProxy refused runtime changes: " + shown)
 
     def _rows_of(self, text: str, timeout_s: float = 3.0) -> dict[str, list[str]]:
         """Backends per server as the worker running ``text`` reports them.
