@@ -256,6 +256,10 @@ def _write_configs(cluster: ResolvedCluster, paths: StatePaths) -> None:
     paths.server_state.unlink(missing_ok=True)
     paths.ground_truth.unlink(missing_ok=True)
     paths.agent_config.unlink(missing_ok=True)
+    # ... and no last known good: the one of an earlier incarnation describes a balancer
+    # that no longer runs (its history file stays, for the record).
+    for current in (paths.root / "lkg").glob("*.json"):
+        current.unlink(missing_ok=True)
     if cluster.ports.agent is not None:
         agent.write_config(cluster, paths)
     shutil.rmtree(paths.prometheus_data, ignore_errors=True)

@@ -195,3 +195,19 @@ def test_an_unreachable_host_is_reported_and_no_host_is_left_half_applied(
     message = str(err.value)
     assert "lb-down" in message and "unreachable" in message.lower(), message
     assert fresh.read_live()["weight.h100-0"] == 70, "localhost must be back on the last known good"
+
+
+def test_a_fresh_cluster_up_forgets_the_previous_last_known_good(tmp_path: Path) -> None:
+    """The LKG of an earlier incarnation must not be restored onto a freshly started cluster."""
+    state = tmp_path / "state"
+    try:
+        first = HaproxyTarget(api.up(load_config("mini2")[0], state))
+        apply_params(first, {"algorithm": "leastconn"}, via="direct", source="earlier")
+        assert LkgStore(state, "haproxy").get() is not None
+        api.down(state)
+        second = HaproxyTarget(api.up(load_config("mini2")[0], state))
+        assert LkgStore(state, "haproxy").get() is None
+        assert (state / "lkg" / "haproxy-history.jsonl").exists()
+        assert second.read_live()["algorithm"] == "roundrobin"
+    finally:
+        api.down(state)
