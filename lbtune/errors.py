@@ -12,6 +12,9 @@ escapes is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class LbtuneError(Exception):
     """Shown to the user as one line, without a traceback."""
@@ -50,3 +53,18 @@ class ApplyError(LbtuneError):
 
 class TrialFailed(LbtuneError):
     """One trial could not be measured; the study goes on."""
+
+
+def validation_error(exc: Any, where: str, known_fields: Callable[[str], str]) -> ConfigError:
+    """One ConfigError line from a pydantic ``ValidationError``: ``where: loc: message; ...``.
+
+    ``known_fields(loc)`` names the valid fields for an unknown one at ``loc``.
+    """
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field; known: {known_fields(loc)}"
+        parts.append(f"{loc}: {msg}")
+    return ConfigError(f"{where}: " + "; ".join(parts))

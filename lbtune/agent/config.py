@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lbtune.errors import ConfigError
+from lbtune.errors import ConfigError, validation_error
 
 __all__ = [
     "AgentConfig",
@@ -135,14 +135,7 @@ class AgentConfig(BaseModel):
 
 
 def _errors(exc: ValidationError, where: str) -> ConfigError:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown field. Known: {', '.join(AgentConfig.model_fields)}"
-        parts.append(f"{loc}: {msg}")
-    return ConfigError(f"{where}: " + "; ".join(parts))
+    return validation_error(exc, where, lambda _loc: ", ".join(AgentConfig.model_fields))
 
 
 def check_settings(settings: Mapping[str, Any], reserved: Mapping[str, str] | None = None) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lbtune.errors import ConfigError
+from lbtune.errors import ConfigError, validation_error
 from lbtune.targets.base import ParamSet, ParamValue
 
 if TYPE_CHECKING:
@@ -280,15 +280,11 @@ def _suggest_one(trial: optuna.trial.Trial, name: str, spec: ParamSpec) -> Param
 
 
 def _validation_error(exc: ValidationError, where: str) -> ConfigError:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            known = ", ".join(ParamSpec.model_fields) if "params" in loc else "target, params"
-            msg = f"unknown field; known: {known}"
-        parts.append(f"{loc}: {msg}")
-    return ConfigError(f"{where}: " + "; ".join(parts))
+    return validation_error(
+        exc,
+        where,
+        lambda loc: ", ".join(ParamSpec.model_fields) if "params" in loc else "target, params",
+    )
 
 
 def load_params_file(path: str | Path) -> dict[str, Any]:
