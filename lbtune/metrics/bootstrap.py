@@ -11,6 +11,11 @@ for latencies, and unlike the multinomial one it lets *counts* vary too, so rate
 (throughput, goodput) get an interval from the same draws. Gaps between chunks (ITL)
 follow their request's weight: a request is resampled with all of its gaps.
 
+One sample's tail gets its interval from :func:`percentile_interval` (and a difference
+of two samples' percentiles from :func:`percentile_diff_interval`), by the same Poisson
+bootstrap and the same percentile (:mod:`lbtune.metrics.quantiles`); an interval is the
+percentile interval of the replicates (:func:`interval`).
+
 Figures use exactly the definitions of :mod:`lbtune.metrics.stats` (latencies over
 the successful requests sent in the window, percentiles by linear interpolation,
 rates over the successful requests that ended in the window, the error rate over the
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lbtune.loadgen.records import RequestRecord
+from lbtune.metrics.quantiles import percentile
 from lbtune.metrics.summary import Slo, Window
 
 FloatArray = np.ndarray[tuple[int], np.dtype[np.float64]]
@@ -204,3 +210,86 @@ def resample(a: RunArrays, n: int, rng: np.random.Generator) -> Mapping[str, Flo
             parts.setdefault(key, []).append(vals)
         left -= k
     return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+# --- one sample's percentile and its interval ------------------------------------------
+
+
+def interval(draws: Sequence[float] | FloatArray, confidence: float) -> tuple[float, float]:
+    """Percentile interval of bootstrap replicates: their ``(1 ∓ confidence) / 2`` quantiles.
+
+    Non-finite replicates (empty resamples) are left out.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    x = np.asarray(draws, dtype=float)
+    x = x[np.isfinite(x)]
+    tail = (1 - confidence) / 2 * 100
+    return percentile(x, tail), percentile(x, 100 - tail)
+
+
+def _finite_sorted(values: Sequence[float] | FloatArray) -> FloatArray:
+    x = np.asarray(values, dtype=float)
+    out: FloatArray = np.sort(x[np.isfinite(x)])
+    if out.size == 0:
+        raise ValueError("percentile of no samples")
+    return out
+
+
+def percentile_draws(
+    values: Sequence[float] | FloatArray, q: float, n_boot: int, rng: np.random.Generator
+) -> FloatArray:
+    """``n_boot`` Poisson-bootstrap replicates of the q-th percentile (0..100) of ``values``.
+
+    NaNs (e.g. the TTFT of a request that was not streamed) are left out first. A
+    replicate that drew no sample at all is NaN.
+    """
+    x = _finite_sorted(values)
+    chunk = max(1, min(n_boot, _CELLS_PER_CHUNK // x.size))
+    parts: list[FloatArray] = []
+    left = n_boot
+    while left > 0:
+        k = min(chunk, left)
+        w = rng.poisson(1.0, size=(x.size, k)).astype(np.int32)
+        parts.append(_quantile(x, w, q / 100))
+        left -= k
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def percentile_interval(
+    values: Sequence[float] | FloatArray,
+    q: float,
+    *,
+    confidence: float = 0.95,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``(estimate, low, high)``: the q-th percentile of ``values`` and its bootstrap interval.
+
+    The estimate is :func:`lbtune.metrics.quantiles.percentile` of the finite values;
+    the interval is the ``confidence`` percentile interval of ``n_boot`` Poisson-bootstrap
+    replicates (seeded, so the same inputs give the same interval). With few samples a
+    P99 is close to the maximum and the interval cannot reach above it: read a narrow
+    interval over a small sample as "not supported", see ``docs/metrics.md``.
+    """
+    x = _finite_sorted(values)
+    draws = percentile_draws(x, q, n_boot, np.random.default_rng(seed))
+    lo, hi = interval(draws, confidence)
+    return percentile(x, q), lo, hi
+
+
+def percentile_diff_interval(
+    current: Sequence[float] | FloatArray,
+    reference: Sequence[float] | FloatArray,
+    q: float,
+    *,
+    confidence: float = 0.95,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """``(diff, low, high)`` of percentile(current) − percentile(reference), resampled apart."""
+    a, b = _finite_sorted(current), _finite_sorted(reference)
+    rng_a, rng_b = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+    draws = percentile_draws(a, q, n_boot, rng_a) - percentile_draws(b, q, n_boot, rng_b)
+    lo, hi = interval(draws, confidence)
+    return percentile(a, q) - percentile(b, q), lo, hi

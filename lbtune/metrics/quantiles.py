@@ -14,10 +14,14 @@ is listed in ``too_few_samples``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any, Final, Literal
 
 import numpy as np
 
 from lbtune.metrics.summary import LatencyStats
+
+METHOD: Final[Literal["linear"]] = "linear"
+"""numpy's name for the one method (Hyndman & Fan type 7)."""
 
 PERCENTILES: tuple[tuple[str, float], ...] = (
     ("p50", 50.0),
@@ -29,11 +33,21 @@ PERCENTILES: tuple[tuple[str, float], ...] = (
 MIN_SAMPLES: dict[str, int] = {"p50": 2, "p90": 10, "p95": 20, "p99": 100, "p999": 1000}
 
 
-def percentile(values: Sequence[float], q: float) -> float:
+def percentile(values: Sequence[float] | np.ndarray[Any, np.dtype[np.float64]], q: float) -> float:
     """The q-th percentile (0..100) by linear interpolation; no sample-count rule."""
     if len(values) == 0:
         raise ValueError("percentile of no samples")
-    return float(np.percentile(np.asarray(values, dtype=float), q, method="linear"))
+    return float(np.percentile(np.asarray(values, dtype=float), q, method=METHOD))
+
+
+def percentiles_of_rows(
+    matrix: np.ndarray[tuple[int, int], np.dtype[np.float64]], q: float
+) -> np.ndarray[tuple[int], np.dtype[np.float64]]:
+    """The q-th percentile of every row of ``matrix`` (same method; for resamples)."""
+    out: np.ndarray[tuple[int], np.dtype[np.float64]] = np.percentile(
+        matrix, q, axis=1, method=METHOD
+    )
+    return out
 
 
 def reported_percentile(values: Sequence[float], name: str) -> float | None:
@@ -66,7 +80,7 @@ def latency_stats(values: Iterable[float]) -> LatencyStats:
     withheld: list[str] = []
     for name, q in PERCENTILES:
         if n >= MIN_SAMPLES[name]:
-            found[name] = float(np.percentile(arr, q, method="linear"))
+            found[name] = float(np.percentile(arr, q, method=METHOD))
         else:
             found[name] = None
             withheld.append(name)

@@ -1,0 +1,74 @@
+"""Censored samples: hand-computed expectations for every kind of request."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from lbtune.loadgen.records import RequestRecord
+from lbtune.metrics.censor import CensoredSamples, censored_samples
+from tests.metrics.records import rec
+
+
+def _unstreamed(r: RequestRecord) -> RequestRecord:
+    return dataclasses.replace(r, stream=False, first_token_at=None, chunk_times=())
+
+
+def test_each_outcome_in_the_window() -> None:
+    records = [
+        rec(0, sent=9.0, ttft=0.1, e2e=1.0),  # before the window: left out
+        rec(1, sent=10.0, ttft=0.2, e2e=1.0),  # ok
+        _unstreamed(rec(2, sent=11.0, ttft=None, e2e=2.0)),  # ok, not streamed
+        rec(3, sent=12.0, ttft=0.3, e2e=5.0, outcome="cancelled"),  # first token, cut off
+        rec(4, sent=13.0, ttft=None, e2e=4.0, outcome="cancelled"),  # no token, cut off
+        rec(5, sent=14.0, ttft=None, e2e=0.1, outcome="http_error"),
+        rec(6, sent=20.0, ttft=0.1, e2e=0.5),  # at the window's end: left out
+    ]
+    got = censored_samples(records, start=10.0, end=20.0)
+    assert got.e2e == pytest.approx((1.0, 2.0, 5.0, 4.0))
+    assert got.ttft[0] == pytest.approx(0.2)
+    assert math.isnan(got.ttft[1])
+    assert got.ttft[2:] == pytest.approx((0.3, 4.0))
+    assert (got.sent, got.errors, got.censored) == (5, 1, 2)
+    assert got.streamed_ttft == pytest.approx((0.2, 0.3, 4.0))
+
+
+def test_open_requests_at_now_are_lower_bounds() -> None:
+    records = [rec(1, sent=10.0, ttft=0.2, e2e=1.0)]
+    open_requests = [
+        (12.0, 0.5, True),  # first token arrived, still streaming
+        (13.0, None, True),  # waiting for its first token
+        (14.0, None, False),  # not streamed
+        (9.0, None, True),  # sent before the window
+    ]
+    got = censored_samples(records, start=10.0, end=30.0, now=15.0, open_requests=open_requests)
+    assert got.e2e == pytest.approx((1.0, 3.0, 2.0, 1.0))
+    assert got.ttft[:3] == pytest.approx((0.2, 0.5, 2.0))
+    assert math.isnan(got.ttft[3])
+    assert (got.sent, got.errors, got.censored) == (4, 0, 3)
+
+
+def test_records_that_end_after_now_are_open_then() -> None:
+    """The final records seen as of ``now``: what had not ended yet is censored at ``now``."""
+    records = [
+        rec(1, sent=10.0, ttft=0.2, e2e=1.0),  # ended at 11: measured
+        rec(2, sent=12.0, ttft=1.0, e2e=8.0),  # first token at 13, ends at 20
+        rec(3, sent=13.0, ttft=4.0, e2e=6.0),  # first token at 17, after now
+        rec(4, sent=14.5, ttft=0.1, e2e=0.2, outcome="timeout"),  # ends at 14.7: an error
+        rec(5, sent=16.0, ttft=0.1, e2e=0.2),  # sent after now: does not exist yet
+    ]
+    got = censored_samples(records, start=10.0, end=30.0, now=15.0)
+    assert got.e2e == pytest.approx((1.0, 3.0, 2.0))
+    assert got.ttft == pytest.approx((0.2, 1.0, 2.0))
+    assert (got.sent, got.errors, got.censored) == (4, 1, 2)
+
+
+def test_open_requests_need_now() -> None:
+    with pytest.raises(ValueError, match="now"):
+        censored_samples([], start=0.0, end=1.0, open_requests=[(0.5, None, True)])
+
+
+def test_empty() -> None:
+    assert censored_samples([], start=0.0, end=1.0) == CensoredSamples((), (), 0, 0, 0)
