@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import gevent
 from gevent import socket as gsocket
 
-from lbtune.loadgen.records import Outcome, RequestRecord
+from lbtune.loadgen.records import OpenRequest, Outcome, RequestRecord
 from lbtune.loadgen.wire import (
     ChunkedDecoder,
     ProtocolError,
@@ -43,7 +43,7 @@ from lbtune.loadgen.wire import (
 )
 from lbtune.scenario.request import RequestSpec
 
-__all__ = ["StreamClient", "api_key_from_env"]
+__all__ = ["OpenSet", "StreamClient", "api_key_from_env"]
 
 _RECV = 65536
 
@@ -51,6 +51,33 @@ _RECV = 65536
 def api_key_from_env() -> str | None:
     """``LBTUNE_API_KEY``, else ``OPENAI_API_KEY``, else ``None``."""
     return os.environ.get("LBTUNE_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
+
+
+class OpenSet:
+    """The requests of one generator process that were sent and have not ended."""
+
+    def __init__(self) -> None:
+        self._states: dict[int, _State] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def add(self, st: _State) -> None:
+        self._states[id(st)] = st
+
+    def discard(self, st: _State) -> None:
+        self._states.pop(id(st), None)
+
+    def snapshot(self) -> tuple[OpenRequest, ...]:
+        """Every open request now: its send time and, once streamed content came, its TTFT."""
+        return tuple(
+            OpenRequest(
+                st.sent_at,
+                st.times[0] - st.sent_at if st.stream and st.times else None,
+                st.stream,
+            )
+            for st in list(self._states.values())
+        )
 
 
 class _RequestTimeout(Exception):
@@ -79,6 +106,7 @@ class StreamClient:
         worker: str = "local",
         id_prefix: str = "lbt-",
         now: Callable[[], float] = time,
+        open_set: OpenSet | None = None,
     ) -> None:
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -96,6 +124,7 @@ class StreamClient:
         self.id_prefix = id_prefix
         self._idle: list[Any] = []
         self.in_flight = 0
+        self.open = open_set if open_set is not None else OpenSet()
 
     def close(self) -> None:
         for s in self._idle:
@@ -116,8 +145,10 @@ class StreamClient:
         body = json.dumps(spec.body(), separators=(",", ":")).encode()
         req = build_request(self._host_header, self.prefix + spec.path(), body, headers)
         st = _State()
+        st.stream = spec.stream
         self.in_flight += 1
         st.sent_at = time()
+        self.open.add(st)
         timer = gevent.Timeout.start_new(self.timeout_s, _RequestTimeout)
         sock = None
         outcome: Outcome = "ok"
@@ -150,6 +181,7 @@ class StreamClient:
         finally:
             timer.close()
             self.in_flight -= 1
+            self.open.discard(st)
             if sock is not None:
                 sock.close()
         ended = st.ended_at if st.ended_at is not None else time()
@@ -269,6 +301,7 @@ class _State:
         "scanner",
         "sent_at",
         "status",
+        "stream",
         "times",
         "usage_in",
         "usage_out",
@@ -280,6 +313,7 @@ class _State:
         self.ended_at: float | None = None
         self.got_bytes = False
         self.status: int | None = None
+        self.stream = True
         self.replica: str | None = None
         self.times: list[float] = []
         self.scanner: SseScanner | None = None

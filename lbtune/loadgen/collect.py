@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lbtune.loadgen.health import percentile
 from lbtune.loadgen.recordio import FIELDS, decode_line
-from lbtune.loadgen.records import OUTCOMES, RequestRecord
+from lbtune.loadgen.records import OUTCOMES, OpenRequest, RequestRecord
 
 __all__ = ["Progress", "RecordTail"]
 
@@ -43,6 +43,13 @@ class Progress:
     generator_cpu_percent: float | None
     """Highest CPU % of the last second over generator processes."""
     window_s: float = 5.0
+    now: float = 0.0
+    """Wall-clock time (``time.time()``) at which ``open_requests`` were observed: the
+    earliest of the generators' latest snapshots (the runner's clock before the first)."""
+    open_requests: tuple[OpenRequest, ...] = ()
+    """All generators' requests sent by ``now`` and still open then. Every request that
+    ended before its generator's snapshot is in the record files by then; a consumer
+    reading records later should treat one with ``ended_at > now`` as open at ``now``."""
 
 
 class RecordTail:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Outcome = Literal["ok", "http_error", "broken_stream", "timeout", "connect_error", "cancelled"]
 OUTCOMES: tuple[Outcome, ...] = (
@@ -32,6 +32,18 @@ error, and it is left out of the error rate's numerator and denominator."""
 ERROR_OUTCOMES: frozenset[Outcome] = frozenset(
     {"http_error", "broken_stream", "timeout", "connect_error"}
 )
+
+
+class OpenRequest(NamedTuple):
+    """A request sent and not yet ended, as a generator saw it at a snapshot.
+
+    ``sent_at`` is the same clock as :attr:`RequestRecord.sent_at`; ``ttft`` is seconds
+    from send to the first content chunk if it has arrived, else ``None``.
+    """
+
+    sent_at: float
+    ttft: float | None
+    stream: bool
 
 
 @dataclass(frozen=True, slots=True)

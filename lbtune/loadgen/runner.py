@@ -43,6 +43,7 @@ from lbtune.loadgen.collect import Progress, RecordTail
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from lbtune.loadgen.health import GeneratorHealth, HealthSample, WorkerHealth, summarize
 from lbtune.loadgen.recordio import finalize
+from lbtune.loadgen.records import OpenRequest
 
 __all__ = ["LoadConfig", "LoadResult", "Progress", "run_load"]
 
@@ -217,6 +218,7 @@ def run_load(
     exporter = ExporterServer(registry, cfg.exporter_port) if cfg.exporter_port else None
     tail = RecordTail(rdir, on_record=registry.observe)
     latest: dict[str, HealthSample] = {}
+    opens: dict[str, tuple[OpenRequest, ...]] = {}
     samples: dict[str, list[HealthSample]] = {}
     started_at = time()
     t_go: float | None = None
@@ -229,12 +231,12 @@ def run_load(
             try:
                 try:
                     name, msg = lines.get(timeout=0.2)
-                    _handle(name, msg, latest, samples, registry)
-                    if msg.get("type") == "started" and t_go is None:
+                    if msg.get("type") == "started" and t_go is None:  # before _handle pops it
                         t_go = float(msg["t"])
+                    _handle(name, msg, latest, opens, samples, registry)
                     while True:
                         name, msg = lines.get_nowait()
-                        _handle(name, msg, latest, samples, registry)
+                        _handle(name, msg, latest, opens, samples, registry)
                 except queue.Empty:
                     pass
                 if not signalled and stop is not None and stop.is_set():
@@ -247,7 +249,7 @@ def run_load(
                     tail.poll()
                     registry.set_in_flight(sum(s.in_flight for s in latest.values()))
                     if on_progress is not None:
-                        on_progress(_progress(cfg, tail, latest, t_go or started_at, now))
+                        on_progress(_progress(cfg, tail, latest, opens, t_go or started_at, now))
             except KeyboardInterrupt:
                 stopped_early = True
                 if signalled:  # second Ctrl-C: stop waiting for the drain
@@ -263,7 +265,7 @@ def run_load(
         exit_codes = {c.name: c.finish() for c in children}
         while not lines.empty():
             name, msg = lines.get_nowait()
-            _handle(name, msg, latest, samples, registry)
+            _handle(name, msg, latest, opens, samples, registry)
         tail.poll()
         if exporter is not None:
             exporter.close()
@@ -301,13 +303,16 @@ def _handle(
     name: str,
     msg: dict[str, Any],
     latest: dict[str, HealthSample],
+    opens: dict[str, tuple[OpenRequest, ...]],
     samples: dict[str, list[HealthSample]],
     registry: MetricsRegistry,
 ) -> None:
     kind = msg.pop("type", None)
     if kind == "sample":
+        raw_open = msg.pop("open", None) or ()
         s = HealthSample(**msg)
         latest[name] = s
+        opens[name] = tuple(OpenRequest(float(a), b, bool(c)) for a, b, c in raw_open)
         samples.setdefault(name, []).append(s)
         registry.set_generator(s.worker, s.lateness_p99_s, s.cpu_percent)
     elif kind == "error":
@@ -315,9 +320,16 @@ def _handle(
 
 
 def _progress(
-    cfg: LoadConfig, tail: RecordTail, latest: dict[str, HealthSample], t0: float, now: float
+    cfg: LoadConfig,
+    tail: RecordTail,
+    latest: dict[str, HealthSample],
+    opens: dict[str, tuple[OpenRequest, ...]],
+    t0: float,
+    now: float,
 ) -> Progress:
     rps, tps, p50, p99 = tail.window(now)
+    seen = min((s.t for s in latest.values()), default=now)
+    open_now = tuple(o for name in latest for o in opens.get(name, ()) if o.sent_at <= seen)
     elapsed = now - t0
     lags = [s.loop_lag_p99_s for s in latest.values()]
     cpus = [s.cpu_percent for s in latest.values()]
@@ -335,4 +347,6 @@ def _progress(
         generator_lag_p99_s=max(lags) if lags else None,
         generator_cpu_percent=max(cpus) if cpus else None,
         window_s=tail.window_s,
+        now=seen,
+        open_requests=open_now,
     )

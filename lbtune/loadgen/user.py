@@ -40,7 +40,7 @@ import gevent.pool
 from locust import LoadTestShape, User, constant, events, task
 from locust.exception import StopUser
 
-from lbtune.loadgen.client import StreamClient, api_key_from_env
+from lbtune.loadgen.client import OpenSet, StreamClient, api_key_from_env
 from lbtune.loadgen.health import HealthMonitor, HealthSample
 from lbtune.loadgen.recordio import RecordWriter
 from lbtune.loadgen.records import RequestRecord
@@ -74,6 +74,8 @@ class GeneratorState:
         self.completed = 0
         self.in_flight = 0
         self.cap_hits = 0
+        self.open = OpenSet()
+        """Requests sent and not ended, reported with every health sample."""
         self._indices: Any = None
         self._env: Any = None
         self._slot_free = gevent.event.Event()
@@ -128,6 +130,7 @@ class GeneratorState:
             timeout_s=self.request_timeout_s,
             worker=self.worker,
             id_prefix=f"lbt-{self.run_id}-",
+            open_set=self.open,
         )
 
     def send(

@@ -5,7 +5,7 @@ patching never touches the caller. Reads its configuration as JSON (``--config``
 the fields of :class:`~lbtune.loadgen.runner.LoadConfig`) and writes JSON lines
 on stdout, one per second per generator process::
 
-    {"type": "sample", ...HealthSample fields...}
+    {"type": "sample", ...HealthSample fields..., "open": [[sent_at, ttft, stream], ...]}
     {"type": "final", "worker": ..., "sent": N, "completed": N, "health": {...}}
 
 Roles: ``local`` (one process does it all), ``master`` (runs the shape and the
@@ -46,7 +46,9 @@ def _emit(obj: dict[str, Any]) -> None:
 
 
 def _sample(s: HealthSample) -> None:
-    _emit({"type": "sample", **asdict(s)})
+    # The open requests at the sample's time ``t``: records flushed just before it hold
+    # every request that ended earlier, so the two together are the run at ``t``.
+    _emit({"type": "sample", **asdict(s), "open": STATE.open.snapshot()})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,7 @@ def test_closed_loop_counts_and_progress(echo_url: str, tmp_path: Path) -> None:
     from lbtune.loadgen.runner import _free_port
 
     port = _free_port()
+    t_call = time.time()
     res = run_load(
         LoadConfig(
             target_url=echo_url,
@@ -63,6 +64,14 @@ def test_closed_loop_counts_and_progress(echo_url: str, tmp_path: Path) -> None:
     assert res.outcomes["ok"] == res.sent
     assert not res.health.degraded, res.health.reasons
     assert seen and max(p.completed for p in seen) > 0
+    opened = [p for p in seen if p.open_requests]
+    assert opened, "4 closed-loop users, 45 ms requests: some must be open at a snapshot"
+    for p in opened:
+        assert len(p.open_requests) <= 4
+        for o in p.open_requests:
+            assert o.stream and o.sent_at <= p.now
+            assert o.ttft is None or 0 <= o.ttft <= p.now - o.sent_at
+    assert t_call < res.started_at <= min(r.sent_at for r in read_records(res.records_path))
     assert scraped and 'lbtune_requests_total{outcome="ok",replica="echo-0"}' in scraped[0]
     assert (tmp_path / "health.json").exists()
 
