@@ -10,14 +10,15 @@ A figure has drifted when it is worse by more than the threshold (default 20 %, 
 error rate: more than 1 percentage point, absolute) and, for P99 E2E and P99 TTFT, when
 both measurements still have their ``requests.parquet``, when the 95 % bootstrap
 confidence interval of the P99 difference (current − reference; 1000 resamples of the
-successful requests in each measurement window) lies entirely above zero. Without the
+successful requests in each measurement window) lies entirely above zero. P99 and the
+bootstrap are the ones of :mod:`lbtune.metrics.bootstrap` (linear percentile, see
+``docs/metrics.md``); TTFT is over streamed requests, as in the summary. Without the
 records, the threshold alone decides. Throughput compares goodput where both have it,
 else completed requests/s; it has no CI.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from lbtune.history.store import Entry, KeyFigures
+from lbtune.metrics.bootstrap import percentile_diff_interval
 
 __all__ = [
     "DEFAULT_THRESHOLD",
@@ -172,53 +174,42 @@ def _error_rate(cur: KeyFigures, ref: KeyFigures) -> FigureCheck:
 
 
 def samples(fig: KeyFigures, metric: str) -> Array | None:
-    """Latencies (``e2e`` or ``ttft``, s) of the successful requests sent in the window."""
+    """Latencies (``e2e`` or ``ttft``, s) of the successful requests sent in the window.
+
+    The samples of the summary's latency table: TTFT over streamed requests only
+    (:attr:`~lbtune.loadgen.records.RequestRecord.ttft`), E2E over all of them.
+    """
     if not fig.records_dir:
         return None
-    path = Path(fig.records_dir) / "requests.parquet"
-    if not path.is_file():
+    d = Path(fig.records_dir)
+    if not (d / "requests.parquet").is_file():
         return None
-    import pyarrow.parquet as pq
+    from lbtune.loadgen.recordio import read_records
 
-    cols = ["sent_at", "ended_at", "first_token_at", "outcome"]
-    table = pq.read_table(path, columns=cols).to_pydict()
-    sent = np.asarray(table["sent_at"], dtype=float)
-    if sent.size == 0:
+    records = read_records(d)
+    if not records:
         return None
-    ok = np.asarray([o == "ok" for o in table["outcome"]], dtype=bool)
-    offset = sent - sent.min()
-    if fig.window_start_s is not None and fig.window_end_s is not None:
-        ok &= (offset >= fig.window_start_s) & (offset < fig.window_end_s)
-    ended = np.asarray(table["ended_at"], dtype=float)
-    first = np.asarray([math.nan if v is None else v for v in table["first_token_at"]], float)
-    values = ended - sent
-    if metric == "ttft":
-        values = np.where(np.isnan(first), values, first - sent)
-    out: Array = values[ok & np.isfinite(values)]
+    origin = min(r.sent_at for r in records)
+    lo, hi = fig.window_start_s, fig.window_end_s
+    values = [
+        v
+        for r in records
+        if r.outcome == "ok"
+        and (lo is None or hi is None or lo <= r.sent_at - origin < hi)
+        and (v := (r.e2e if metric == "e2e" else r.ttft)) is not None
+    ]
+    out: Array = np.asarray(values, dtype=float)
     return out if out.size else None
 
 
 def bootstrap_p99_diff(
     current: Array, reference: Array, *, n_boot: int = N_BOOT, level: float = LEVEL, seed: int = 0
 ) -> tuple[float, float, float]:
-    """``(diff, ci_low, ci_high)`` of nearest-rank P99(current) − P99(reference)."""
-    rng = np.random.default_rng(seed)
-    diff = _p99_of(current) - _p99_of(reference)
-    boots = _boot_p99(current, n_boot, rng) - _boot_p99(reference, n_boot, rng)
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(boots, [alpha, 1 - alpha])
-    return float(diff), float(lo), float(hi)
+    """``(diff, ci_low, ci_high)`` of P99(current) − P99(reference).
 
-
-def _p99_of(x: Array) -> float:
-    return float(np.quantile(x, 0.99, method="inverted_cdf"))
-
-
-def _boot_p99(x: Array, n_boot: int, rng: np.random.Generator) -> Array:
-    out = np.empty(n_boot)
-    chunk = max(1, 2_000_000 // max(1, x.size))  # bound the index matrix to ~16 MB
-    for start in range(0, n_boot, chunk):
-        k = min(chunk, n_boot - start)
-        idx = rng.integers(0, x.size, size=(k, x.size))
-        out[start : start + k] = np.quantile(x[idx], 0.99, axis=1, method="inverted_cdf")
-    return out
+    :func:`lbtune.metrics.bootstrap.percentile_diff_interval`: the one percentile
+    (linear) and the one bootstrap, each measurement resampled on its own.
+    """
+    return percentile_diff_interval(
+        current, reference, 99.0, confidence=level, n_boot=n_boot, seed=seed
+    )

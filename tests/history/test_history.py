@@ -8,8 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -19,7 +17,9 @@ from lbtune.history import ENV_DB, db_path
 from lbtune.history.drift import bootstrap_p99_diff, check_drift, samples
 from lbtune.history.page import page
 from lbtune.history.store import SCHEMA_VERSION, Entry, HistoryStore, KeyFigures
+from lbtune.loadgen.recordio import write_parquet
 from lbtune.optimize import OptimizeOptions, run_optimize
+from tests.metrics.records import rec
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 
 
@@ -46,13 +46,12 @@ def _stress(t: float, fig: KeyFigures) -> Entry:
 
 
 def _parquet(dir_: Path, e2e: np.ndarray) -> Path:
-    dir_.mkdir(parents=True, exist_ok=True)
     sent = np.arange(e2e.size) * 0.05 + 1000.0
-    pq.write_table(
-        pa.table({"sent_at": sent, "ended_at": sent + e2e, "first_token_at": sent + e2e / 10,
-                  "outcome": ["ok"] * e2e.size}),
-        dir_ / "requests.parquet",
-    )  # fmt: skip
+    records = [
+        rec(i, sent=float(t), ttft=float(e) / 10, e2e=float(e))
+        for i, (t, e) in enumerate(zip(sent, e2e, strict=True))
+    ]
+    write_parquet(records, dir_ / "requests.parquet")
     return dir_
 
 
@@ -146,6 +145,26 @@ def test_samples_keep_the_window_and_successes(tmp_path: Path) -> None:
     assert all_ is not None and all_.size == 100
     assert part is not None and part.size == 20 and np.allclose(part, 0.05)
     assert samples(KeyFigures(records_dir=str(tmp_path / "gone")), "e2e") is None
+
+
+def test_ttft_samples_are_the_streamed_ones(tmp_path: Path) -> None:
+    """As in the summary's latency table: a non-streamed response has no TTFT (not its E2E)."""
+    d = tmp_path / "r"
+    streamed = [rec(i, sent=1000.0 + i, ttft=0.1, e2e=1.0) for i in range(5)]
+    whole = [
+        replace(rec(10 + i, sent=1010.0 + i, ttft=None, e2e=3.0), stream=False) for i in range(5)
+    ]
+    write_parquet(streamed + whole, d / "requests.parquet")
+    ttft = samples(KeyFigures(records_dir=str(d)), "ttft")
+    e2e = samples(KeyFigures(records_dir=str(d)), "e2e")
+    assert ttft is not None and ttft.size == 5 and np.allclose(ttft, 0.1)
+    assert e2e is not None and e2e.size == 10
+
+
+def test_bootstrap_p99_diff_is_the_linear_p99() -> None:
+    a = np.arange(1.0, 101.0)  # linear P99 at h = 98.01: 99.01
+    diff, _lo, _hi = bootstrap_p99_diff(a, np.zeros(100), n_boot=100)
+    assert diff == pytest.approx(99.01)
 
 
 def test_bootstrap_p99_ci_brackets_the_difference() -> None:
