@@ -22,7 +22,7 @@ __all__ = ["apply_command", "rollback_command"]
 DEFAULT_STUDY_STORAGE = "sqlite:///reports/studies.db"
 
 TargetOpt = Annotated[
-    str, typer.Option("--target", "-t", help="Balancer target: haproxy or vllm-router.")
+    str, typer.Option("--target", "-t", help="Balancer target (a name in lbtune.targets.TARGETS).")
 ]
 StateDirOpt = Annotated[
     Path | None,
@@ -46,9 +46,9 @@ def _target(name: str, state_dir: Path | None, space: Path | None = None) -> Tar
     from lbtune.cluster.api import find_state_dir
     from lbtune.cluster.state import StatePaths, read_endpoints
     from lbtune.errors import TargetError
-    from lbtune.targets import get_target, target_class
+    from lbtune.targets import balancer, get_target
 
-    target_class(name)  # an unknown name is a ConfigError before anything else
+    balancer(name)  # an unknown name is a ConfigError before anything else
     paths = StatePaths(find_state_dir(state_dir))
     ep = read_endpoints(paths)
     if ep is None:
@@ -56,8 +56,7 @@ def _target(name: str, state_dir: Path | None, space: Path | None = None) -> Tar
             f"No running cluster in {paths.root} (no endpoints.json); start one with "
             "`lbtune cluster up` or pass --state-dir"
         )
-    options: dict[str, Any] = {"space_file": space} if space is not None else {}
-    return get_target(name, ep, **options)
+    return get_target(name, ep, space_file=space)
 
 
 def _study_params(study: str, trial: str, storage: str) -> tuple[dict[str, Any], str]:

@@ -1,41 +1,61 @@
-"""Balancer targets: one subpackage per balancer (its runtime API, space, playbook, check).
+"""Balancer targets: one subpackage per balancer, one line each in :data:`TARGETS`.
 
-:data:`TARGETS` maps a name to ``"module:Class"``; the class is imported only when the
-target is asked for, so ``import lbtune.targets`` stays light. A target class takes the
-running cluster's :class:`~lbtune.cluster.state.Endpoints` and implements
-:class:`~lbtune.targets.base.Target`. Adding nginx or Envoy is one line here plus a
-subpackage and a playbook ``playbooks/<name>-apply.yml``.
+:data:`TARGETS` maps a name to ``"module:attribute"``, the attribute being an object
+implementing :class:`~lbtune.targets.base.Balancer`. The module is imported only when
+the balancer is asked for, so ``import lbtune.targets`` stays light (the cluster YAML's
+``balancer:`` is checked against the names without importing anything).
+
+The core asks here and never names a balancer::
+
+    balancer("haproxy").launch(spec, supervisor)      # lbtune.cluster
+    get_target("haproxy", endpoints).apply(params)     # optimize, lbtune apply
+    balancer(endpoints.balancer).weights(endpoints)    # the feedback agent
+
+Adding a balancer: a subpackage ``lbtune/targets/<name>/`` and one line below (see
+:mod:`lbtune.targets.base` and ``docs/targets.md``).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lbtune.errors import ConfigError
 
 if TYPE_CHECKING:
     from lbtune.cluster.state import Endpoints
-    from lbtune.targets.base import Target
+    from lbtune.targets.base import Balancer, Target
 
-__all__ = ["TARGETS", "get_target", "target_class"]
+__all__ = ["TARGETS", "balancer", "get_target", "names", "unknown"]
 
 TARGETS: dict[str, str] = {
-    "haproxy": "lbtune.targets.haproxy.target:HaproxyTarget",
-    "vllm-router": "lbtune.targets.vllm_router.target:VllmRouterTarget",
+    "haproxy": "lbtune.targets.haproxy.balancer:BALANCER",
+    "vllm-router": "lbtune.targets.vllm_router.balancer:BALANCER",
 }
 
 
-def target_class(name: str) -> Any:
-    """The class registered as ``name`` (imported now); ConfigError listing the names."""
+def names() -> list[str]:
+    """The registered names, in registry order."""
+    return list(TARGETS)
+
+
+def unknown(name: str, what: str = "target") -> ConfigError:
+    """The error for a name not in the registry (it lists the names)."""
+    return ConfigError(f"Unknown {what} {name!r}. Available: {', '.join(TARGETS)}")
+
+
+def balancer(name: str) -> Balancer:
+    """The registry entry ``name`` (its module imported now); ConfigError listing the names."""
     spec = TARGETS.get(name)
     if spec is None:
-        raise ConfigError(f"Unknown target {name!r}. Available: {', '.join(TARGETS)}")
+        raise unknown(name)
     module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    found: Balancer = getattr(importlib.import_module(module), attr)
+    return found
 
 
-def get_target(name: str, endpoints: Endpoints, **options: Any) -> Target:
-    """An instance of target ``name`` for the running cluster ``endpoints``."""
-    target: Target = target_class(name)(endpoints, **options)
-    return target
+def get_target(name: str, endpoints: Endpoints, *, space_file: str | Path | None = None) -> Target:
+    """Target ``name`` of the running cluster ``endpoints`` (``space_file``: the user's
+    own space file instead of the packaged one)."""
+    return balancer(name).target(endpoints, space_file=Path(space_file) if space_file else None)

@@ -29,7 +29,7 @@ from lbtune.errors import ApplyError, ClusterError, ConfigError
 from lbtune.sim.host import HostThread
 from lbtune.sim.router_api import add_router_routes
 from lbtune.sim.spec import HostSpec, ReplicaSpec
-from lbtune.targets import target_class
+from lbtune.targets import get_target
 from lbtune.targets.base import Target
 from lbtune.targets.space import ParameterSpace
 from lbtune.targets.vllm_router.target import SPACE_FILE, VllmRouterTarget
@@ -194,7 +194,7 @@ def _pid(ep: Endpoints) -> int:
 
 @pytest.mark.integration
 def test_apply_restarts_with_the_new_policy_and_reads_it_back(cluster: Endpoints) -> None:
-    target = target_class("vllm-router")(cluster)
+    target = get_target("vllm-router", cluster)
     assert isinstance(target, VllmRouterTarget)
     assert target.read_live() == router.DEFAULTS
     before = _pid(cluster)

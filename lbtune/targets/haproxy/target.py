@@ -179,13 +179,17 @@ class HaproxyTarget:
 
     # -- apply ---------------------------------------------------------------------------
 
+    def validate(self, params: Mapping[str, object]) -> ParamSet:
+        """The space's checks; while the agent owns the weights, a set of nothing but
+        weights is refused and weights in a larger set are dropped."""
+        checked = self.space().validate(params)
+        return self._without_weights(checked) if self.agent_owns_weights() else checked
+
     def plan(self, params: Mapping[str, object]) -> tuple[ParamSet, ParamSet, str, bool, bool]:
         """(desired, live, desired config text, reload needed, config file differs)."""
         space = self.space()
-        checked = space.validate(params)
+        checked = self.validate(params)
         owned = self.agent_owns_weights()
-        if owned:
-            checked = self._without_weights(checked)
         live = self.read_live()
         if owned:
             self._warn_ignored_weights(params, live)
@@ -262,14 +266,14 @@ class HaproxyTarget:
             seconds=time.perf_counter() - t0,
         )
 
-    def rollback(self) -> ApplyResult:
+    def rollback(self, *, check: bool = False) -> ApplyResult:
         """Re-apply the last known good (``lbtune.apply.lkg``)."""
         from lbtune.apply.lkg import LkgStore
 
         lkg = LkgStore(self.state_dir, self.name).get()
         if lkg is None:
             raise ApplyError(f"No last known good recorded for haproxy in {self.state_dir}")
-        return self.apply(lkg.params)
+        return self.apply(lkg.params, check=check)
 
     def verify(self, desired: ParamSet, text: str) -> ParamSet:
         """Read back; raise ApplyError naming every knob that is not what was applied."""

@@ -81,10 +81,16 @@ class VllmRouterTarget:
         live: ParamSet = dict(command.params)
         return self.space().complete({}, live)
 
+    def validate(self, params: Mapping[str, object]) -> ParamSet:
+        return self.space().validate(params)
+
+    def owned_elsewhere(self) -> frozenset[str]:
+        return frozenset()
+
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
         t0 = time.perf_counter()
         space = self.space()
-        checked = space.validate(params)
+        checked = self.validate(params)
         _, current = router.live_command(self.paths)
         live = space.complete({}, dict(current.params))
         desired = space.complete(checked, live)
