@@ -24,17 +24,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from lbtune.errors import ConfigError, TargetError
+from lbtune.runplan import RunPlan, plan_run, write_run_plan
+from lbtune.runplan import parse_slo as parse_slo  # re-exported: callers import it from here
 
 if TYPE_CHECKING:
     from lbtune.cluster.state import Endpoints
     from lbtune.loadgen.runner import LoadResult, Progress
-    from lbtune.metrics.summary import RunSummary, Slo
+    from lbtune.metrics.summary import RunSummary
     from lbtune.report import ReportPaths
-    from lbtune.scenario.models import Scenario
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,13 @@ class StressOptions:
     """Cluster preset/file used when the embedded cluster must be brought up."""
     write_report: bool = True
     request_timeout_s: float = 120.0
+    until_samples: int | None = None
+    """Run on (the last stage held) until the window holds this many completed requests."""
+    max_duration_s: float | None = None
+    """With ``until_samples``: the longest the run may last (default 600 s)."""
+    plan: RunPlan | None = None
+    """When given, exactly this plan is run (see :func:`lbtune.runplan.plan_run`); the
+    scenario file is not read again and the scenario/duration/load/seed options are unused."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,8 @@ class StressResult:
     records_path: Path
     load: LoadResult
     target: ResolvedTarget
+    plan: RunPlan
+    """The plan as run (``run.json``): with the run's start and absolute window."""
 
     @property
     def degraded(self) -> bool:
@@ -104,42 +114,6 @@ class GeneratorDegraded(TargetError):
     """``--strict``: the generator fell behind, so the measurement is not trusted."""
 
     exit_code = 1
-
-
-_SLO_KEYS = {"ttft": "ttft_s", "e2e": "e2e_s", "errors": "max_error_rate"}
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
-
-
-def parse_slo(text: str | None, base: Slo) -> Slo:
-    """Apply ``ttft=350ms,e2e=800ms,errors=1%`` overrides to ``base``."""
-    if not text:
-        return base
-    changes: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in _SLO_KEYS:
-            raise ConfigError(
-                f"--slo: cannot read {part.strip()!r}; expected KEY=VALUE with KEY in "
-                f"{', '.join(_SLO_KEYS)} (e.g. --slo ttft=350ms,e2e=800ms,errors=1%)"
-            )
-        value = value.strip()
-        if key == "errors":
-            pct = value.endswith("%")
-            try:
-                number = float(value.rstrip("%"))
-            except ValueError:
-                raise ConfigError(
-                    f"--slo errors: expected a fraction or a percentage, got {value!r}"
-                ) from None
-            changes[_SLO_KEYS[key]] = number / 100 if pct else number
-            continue
-        m = _DURATION.match(value)
-        if not m:
-            raise ConfigError(f"--slo {key}: expected a duration like 350ms or 2s, got {value!r}")
-        number = float(m.group(1))
-        changes[_SLO_KEYS[key]] = number / 1000 if m.group(2) == "ms" else number
-    return replace(base, **changes)
 
 
 def check_target_allowed(url: str, allow_remote: bool) -> None:
@@ -209,31 +183,31 @@ def run_stress(
     stop: threading.Event | None = None,
     say: Callable[[str], None] = log.info,
 ) -> StressResult:
-    """Run one load test and write its report; see the module docstring."""
-    from lbtune.loadgen.runner import LoadConfig, run_load
-    from lbtune.metrics.summary import Slo, Window
-    from lbtune.scenario import load_scenario, plan_load
+    """Run one load test and write its report; see the module docstring.
 
-    scenario = load_scenario(opts.scenario)
-    plan = plan_load(scenario, opts.duration_s, opts.users, opts.rate, opts.seed)
-    base_slo = Slo(
-        ttft_s=scenario.slo.ttft if scenario.slo else None,
-        e2e_s=scenario.slo.e2e if scenario.slo else None,
-    )
-    slo = parse_slo(opts.slo, base_slo)
+    The run's plan (``opts.plan``, else :func:`~lbtune.runplan.plan_run` of ``opts``) is
+    written to ``run.json`` in the run directory before the load starts; the generator
+    processes read it from there, and it is rewritten with the run's start and absolute
+    measurement window when the run ends (``StressResult.plan``).
+    """
+    from lbtune.loadgen.runner import LoadConfig, run_load
+
+    plan = plan_run(opts)
     target = resolve_target(opts, say)
     prom = _prometheus(target.prometheus_url)
+    plan = plan.with_target(*_target_facts(target))
 
-    out_dir = opts.out_dir or default_out_dir(opts.reports_root, scenario.name)
+    out_dir = opts.out_dir or default_out_dir(opts.reports_root, plan.scenario_name)
     out_dir.mkdir(parents=True, exist_ok=True)
+    plan_path = write_run_plan(out_dir, plan)
     cfg = LoadConfig(
         target_url=target.url,
-        scenario=opts.scenario,
+        scenario=plan.scenario_ref,
         records_dir=out_dir,
-        seed=scenario.seed if opts.seed is None else opts.seed,
-        duration_s=plan.duration_s,
-        users=opts.users,
-        rate=opts.rate,
+        seed=plan.seed,
+        duration_s=plan.load.duration_s,
+        users=plan.load.users,
+        rate=plan.load.rate,
         exporter_port=target.exporter_port,
         workers=opts.workers,
         role=opts.role,
@@ -241,21 +215,38 @@ def run_stress(
         master_bind_host=opts.master_bind,
         master_port=opts.master_port,
         expect_workers=opts.expect_workers,
-        tokenizer_path=opts.tokenizer,
+        tokenizer_path=plan.tokenizer,
         ui=opts.ui,
         request_timeout_s=opts.request_timeout_s,
         allow_remote=opts.allow_remote,
+        run_plan=str(plan_path.resolve()),
     )
-    say(f"load: {scenario.name} against {target.url} for {plan.duration_s:g} s ({plan.mode} loop)")
-    load = run_load(cfg, on_progress=on_progress, stop=stop)
-    summary = _summarize(scenario, plan, load, target, slo, prom, Window)
+    from lbtune.samples import describe_estimate, estimate_window_requests
+
+    say(describe_estimate(plan, estimate_window_requests(plan, opts.reports_root)))
+    until = plan.load.until_samples
+    bound = (
+        f"up to {plan.load.duration_s:g} s, until {until} requests"
+        if until
+        else (f"for {plan.load.duration_s:g} s")
+    )
+    say(f"load: {plan.scenario_name} against {target.url} {bound} ({plan.load.mode} loop)")
+    inner = _StopEither(stop)
+    counter = None if until is None else _WindowCounter(out_dir, plan, until, inner)
+    load = run_load(cfg, on_progress=_chain(counter, on_progress), stop=inner)
+    reached_at = None if counter is None else counter.reached_at
+    if reached_at is not None and not (stop is not None and stop.is_set()):
+        load = replace(load, stopped_early=False)
+    summary = _summarize(plan, load, target, prom, reached_at)
+    plan = plan.as_run(load.started_at, (summary.window.start, summary.window.end))
+    write_run_plan(out_dir, plan)
     report = None
     if opts.write_report:
         from lbtune.loadgen.recordio import read_records
         from lbtune.report import write_report
 
         report = write_report(out_dir, summary, read_records(load.records_path))
-    result = StressResult(summary, report, load.records_path, load, target)
+    result = StressResult(summary, report, load.records_path, load, target, plan)
     if report is not None:
         from lbtune.history import index_stress
 
@@ -267,6 +258,70 @@ def run_stress(
             + f"); figures are not trusted (--strict). Report: {out_dir}"
         )
     return result
+
+
+def _target_facts(target: ResolvedTarget) -> tuple[str | None, str, dict[str, Any] | None]:
+    """(balancer name, URL, live config) of the target, as far as lbtune knows them."""
+    if target.endpoints is None:
+        return None, target.url, None
+    from lbtune.history.index import live_config
+
+    params, _ = live_config(target.endpoints)
+    return getattr(target.endpoints, "balancer", None), target.url, params
+
+
+class _StopEither(threading.Event):
+    """Set by lbtune itself (enough samples) or by the caller's ``stop``."""
+
+    def __init__(self, outer: threading.Event | None) -> None:
+        super().__init__()
+        self._outer = outer
+
+    def is_set(self) -> bool:
+        return super().is_set() or (self._outer is not None and self._outer.is_set())
+
+
+class _WindowCounter:
+    """``--until-samples``: stops the run once the shape has run and the measurement window
+    holds ``need`` successful requests (their records, tailed about once a second)."""
+
+    def __init__(self, out_dir: Path, plan: RunPlan, need: int, stop: threading.Event) -> None:
+        from lbtune.loadgen.collect import RecordTail
+
+        self._plan, self._need, self._stop = plan, need, stop
+        self._t0: float | None = None
+        self.ok = 0
+        self.reached_at: float | None = None
+        self._tail = RecordTail(out_dir, on_record=self._count)
+
+    def _count(self, r: Any) -> None:
+        t0 = self._t0
+        if r.outcome == "ok" and t0 is not None and r.sent_at >= t0 + self._plan.window_start_s:
+            self.ok += 1
+
+    def __call__(self, p: Progress) -> None:
+        if self.reached_at is not None:
+            return
+        if self._t0 is None:
+            self._t0 = time.time() - p.elapsed_s
+        self._tail.poll()
+        shape_done = p.elapsed_s >= self._plan.load.shape_duration_s - self._plan.load.cooldown_s
+        if self.ok >= self._need and shape_done:
+            self.reached_at = time.time()
+            self._stop.set()
+
+
+def _chain(
+    first: Callable[[Progress], None] | None, then: Callable[[Progress], None] | None
+) -> Callable[[Progress], None] | None:
+    if first is None or then is None:
+        return first or then
+
+    def both(p: Progress) -> None:
+        first(p)
+        then(p)
+
+    return both
 
 
 def _prometheus(url: str | None) -> object | None:
@@ -281,35 +336,35 @@ def _prometheus(url: str | None) -> object | None:
 
 
 def _summarize(
-    scenario: Scenario,
-    plan: object,
+    plan: RunPlan,
     load: LoadResult,
     target: ResolvedTarget,
-    slo: Slo,
     prom: object | None,
-    window_cls: type,
+    reached_at: float | None,
 ) -> RunSummary:
+    """The run's figures over the recorded plan's window (cut at ``reached_at``, when the
+    run stopped on ``--until-samples``, and at the run's end)."""
     from lbtune.loadgen.recordio import read_records
     from lbtune.metrics.prom import PromClient
     from lbtune.metrics.serverside import collect
     from lbtune.metrics.stats import summarize
-    from lbtune.metrics.summary import GeneratorHealth
-    from lbtune.scenario.plan import LoadPlan
+    from lbtune.metrics.summary import GeneratorHealth, Window
 
-    assert isinstance(plan, LoadPlan)
     records = read_records(load.records_path)
-    start_off, end_off = plan.measure_window
     run_start = load.started_at
-    end = min(run_start + end_off, load.ended_at)
-    window = window_cls(run_start + start_off, max(run_start + start_off, end))
+    start, end = plan.window_at(run_start)
+    end = min(end, load.ended_at, reached_at or end)
+    window = Window(start, max(start, end))
     notes: list[str] = []
     if window.duration < 1.0:  # stopped before the measurement window opened
-        window = window_cls(run_start, max(run_start + 1.0, load.ended_at))
+        window = Window(run_start, max(run_start + 1.0, load.ended_at))
         notes.append(
             "stopped before the measurement window: figures cover the whole run, warm-up included"
         )
     if load.stopped_early:
         notes.append("the run was stopped early: figures cover only what was measured")
+    if plan.load.until_samples is not None:
+        notes.append(_until_note(plan, reached_at, run_start))
     server = None
     if isinstance(prom, PromClient):
         # Let the last scrape of the window land before asking for it.
@@ -330,14 +385,24 @@ def _summarize(
         records,
         run_start=run_start,
         window=window,
-        scenario=scenario.name,
+        scenario=plan.scenario_name,
         target=target.url,
-        slo=slo,
-        stages=plan.stages,
+        slo=plan.slo_value(),
+        stages=plan.stages(),
         server=server,
         generator=gen,
         incomplete=load.stopped_early,
         notes=notes,
+    )
+
+
+def _until_note(plan: RunPlan, reached_at: float | None, run_start: float) -> str:
+    need = plan.load.until_samples
+    if reached_at is not None:
+        return f"--until-samples {need}: reached after {reached_at - run_start:.0f} s"
+    return (
+        f"--until-samples {need}: not reached within the {plan.load.duration_s:g} s bound "
+        "(--max-duration); the P99 may rest on too few requests"
     )
 
 

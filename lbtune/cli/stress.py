@@ -37,6 +37,17 @@ def stress_command(
     seed: int | None = typer.Option(
         None, "--seed", help="Seed of the request sequence (default: the scenario's)."
     ),
+    until_samples: int | None = typer.Option(
+        None,
+        "--until-samples",
+        help="Run the shape, then hold its last stage until the measurement window holds N "
+        "successful requests (100 for a P99); at most --max-duration.",
+    ),
+    max_duration: float | None = typer.Option(
+        None,
+        "--max-duration",
+        help="With --until-samples: the longest the run may last, in seconds (default 600).",
+    ),
     slo: str | None = typer.Option(
         None, "--slo", help="SLO overrides, e.g. ttft=350ms,e2e=800ms,errors=1%."
     ),
@@ -97,7 +108,10 @@ def stress_command(
     With --ci an SLO breach exits 1 (without it, 0 unless --strict); with
     GITHUB_STEP_SUMMARY set, a Markdown summary is appended to that file.
 
-    Example: lbtune stress --scenario longctx --duration 30
+    Before the load starts it says how many requests the measurement window will hold,
+    and what to change when that is too few for a P99.
+
+    Example: lbtune stress --scenario longctx --until-samples 100
     """
     from lbtune.stress import StressOptions, run_stress
 
@@ -113,6 +127,8 @@ def stress_command(
         rate=rate,
         seed=seed,
         slo=slo,
+        until_samples=until_samples,
+        max_duration_s=max_duration,
         out_dir=out,
         allow_remote=allow_remote,
         workers=workers,

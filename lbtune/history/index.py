@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lbtune import __version__
+from lbtune.errors import ConfigError
 from lbtune.history.store import Entry, KeyFigures
+from lbtune.runplan import read_run_plan
 
 if TYPE_CHECKING:
+    from lbtune.cluster.state import Endpoints
     from lbtune.objective import Figures
     from lbtune.optimize import OptimizeOptions
     from lbtune.search.result import StudyResult
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["from_objective", "stress_entry", "study_entry"]
+__all__ = ["from_objective", "live_config", "stress_entry", "study_entry"]
 
 
 def from_objective(
@@ -65,10 +68,12 @@ def stress_entry(opts: StressOptions, result: StressResult) -> Entry:
             degraded=degraded, completed=0, records_dir=str(rdir),
             window_start_s=window[0], window_end_s=window[1],
         )  # fmt: skip
-    params, chash = _live_config(result)
+    params = result.plan.target.params
+    chash = None if params is None else _hash(params)
+    ld = result.plan.load
     load = {
         "duration_s": round(result.load.ended_at - result.load.started_at, 1),
-        "users": opts.users, "rate": opts.rate, "seed": opts.seed, "mode": s.mode,
+        "users": ld.users, "rate": ld.rate, "seed": result.plan.seed, "mode": s.mode,
     }  # fmt: skip
     return Entry(
         kind="stress", time=s.run_start, scenario=s.scenario, target=s.target,
@@ -77,12 +82,16 @@ def stress_entry(opts: StressOptions, result: StressResult) -> Entry:
     )  # fmt: skip
 
 
-def _live_config(result: StressResult) -> tuple[dict[str, Any] | None, str | None]:
+def _hash(params: dict[str, Any]) -> str:
+    from lbtune.apply.lkg import params_hash
+
+    return params_hash(params)
+
+
+def live_config(ep: Endpoints) -> tuple[dict[str, Any] | None, str | None]:
     """The embedded cluster's balancer config (params, sha256): its last known good, else
-    what is live now; ``(None, None)`` for an external target or when it cannot be read."""
-    ep = result.target.endpoints
-    if ep is None:
-        return None, None
+    what is live now; ``(None, None)`` when it cannot be read. ``run_stress`` records it in
+    the run's plan (``run.json``) before the load starts."""
     from lbtune.apply.lkg import LkgStore, params_hash
 
     balancer = getattr(ep, "balancer", "haproxy")
@@ -103,14 +112,13 @@ def study_entry(opts: OptimizeOptions, result: StudyResult) -> Entry:
     from lbtune.apply.lkg import params_hash
 
     rdir = Path(result.report_dir) if result.report_dir else None
-    window = _trial_window(opts)
     conf, ro = result.confirmation, result.rollout
     accepted = bool(ro is not None and ro.applied and ro.verified and not ro.rolled_back)
     figures: dict[str, KeyFigures] = {}
     base = result.trial(result.baseline)
     if base is not None and base.figures is not None:
         runs = None if rdir is None else rdir / "runs" / f"trial-{base.number:04d}"
-        figures["baseline"] = from_objective(base.figures, runs, window)
+        figures["baseline"] = from_objective(base.figures, runs, recorded_window(runs))
     winner = None if conf is None else result.trial(conf.winner)
     if conf is not None and conf.winner is not None:
         comp = next((c for c in conf.comparisons if c.trial == conf.winner), None)
@@ -118,7 +126,7 @@ def study_entry(opts: OptimizeOptions, result: StudyResult) -> Entry:
             figures["winner"] = from_objective(comp.figures)
     if ro is not None and ro.verification is not None:
         runs = None if rdir is None else rdir / "runs" / "verify"
-        figures["verification"] = from_objective(ro.verification, runs, window)
+        figures["verification"] = from_objective(ro.verification, runs, recorded_window(runs))
     kept = winner if accepted and winner is not None else base
     params = None if kept is None else dict(kept.params)
     return Entry(
@@ -133,14 +141,16 @@ def study_entry(opts: OptimizeOptions, result: StudyResult) -> Entry:
     )  # fmt: skip
 
 
-def _trial_window(opts: OptimizeOptions) -> tuple[float, float] | None:
-    """A trial's measurement window (seconds after its start), from its scenario's plan."""
-    try:
-        from lbtune.scenario import load_scenario, plan_load
-
-        assert opts.scenario is not None
-        plan = plan_load(load_scenario(opts.scenario), opts.trial_duration_s, None, None, opts.seed)
-        return plan.measure_window
-    except Exception as exc:
-        log.debug("history: no trial window (%s)", exc)
+def recorded_window(run_dir: Path | None) -> tuple[float, float] | None:
+    """A run's measurement window (seconds after its start) as its ``run.json`` records it;
+    ``None`` without one (a run directory from before lbtune recorded its plan)."""
+    if run_dir is None:
         return None
+    try:
+        plan = read_run_plan(run_dir)
+    except ConfigError as exc:
+        log.debug("history: no recorded window (%s)", exc)
+        return None
+    if plan.started_at is None or plan.window_start is None or plan.window_end is None:
+        return plan.window_start_s, plan.window_end_s
+    return plan.window_start - plan.started_at, plan.window_end - plan.started_at

@@ -85,6 +85,9 @@ class LoadConfig:
     """Where a master listens for workers; loopback unless spread over machines on purpose."""
     tokenizer_path: str | None = None
     """A Hugging Face ``tokenizer.json`` that prompt lengths are fitted to."""
+    run_plan: str | None = None
+    """Path of the run's ``run.json`` (:mod:`lbtune.runplan`): when set, the generators take
+    the scenario document and load plan from it and never read the scenario file."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,10 @@ def run_load(
     """Run one load test; bounded by ``duration_s + grace_s`` and a hard deadline."""
     from lbtune.loadgen.source import resolve
 
-    resolve(cfg.scenario, cfg.seed, cfg.duration_s, cfg.users, cfg.rate, cfg.tokenizer_path)
+    resolve(
+        cfg.scenario, cfg.seed, cfg.duration_s, cfg.users, cfg.rate, cfg.tokenizer_path,
+        run_plan=cfg.run_plan,
+    )  # fmt: skip
     _check_target(cfg)
     rdir = Path(cfg.records_dir)
     rdir.mkdir(parents=True, exist_ok=True)

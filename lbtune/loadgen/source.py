@@ -1,6 +1,7 @@
 """Where the generator's requests and load shape come from.
 
-Normally a scenario (name or YAML path) through :mod:`lbtune.scenario`
+Normally the run's recorded plan (``run.json``, :mod:`lbtune.runplan`: the scenario
+document as run), else a scenario (name or YAML path) through :mod:`lbtune.scenario`
 (``load_scenario`` → ``build_workload`` / ``plan_load``). For benchmarks and
 tests a *fixed* workload needs no scenario file:
 ``fixed:model=M,prompt=16,output=32,stream=1,api=chat,arrival=poisson`` — every
@@ -125,8 +126,19 @@ def resolve(
     users: int | None,
     rate: float | None,
     tokenizer_path: str | None = None,
+    *,
+    run_plan: str | None = None,
 ) -> tuple[Workload, Any]:
-    """(workload, plan) for a scenario name/path or a ``fixed:`` spec."""
+    """(workload, plan) for a scenario name/path or a ``fixed:`` spec; with ``run_plan``
+    (a ``run.json`` path) from the run's recorded plan alone: its scenario document, seed
+    and load plan (the other arguments are then not used)."""
+    if run_plan is not None:
+        from lbtune.runplan import read_run_plan
+        from lbtune.scenario import build_workload
+
+        rp = read_run_plan(run_plan)
+        tok = rp.tokenizer if rp.tokenizer is not None else tokenizer_path
+        return build_workload(rp.scenario, rp.seed, tokenizer_path=tok), rp.load_plan()
     if scenario.startswith("fixed:") or scenario == "fixed":
         wl, opts = _parse_fixed(scenario if ":" in scenario else "fixed:")
         if rate is not None:

@@ -34,6 +34,7 @@ import gevent.event  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 from lbtune.loadgen.health import HealthSample  # noqa: E402
+from lbtune.loadgen.source import resolve  # noqa: E402
 from lbtune.loadgen.user import STATE, LLMUser, OpenLoopUser, PlanShape  # noqa: E402
 
 _DRAIN = "lbtune_drain"
@@ -75,14 +76,20 @@ def main(argv: list[str] | None = None) -> int:
         STATE.run_id = args.run_id
     duration = float(cfg["duration_s"])
     grace = float(cfg["grace_s"])
-    STATE.load(
-        cfg["scenario"],
-        int(cfg["seed"]),
-        duration,
-        cfg.get("users"),
-        cfg.get("rate"),
-        cfg.get("tokenizer_path"),
-    )
+    if cfg.get("run_plan"):  # the run's recorded plan, whole: the scenario file is not read
+        STATE.workload, STATE.plan = resolve(
+            cfg["scenario"], int(cfg["seed"]), duration, cfg.get("users"), cfg.get("rate"),
+            cfg.get("tokenizer_path"), run_plan=cfg["run_plan"],
+        )  # fmt: skip
+    else:
+        STATE.load(
+            cfg["scenario"],
+            int(cfg["seed"]),
+            duration,
+            cfg.get("users"),
+            cfg.get("rate"),
+            cfg.get("tokenizer_path"),
+        )
     closed = STATE.plan.mode == "closed"
     user_cls: Any = LLMUser if closed else OpenLoopUser
     user_cls.host = cfg["target_url"]

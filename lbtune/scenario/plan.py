@@ -107,6 +107,7 @@ def plan_load(
     users: int | None = None,
     rate: float | None = None,
     seed: int | None = None,
+    hold_until_s: float | None = None,
 ) -> LoadPlan:
     """The load plan of ``scenario``.
 
@@ -116,6 +117,10 @@ def plan_load(
     shape so that its reference level (see :mod:`.shapes`) becomes that value;
     ``rate`` on a closed-loop shape (or ``users`` on an open one) switches the
     loop, keeping the form (Poisson arrivals when switching to open).
+
+    ``hold_until_s`` (longer than the test) appends a ``hold`` stage that keeps the last
+    stage's final level until that offset (``--until-samples``: the run may go on until
+    the window holds enough requests); the cool-down then comes at the end of the hold.
     """
     if users is not None and rate is not None:
         raise ConfigError("give --users or --rate, not both")
@@ -125,6 +130,8 @@ def plan_load(
         raise ConfigError(f"--rate: must be > 0, got {rate}")
     if duration_s is not None and not duration_s > 0:
         raise ConfigError(f"--duration: must be > 0, got {duration_s}")
+    if hold_until_s is not None and not hold_until_s > 0:
+        raise ConfigError(f"--max-duration: must be > 0, got {hold_until_s}")
     shape = scenario.load
     duration = scenario.duration_s if duration_s is None else float(duration_s)
     stretch = duration / scenario.duration_s
@@ -145,6 +152,13 @@ def plan_load(
     elif rate is not None:
         mode, scale = "open", rate / shape.reference()
     stages = tuple(_stage(seg, stretch, scale, mode) for seg in segs)
+    if hold_until_s is not None and hold_until_s > duration:
+        last = stages[-1]
+        level = last.level_at(last.end_s)
+        users_ = math.floor(level + 0.5) if mode == "closed" else None
+        rate_ = level if mode == "open" else None
+        stages = (*stages, Stage(duration, float(hold_until_s), users_, rate_, "hold"))
+        duration = float(hold_until_s)
     if mode == "closed":
         return LoadPlan("closed", duration, stages, warmup, cooldown)
     arrival: Arrival = "poisson"
