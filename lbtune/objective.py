@@ -9,8 +9,11 @@ and weighs it, as in the source material::
 
 A score of 1.0 means "every figure exactly at its threshold"; below 1 is healthy.
 ``ref_e2e``/``ref_ttft`` come from ``--slo`` if given, else from the scenario's
-``slo`` block, else the defaults above. With fewer than 100 successful requests
-the nearest-rank P99 is the maximum, and that is what is used.
+``slo`` block, else the defaults above. A search measurement's P99s are
+:func:`lbtune.metrics.quantiles.percentile` (linear) of the censored samples of the
+window (:mod:`lbtune.search.measure`) and carry a 95 % bootstrap interval
+(``p99_*_ci``); with ~100 samples a P99 is near the sample maximum and its interval
+is wide, which is what :func:`composite_interval` passes on to the pruner.
 
 **Constraints** follow Optuna's ``constraints_func`` convention (a value <= 0 is
 feasible): ``error_rate - max_error_rate`` (default 1 %).
@@ -55,17 +58,33 @@ class Figures:
     """``ServerSide.replica_balance``: std-dev across replicas of SM activity, else of GPU
     utilisation (or busy fraction). Reported, not scored."""
     completed: int = 0
+    p99_e2e_ci: tuple[float, float] | None = None
+    """95 % bootstrap interval of ``p99_e2e_s`` (None when not computed)."""
+    p99_ttft_ci: tuple[float, float] | None = None
+    samples: int = 0
+    """Latency samples behind the P99s (censored ones included); 0 when not known."""
+    censored: int = 0
+    """Of those, requests unfinished when measured (lower bounds: elapsed time)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in asdict(self).items()
-        }
+        return {k: _finite(v) for k, v in asdict(self).items()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Figures:
         names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in names})
+        out = {k: v for k, v in data.items() if k in names}
+        for key in ("p99_e2e_ci", "p99_ttft_ci"):
+            ci = out.get(key)
+            out[key] = None if ci is None or None in ci else (float(ci[0]), float(ci[1]))
+        return cls(**out)
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, tuple):
+        return [_finite(x) for x in v]
+    return v
 
 
 @dataclass(frozen=True)
@@ -122,6 +141,20 @@ def composite(fig: Figures, spec: ObjectiveSpec) -> float:
         + w.get("ttft", 0.0) * fig.p99_ttft_s / r["ttft"]
         + w.get("decay", 0.0) * fig.decay / r["decay"]
     )
+
+
+def composite_interval(fig: Figures, spec: ObjectiveSpec) -> tuple[float, float] | None:
+    """``(low, high)`` of the composite score from the P99s' intervals; ``None`` without them.
+
+    Each bound takes every figure at the same end of its interval, so it is at least as
+    wide as the score's own interval (conservative: used to decide *not* to prune).
+    """
+    if fig.p99_e2e_ci is None or fig.p99_ttft_ci is None:
+        return None
+    (e_lo, e_hi), (t_lo, t_hi) = fig.p99_e2e_ci, fig.p99_ttft_ci
+    low = composite(replace(fig, p99_e2e_s=e_lo, p99_ttft_s=t_lo), spec)
+    high = composite(replace(fig, p99_e2e_s=e_hi, p99_ttft_s=t_hi), spec)
+    return low, high
 
 
 def pareto_values(fig: Figures) -> tuple[float, float, float]:

@@ -5,70 +5,84 @@ load runs, the per-request records are tailed and, every ``window_s`` seconds of
 the measured part (after warm-up), the figures so far are handed to the study's
 window hook (intermediate values for the pruner); when the hook asks to stop, the
 load is stopped and the measurement is marked ``stopped``.
+
+Intermediate and final figures come from the same samples and the same estimator:
+:func:`lbtune.metrics.censor.censored_samples` over the requests sent in the
+measurement window — a request still running at a checkpoint (or cut off at the
+test's end) counts at the time it has been running, so a configuration cannot look
+good by leaving its slowest requests unfinished — and the P99 of those samples
+(:func:`lbtune.metrics.quantiles.percentile`) with its bootstrap interval
+(:func:`lbtune.metrics.bootstrap.percentile_interval`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lbtune.loadgen.records import ERROR_OUTCOMES
 from lbtune.objective import Figures, figures_from_summary
 from lbtune.search.trial import Measurement, Samples, WindowHook
 
 if TYPE_CHECKING:
     from lbtune.loadgen.collect import Progress
     from lbtune.loadgen.records import RequestRecord
+    from lbtune.metrics.censor import CensoredSamples
     from lbtune.stress import StressOptions
 
 log = logging.getLogger(__name__)
 
-
-def nearest_rank(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..100); the max when there are < 100/(100-q) values."""
-    s = sorted(values)
-    k = max(1, math.ceil(q / 100 * len(s)))
-    return s[k - 1]
+TAIL_Q = 99.0
+"""The objective's tail percentile."""
+N_BOOT = 400
+"""Bootstrap resamples per interval (a trial computes a few per window)."""
 
 
-def censored(records: list[RequestRecord]) -> list[tuple[float | None, float]]:
-    """(TTFT, E2E) of every request that succeeded or was cut off by the test's end.
+def tail_figures(cs: CensoredSamples) -> Figures | None:
+    """P99 E2E and P99 TTFT of censored samples with their 95 % bootstrap intervals.
 
-    TTFT is ``None`` for non-streamed requests (they have no first token).
-
-    A cancelled request still ran when the test ended: its latencies are at least
-    what had elapsed by then, so it enters the objective with that lower bound. A
-    configuration cannot look better by leaving its slowest requests unfinished.
+    TTFT over the streamed requests; when nothing was streamed, E2E stands in (the
+    whole response is the first token). ``None`` when there is no sample.
     """
-    out: list[tuple[float | None, float]] = []
-    for r in records:
-        if r.outcome == "ok":
-            out.append((r.ttft, r.e2e))
-        elif r.outcome == "cancelled":
-            # Still waiting for its first token at the end: TTFT >= what had elapsed.
-            ttft = r.ttft if r.ttft is not None else (r.e2e if r.stream else None)
-            out.append((ttft, r.e2e))
-    return out
+    from lbtune.metrics.bootstrap import percentile_interval
 
-
-def partial_figures(records: list[RequestRecord], start: float, end: float) -> Figures | None:
-    """Figures from the requests sent in ``[start, end)`` that have ended so far."""
-    sent = [r for r in records if start <= r.sent_at < end]
-    ok = [r for r in sent if r.outcome == "ok"]
-    errors = [r for r in sent if r.outcome in ERROR_OUTCOMES]
-    if not ok:
+    if not cs.e2e:
         return None
-    ttfts = [r.ttft for r in ok if r.ttft is not None] or [r.e2e for r in ok]
+    e2e, e_lo, e_hi = percentile_interval(cs.e2e, TAIL_Q, n_boot=N_BOOT)
+    streamed = cs.streamed_ttft or cs.e2e
+    ttft, t_lo, t_hi = percentile_interval(streamed, TAIL_Q, n_boot=N_BOOT, seed=1)
     return Figures(
-        p99_e2e_s=nearest_rank([r.e2e for r in ok], 99),
-        p99_ttft_s=nearest_rank(ttfts, 99),
-        error_rate=len(errors) / sum(1 for r in sent if r.outcome != "cancelled"),
-        completed=len(ok),
+        p99_e2e_s=e2e,
+        p99_ttft_s=ttft,
+        p99_e2e_ci=(e_lo, e_hi),
+        p99_ttft_ci=(t_lo, t_hi),
+        samples=len(cs.e2e),
+        censored=cs.censored,
+    )
+
+
+def partial_figures(
+    records: list[RequestRecord],
+    start: float,
+    end: float,
+    *,
+    now: float,
+    open_requests: tuple[tuple[float, float | None, bool], ...] = (),
+) -> Figures | None:
+    """Figures at ``now`` of the requests sent in ``[start, end)``: the finished ones, and the
+    ones still open at ``now`` at their elapsed time (censored, like the final figures)."""
+    from lbtune.metrics.censor import censored_samples
+
+    cs = censored_samples(records, start=start, end=end, now=now, open_requests=open_requests)
+    tail = tail_figures(cs)
+    if tail is None:
+        return None
+    judged = len(cs.e2e) - cs.censored + cs.errors  # ended, cut-off ones excluded
+    return replace(
+        tail, error_rate=cs.errors / judged if judged else 0.0, completed=len(cs.e2e) - cs.censored
     )
 
 
@@ -86,6 +100,7 @@ class StressMeasure:
 
     def __call__(self, label: str, on_window: WindowHook | None = None) -> Measurement:
         from lbtune.loadgen.recordio import read_records
+        from lbtune.metrics.censor import censored_samples
         from lbtune.scenario import load_scenario, plan_load
         from lbtune.stress import run_stress
 
@@ -111,7 +126,7 @@ class StressMeasure:
                 from lbtune.loadgen.collect import RecordTail
 
                 tail = RecordTail(out_dir, on_record=records.append)
-                state["t0"] = time.time() - p.elapsed_s
+                state["t0"] = p.now - p.elapsed_s
             tail.poll()
             step = int(state["step"])
             measured = p.elapsed_s - warm
@@ -119,7 +134,9 @@ class StressMeasure:
                 return
             state["step"] = step + 1
             t0 = state["t0"]
-            fig = partial_figures(records, t0 + warm, t0 + end)
+            fig = partial_figures(
+                records, t0 + warm, t0 + end, now=p.now, open_requests=p.open_requests
+            )
             if fig is not None and on_window(step, fig):
                 stop.set()
 
@@ -132,6 +149,8 @@ class StressMeasure:
         )
         stopped = stop.is_set() or res.load.stopped_early
         summary = res.summary
+        window = summary.window
+        cs = censored_samples(read_records(res.records_path), start=window.start, end=window.end)
         figures: Figures | None
         try:
             figures = figures_from_summary(summary)
@@ -139,24 +158,23 @@ class StressMeasure:
             if not stopped:
                 raise
             figures = None
-        window = summary.window
-        in_window = [r for r in read_records(res.records_path) if window.contains(r.sent_at)]
-        scored = censored(in_window)
-        ttfts = [t for t, _ in scored if t is not None]
-        e2es = [e for _, e in scored]
-        if figures is not None and e2es:
+        tail_fig = tail_figures(cs)
+        if figures is not None and tail_fig is not None:
+            # The one estimator: the scored P99s are the censored samples' (summary's are
+            # over finished requests only), with their intervals.
             figures = replace(
                 figures,
-                p99_e2e_s=max(figures.p99_e2e_s, nearest_rank(e2es, 99)),
-                p99_ttft_s=max(figures.p99_ttft_s, nearest_rank(ttfts or e2es, 99)),
+                p99_e2e_s=tail_fig.p99_e2e_s,
+                p99_ttft_s=tail_fig.p99_ttft_s,
+                p99_e2e_ci=tail_fig.p99_e2e_ci,
+                p99_ttft_ci=tail_fig.p99_ttft_ci,
+                samples=tail_fig.samples,
+                censored=tail_fig.censored,
             )
         # Paired per request (the bootstrap resamples requests); a non-streamed request
         # has no TTFT: NaN, left out of the TTFT percentile. Nothing streamed: E2E stands in.
         samples = Samples.of(
-            [math.nan if t is None else t for t, _ in scored] if ttfts else e2es,
-            e2es,
-            sent=len(in_window),
-            errors=sum(1 for r in in_window if r.outcome in ERROR_OUTCOMES),
+            cs.ttft if cs.streamed_ttft else cs.e2e, cs.e2e, sent=cs.sent, errors=cs.errors
         )
         return Measurement(
             figures=figures,

@@ -6,9 +6,14 @@
   (the space's baseline: plain round robin, equal weights) and ``least-conn`` when
   the space has that algorithm. Identical parameter sets are enqueued once.
 * A failed trial is told ``FAIL`` with a ``fail_reason`` user attribute and the
-  loop goes on; a trial whose load generator fell behind is re-enqueued once
-  (``retry_of``). Every finished trial (complete, pruned or failed) counts towards
-  the budget.
+  loop goes on. Two failures are re-measured once, inside the same trial (same
+  number, one budget slot), before the loop goes on: a failed **trial 0** (the live
+  baseline: every verdict is against it) and a measurement the generator marked
+  **degraded** (its timing-error bound exceeded). Each re-run is said in one progress
+  line and recorded in the ``rerun`` user attribute (why the first attempt did not
+  count); the re-run reports no intermediate values to Optuna (the first attempt's
+  windows hold them) and is not pruned. A second failure is told ``FAIL``. Every
+  finished trial (complete, pruned or failed) counts towards the budget.
 * ``recover`` marks trials left ``RUNNING`` by a dead process (same host, PID gone,
   or no owner recorded) as ``FAIL`` with reason ``interrupted``.
 """
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from lbtune.errors import ConfigError, DependencyError, TrialFailed
 from lbtune.objective import Figures, ObjectiveSpec, constraints, feasible, values
-from lbtune.search.pruning import window_value
+from lbtune.search.pruning import INTERVAL_ATTR, window_interval, window_value
 from lbtune.search.result import TrialResult
 from lbtune.search.trial import GeneratorBehind, Measurement, TrialRunner
 
@@ -217,6 +222,7 @@ def run_loop(
     prune: bool = True,
     stop: threading.Event | None = None,
     on_event: Callable[[LoopEvent], None] | None = None,
+    say: Callable[[str], None] = log.info,
 ) -> None:
     """Ask, run, tell until ``budget`` trials finished or ``stop`` is set."""
     from optuna.trial import TrialState
@@ -240,17 +246,12 @@ def run_loop(
 
         t0 = time.monotonic()
         try:
-            m = runner.run(params, f"trial-{n:04d}", on_window)
+            m = _run_with_rerun(runner, trial, params, role, spec, on_window, start, emit, say)
         except TrialFailed as exc:
             trial.set_user_attr("fail_reason", str(exc))
             trial.set_user_attr("duration_s", time.monotonic() - t0)
             study.tell(trial, state=TrialState.FAIL)
             emit(LoopEvent("end", n, done + 1, budget, params, role, state="FAIL", reason=str(exc)))
-            if isinstance(exc, GeneratorBehind) and "retry_of" not in trial.user_attrs:
-                study.enqueue_trial(
-                    dict(params),
-                    user_attrs={"role": role, "retry_of": n, "enqueued_params": dict(params)},
-                )
             continue
         trial.set_user_attr("duration_s", time.monotonic() - t0)
         if m.stopped:
@@ -277,6 +278,38 @@ def run_loop(
         )
 
 
+def _run_with_rerun(
+    runner: TrialRunner,
+    trial: Any,
+    params: ParamSet,
+    role: str,
+    spec: ObjectiveSpec,
+    on_window: Callable[[int, Figures], bool],
+    start: LoopEvent,
+    emit: Callable[[LoopEvent], None],
+    say: Callable[[str], None],
+) -> Measurement:
+    """One measurement; re-measured once when trial 0 failed or the generator was degraded."""
+    label = f"trial-{trial.number:04d}"
+    try:
+        return runner.run(params, label, on_window)
+    except TrialFailed as exc:
+        if isinstance(exc, GeneratorBehind):
+            why = f"the measurement is not trusted ({exc})"
+        elif role == "live":
+            why = f"the {role} baseline failed ({exc}), and every verdict is against it"
+        else:
+            raise
+        say(f"trial {trial.number}: {why}; re-running it once")
+        trial.set_user_attr("rerun", str(exc))
+
+    def show(step: int, fig: Figures) -> bool:  # progress only: not reported, not pruned
+        emit(replace(start, kind="window", value=window_value(fig, spec)))
+        return False
+
+    return runner.run(params, f"{label}-rerun", show)
+
+
 def _window_hook(
     trial: Any,
     start: LoopEvent,
@@ -284,13 +317,19 @@ def _window_hook(
     prune: bool,
     emit: Callable[[LoopEvent], None],
 ) -> Callable[[int, Figures], bool]:
-    """Report each window's score to Optuna; True when the pruner says stop."""
+    """Report each window's score (and its interval) to Optuna; True when the pruner says
+    stop."""
+    intervals: dict[str, list[float]] = {}
 
     def on_window(step: int, fig: Figures) -> bool:
         value = window_value(fig, spec)
         emit(replace(start, kind="window", value=value))
         if spec.kind != "composite":
             return False
+        ci = window_interval(fig, spec)
+        if ci is not None:
+            intervals[str(step)] = [ci[0], ci[1]]
+            trial.set_user_attr(INTERVAL_ATTR, dict(intervals))
         trial.report(value, step)
         return prune and bool(trial.should_prune())
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lbtune.errors import ApplyError
+from lbtune.errors import ApplyError, TrialFailed
+from lbtune.metrics.quantiles import percentile
 from lbtune.objective import Figures
 from lbtune.search.harness import Harness
-from lbtune.search.measure import nearest_rank
 from lbtune.search.trial import Measurement, Samples, WindowHook
 from lbtune.targets.base import ApplyResult, ParamSet
 from lbtune.targets.space import ParameterSpace, SpaceFile
@@ -82,12 +82,17 @@ class FakeMeasure:
     n: int = 400
     windows: int = 3
     degraded_once: set[str] = field(default_factory=set)
+    fail_once: set[str] = field(default_factory=set)
+    """Labels whose first measurement fails (not measurable)."""
     interrupt_on: str | None = None
     stop: threading.Event | None = None
     calls: list[str] = field(default_factory=list)
 
     def __call__(self, label: str, on_window: WindowHook | None = None) -> Measurement:
         self.calls.append(label)
+        if label in self.fail_once:
+            self.fail_once.discard(label)
+            raise TrialFailed("not measurable: the fake measurement failed")
         q = self.quality(self.target.live)
         seed = int(hashlib.sha256(label.encode()).hexdigest()[:8], 16)
         rng = np.random.default_rng(seed)
@@ -96,7 +101,7 @@ class FakeMeasure:
         stopped = False
         for step in range(1, self.windows + 1):
             k = self.n * step // self.windows
-            fig = Figures(nearest_rank(list(e2e[:k]), 99), nearest_rank(list(ttft[:k]), 99))
+            fig = Figures(percentile(list(e2e[:k]), 99), percentile(list(ttft[:k]), 99))
             if on_window is not None and on_window(step, fig):
                 stopped = True
                 break
@@ -107,8 +112,8 @@ class FakeMeasure:
         degraded = ("lateness",) if label in self.degraded_once else ()
         self.degraded_once.discard(label)
         figs = Figures(
-            p99_e2e_s=nearest_rank(list(e2e), 99),
-            p99_ttft_s=nearest_rank(list(ttft), 99),
+            p99_e2e_s=percentile(list(e2e), 99),
+            p99_ttft_s=percentile(list(ttft), 99),
             requests_per_s=10.0 / q,
             completed=self.n,
         )

@@ -1,9 +1,14 @@
-"""Scoring a trial from its records: cut-off requests are censored, not forgiven."""
+"""Scoring a trial from its records: unfinished requests are censored, not forgiven, at a
+checkpoint exactly as at the end; one estimator (linear P99) with its bootstrap interval."""
 
 from __future__ import annotations
 
-from lbtune.loadgen.records import RequestRecord
-from lbtune.search.measure import censored, partial_figures
+import pytest
+
+from lbtune.loadgen.records import OpenRequest, RequestRecord
+from lbtune.metrics.censor import censored_samples
+from lbtune.metrics.quantiles import percentile
+from lbtune.search.measure import partial_figures, tail_figures
 
 
 def rec(
@@ -15,18 +20,6 @@ def rec(
     )  # fmt: skip
 
 
-def test_cancelled_requests_enter_the_score_at_their_elapsed_time() -> None:
-    records = [
-        rec(0, "ok", 0.0, 1.0, 0.1),
-        rec(1, "cancelled", 0.0, 9.0, None),  # still waiting for its first token at the end
-        rec(2, "cancelled", 1.0, 9.0, 1.5),
-        rec(3, "http_error", 2.0, 2.1, None),
-        rec(4, "ok", 2.0, 3.0, 3.0, stream=False),  # a whole body: no first token to time
-        rec(5, "cancelled", 2.0, 9.0, None, stream=False),
-    ]
-    assert censored(records) == [(0.1, 1.0), (9.0, 9.0), (0.5, 8.0), (None, 1.0), (None, 7.0)]
-
-
 def test_partial_figures_count_only_real_errors() -> None:
     records = [
         rec(0, "ok", 0.0, 1.0, 0.1),
@@ -34,7 +27,58 @@ def test_partial_figures_count_only_real_errors() -> None:
         rec(2, "cancelled", 1.0, 9.0, 1.5),
         rec(3, "timeout", 1.0, 9.0, None),
     ]
-    fig = partial_figures(records, 0.0, 5.0)
+    fig = partial_figures(records, 0.0, 5.0, now=20.0)
     assert fig is not None
     assert fig.error_rate == 1 / 3  # cancelled: neither success nor error
-    assert fig.completed == 2
+    assert fig.completed == 2 and fig.samples == 3 and fig.censored == 1
+
+
+def _round_robin_over_a_slow_replica(n: int = 90) -> list[RequestRecord]:
+    """Every third request lands on a slow replica and takes 20 s; the others take 1 s."""
+    return [
+        rec(i, "ok", i * 0.1, i * 0.1 + (20.0 if i % 3 == 0 else 1.0), i * 0.1 + 0.05)
+        for i in range(n)
+    ]
+
+
+def test_a_checkpoint_counts_the_requests_still_running() -> None:
+    records = _round_robin_over_a_slow_replica()
+    now = 8.0  # no slow request has finished yet
+    ended = [r for r in records if r.ended_at <= now]
+    open_now = [OpenRequest(r.sent_at, 0.05, True) for r in records if r.sent_at < now < r.ended_at]
+    assert open_now and all(
+        r.e2e == pytest.approx(1.0) for r in ended
+    )  # finished-only would say P99 = 1 s
+    # What the generator knows at `now`: the finished records and the open requests.
+    fig = partial_figures(ended, 0.0, 9.0, now=now, open_requests=tuple(open_now))
+    final = partial_figures(records, 0.0, 9.0, now=100.0)
+    assert fig is not None and final is not None
+    assert fig.censored == len(open_now)
+    assert fig.samples == sum(r.sent_at < now for r in records)  # not yet sent: not yet there
+    assert fig.p99_e2e_s >= now - records[0].sent_at - 0.5  # the oldest open one, censored
+    assert final.p99_e2e_s == pytest.approx(20.0)
+    assert fig.p99_e2e_s >= 0.35 * final.p99_e2e_s  # was 1/20 with finished requests only
+    # A record read after the snapshot that ends after `now` is open at `now` as well.
+    late = partial_figures(records, 0.0, 9.0, now=now)
+    assert late is not None and late.p99_e2e_s == fig.p99_e2e_s
+
+
+def test_the_final_and_intermediate_estimator_is_the_linear_percentile() -> None:
+    records = [rec(i, "ok", float(i), float(i) + 1 + i / 100, float(i) + 0.1) for i in range(120)]
+    cs = censored_samples(records, start=0.0, end=200.0)
+    tail = tail_figures(cs)
+    assert tail is not None and tail.p99_e2e_ci is not None and tail.p99_ttft_ci is not None
+    assert tail.p99_e2e_s == percentile(cs.e2e, 99)  # linear, not nearest rank
+    lo, hi = tail.p99_e2e_ci
+    assert lo <= tail.p99_e2e_s <= hi and lo < hi
+    assert tail.samples == 120
+
+
+def test_nothing_streamed_e2e_stands_in_for_ttft() -> None:
+    records = [rec(i, "ok", float(i), float(i) + 2.0, None, stream=False) for i in range(10)]
+    tail = tail_figures(censored_samples(records, start=0.0, end=20.0))
+    assert tail is not None and tail.p99_ttft_s == tail.p99_e2e_s == 2.0
+
+
+def test_no_sample_no_figures() -> None:
+    assert partial_figures([rec(0, "timeout", 0.0, 1.0, None)], 0.0, 5.0, now=2.0) is None

@@ -63,14 +63,49 @@ def test_failed_trial_recorded_and_study_continues(tmp_path: Path) -> None:
     assert res.count("COMPLETE") + res.count("PRUNED") == 10 - len(failed)
 
 
-def test_degraded_generator_fails_and_reruns_once(tmp_path: Path) -> None:
+def _rerun_attr(tmp_path: Path, number: int) -> object:
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/studies.db")
+    return study.trials[number].user_attrs.get("rerun")
+
+
+def test_degraded_measurement_is_rerun_once_in_the_same_trial(tmp_path: Path) -> None:
     target = FakeTarget()
     measure = FakeMeasure(target, degraded_once={"trial-0001"})
-    res = run_optimize(_opts(tmp_path, budget=5), harness=harness(target, measure))
+    said: list[str] = []
+    res = run_optimize(_opts(tmp_path, budget=5), harness=harness(target, measure), say=said.append)
     t1 = res.trials[1]
-    assert t1.state == "FAIL" and "fell behind" in (t1.fail_reason or "")
-    retry = next(t for t in res.trials if t.number > 1 and t.params == t1.params)
-    assert retry.state == "COMPLETE" and retry.role == t1.role
+    assert t1.state == "COMPLETE" and len(res.trials) == 5  # no extra trial, no FAIL
+    assert "trial-0001-rerun" in measure.calls
+    assert "fell behind" in str(_rerun_attr(tmp_path, 1))
+    lines = [m for m in said if m.startswith("trial 1:")]
+    assert len(lines) == 1 and "re-running it once" in lines[0] and "lateness" in lines[0]
+
+
+def test_degraded_twice_fails_the_trial(tmp_path: Path) -> None:
+    target = FakeTarget()
+    measure = FakeMeasure(target, degraded_once={"trial-0001", "trial-0001-rerun"})
+    res = run_optimize(_opts(tmp_path, budget=4, confirm_runs=0), harness=harness(target, measure))
+    assert res.trials[1].state == "FAIL" and "fell behind" in (res.trials[1].fail_reason or "")
+    assert len(res.trials) == 4
+
+
+def test_failed_baseline_is_retried_before_the_study_goes_on(tmp_path: Path) -> None:
+    target = FakeTarget()
+    measure = FakeMeasure(target, fail_once={"trial-0000"})
+    said: list[str] = []
+    res = run_optimize(_opts(tmp_path, budget=4), harness=harness(target, measure), say=said.append)
+    assert measure.calls[:3] == ["trial-0000", "trial-0000-rerun", "trial-0001"]
+    assert res.trials[0].state == "COMPLETE" and res.trials[0].role == "live"
+    assert res.baseline == 0
+    lines = [m for m in said if m.startswith("trial 0:")]
+    assert len(lines) == 1 and "baseline failed" in lines[0] and "not measurable" in lines[0]
+
+
+def test_a_failed_sampled_trial_is_not_retried(tmp_path: Path) -> None:
+    target = FakeTarget()
+    measure = FakeMeasure(target, fail_once={"trial-0002"})
+    res = run_optimize(_opts(tmp_path, budget=4, confirm_runs=0), harness=harness(target, measure))
+    assert res.trials[2].state == "FAIL" and "trial-0002-rerun" not in measure.calls
 
 
 def test_pruning_stops_bad_trials(tmp_path: Path) -> None:
