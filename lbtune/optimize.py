@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from lbtune.errors import ConfigError, LbtuneError
 from lbtune.objective import ObjectiveSpec, make_spec, pareto_front, pareto_values, pick
+from lbtune.search.confirm import BaselineUnmeasurable
 from lbtune.search.harness import Harness, real_harness, rollout
 from lbtune.search.result import Confirmation, Rollout, StudyResult, TrialResult
 
 if TYPE_CHECKING:
     from lbtune.search.study import LoopEvent
+    from lbtune.targets.base import ParamSet
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,12 @@ class OptimizeOptions:
     resume: bool = False
     apply: bool = True
     confirm_runs: int = 2
+    """Confirmation rounds at least (every arm once per round)."""
     confirm_top: int = 2
+    confirm_max_rounds: int = 6
+    """More rounds are added while an arm has fewer pooled samples than a P99 needs,
+    up to this many rounds and ``confirm_max_s`` seconds."""
+    confirm_max_s: float = 900.0
     seed: int | None = None
     slo: str | None = None
     weights: str | None = None
@@ -103,7 +110,7 @@ class StudyProgress:
 def _spec(kind: str, slo: str | None, weights: str | None, scenario: str) -> ObjectiveSpec:
     from lbtune.metrics.summary import Slo
     from lbtune.scenario import load_scenario
-    from lbtune.stress import parse_slo
+    from lbtune.runplan import parse_slo
 
     scen = load_scenario(scenario)
     s = scen.slo
@@ -159,6 +166,11 @@ def resolve_options(opts: OptimizeOptions) -> OptimizeOptions:
         raise ConfigError(f"--budget: must be >= 1, got {out.budget}")
     if out.confirm_runs < 0 or out.confirm_top < 1:
         raise ConfigError("--confirm-runs must be >= 0")
+    if out.confirm_max_rounds < out.confirm_runs:
+        raise ConfigError(
+            f"--confirm-max-rounds ({out.confirm_max_rounds}) must be >= --confirm-runs "
+            f"({out.confirm_runs})"
+        )
     return out
 
 
@@ -243,16 +255,21 @@ def run_optimize(
     _seed_progress(prog, collect(study, spec))
     phase(f"study {opts.study}: {opts.budget} trials of {opts.trial_duration_s:g} s")
     run_loop(study, space, runner, spec, opts.budget, prune=opts.pruner != "none", stop=stop,
-             on_event=on_event)  # fmt: skip
+             on_event=on_event, say=say)  # fmt: skip
     trials = collect(study, spec)
     base = _baseline(trials)
     best, front = _best(trials, spec)
     notes: list[str] = []
     confirmation: Confirmation | None = None
     result_rollout: Rollout | None = None
+    unmeasurable: BaselineUnmeasurable | None = None
+    live_no, live_params = _live(trials, study, lkg)
     try:
         if not stop.is_set():
-            confirmation = _confirm(opts, h, runner, spec, trials, base, best, front, stop, phase)
+            confirmation = _confirm(opts, runner, spec, trials, live_no, live_params, best,
+                                    front, stop, phase)  # fmt: skip
+            if confirmation.note:
+                notes.append(confirmation.note)
         if (
             confirmation is not None and confirmation.winner is not None
             and opts.apply and not stop.is_set()
@@ -262,6 +279,15 @@ def run_optimize(
             result_rollout = rollout(h, winner.params, lkg, confirmation, spec, opts.study, say)
         elif confirmation is not None and confirmation.winner is not None:
             notes.append("--no-apply: the confirmed winner was not applied")
+        elif confirmation is not None and not stop.is_set():
+            why = f"rollout skipped: {confirmation.verdict}; the last known good stays live"
+            say(why)
+            notes.append(why)
+    except BaselineUnmeasurable as exc:
+        unmeasurable = exc
+        confirmation = Confirmation("not run", live_no, note=str(exc))
+        notes.append(str(exc))
+        say(str(exc))
     except LbtuneError as exc:
         notes.append(f"stopped after the search: {exc}")
         say(f"error after the search: {exc}")
@@ -289,6 +315,8 @@ def run_optimize(
     from lbtune.history import index_study
 
     index_study(opts, result)
+    if unmeasurable is not None:
+        raise unmeasurable
     phase("done")
     return result
 
@@ -329,7 +357,7 @@ def _best(trials: list[TrialResult], spec: ObjectiveSpec) -> tuple[TrialResult |
 
 
 def _candidates(
-    trials: list[TrialResult], spec: ObjectiveSpec, base: TrialResult, front: list[int], k: int
+    trials: list[TrialResult], spec: ObjectiveSpec, live: ParamSet, front: list[int], k: int
 ) -> list[TrialResult]:
     pool = [t for t in trials if t.state == "COMPLETE" and t.feasible and t.objective is not None]
     if spec.kind == "pareto":
@@ -337,33 +365,55 @@ def _candidates(
     pool.sort(key=lambda t: t.objective if t.objective is not None else float("inf"))
     out: list[TrialResult] = []
     for t in pool:
-        if t.params != base.params and all(t.params != c.params for c in out):
+        if t.params != live and all(t.params != c.params for c in out):
             out.append(t)
     return out[:k]
 
 
+def _live(trials: list[TrialResult], study: Any, lkg: ParamSet) -> tuple[int | None, ParamSet]:
+    """The live configuration's trial number (whatever its state) and parameters.
+
+    The baseline of the confirmation is the live configuration re-measured, never its
+    search run: a failed trial 0 still names what to measure. Without a live trial
+    (a study from before roles), the parameters recorded when the study began.
+    """
+    live = next((t for t in trials if t.role == "live"), None)
+    if live is not None and live.params:
+        return live.number, dict(live.params)
+    stored = study.user_attrs.get("lkg_params")
+    return None, dict(stored) if isinstance(stored, dict) else dict(lkg)
+
+
 def _confirm(
-    opts: OptimizeOptions, h: Harness, runner: Any, spec: ObjectiveSpec,
-    trials: list[TrialResult], base: TrialResult | None, best: TrialResult | None,
-    front: list[int], stop: threading.Event, phase: Callable[[str], None],
+    opts: OptimizeOptions, runner: Any, spec: ObjectiveSpec, trials: list[TrialResult],
+    live_no: int | None, live: ParamSet, best: TrialResult | None, front: list[int],
+    stop: threading.Event, phase: Callable[[str], None],
 ) -> Confirmation:  # fmt: skip
+    """Confirm the best candidates against the live config; every skip says why."""
     from lbtune.search.confirm import Arm, confirm
 
-    if base is None:
-        return Confirmation("not run", None)
-    if best is None or best.params == base.params or (
-        best.objective is not None and base.objective is not None
-        and best.objective >= base.objective
-    ):  # fmt: skip
-        return Confirmation("baseline is best", base.number, base.figures)
+    def skipped(verdict: Any, why: str) -> Confirmation:
+        phase(f"confirmation skipped: {why}")
+        return Confirmation(verdict, live_no, note=f"confirmation skipped: {why}")
+
+    if best is None:
+        return skipped("not run", "no feasible completed trial to confirm; nothing applied")
+    if best.params == live:
+        return skipped("baseline is best", f"the best trial ({best.number}) is the live config")
+    cands = _candidates(trials, spec, live, front, opts.confirm_top)
+    if not cands:
+        return skipped("baseline is best", "no feasible candidate differs from the live config")
     if opts.confirm_runs == 0:
-        return Confirmation("not run", base.number, base.figures)
-    cands = _candidates(trials, spec, base, front, opts.confirm_top)
+        return skipped("not run", "--confirm-runs 0; nothing applied")
     arms = [Arm(f"B{i + 1}", t.number, t.params) for i, t in enumerate(cands)]
-    phase(f"confirmation: {len(arms)} candidate(s) against the baseline, {opts.confirm_runs}x each")
+    phase(
+        f"confirmation: {len(arms)} candidate(s) against the live config, at least "
+        f"{opts.confirm_runs} round(s), up to {opts.confirm_max_rounds} for enough samples"
+    )
     return confirm(
-        runner, Arm("A", base.number, base.params), arms, spec, runs=opts.confirm_runs,
-        seed=opts.seed or 0, stop=stop, say=phase,
+        runner, Arm("A", live_no, live), arms, spec, runs=opts.confirm_runs,
+        max_rounds=opts.confirm_max_rounds, max_s=opts.confirm_max_s, seed=opts.seed or 0,
+        stop=stop, say=phase,
     )  # fmt: skip
 
 

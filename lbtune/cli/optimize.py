@@ -55,9 +55,15 @@ def optimize_command(
         False, "--no-apply", help="Stop after the confirmation: apply nothing."
     ),
     confirm_runs: int = typer.Option(
-        2, "--confirm-runs", help="Interleaved re-runs per candidate and baseline (0 = skip)."
+        2, "--confirm-runs", help="Confirmation rounds at least: baseline + candidates (0 = skip)."
     ),
     confirm_top: int = typer.Option(2, "--confirm-top", help="Candidates to confirm."),
+    confirm_max_rounds: int = typer.Option(
+        6,
+        "--confirm-max-rounds",
+        help="Rounds at most, added while an arm has fewer than the 100 samples a P99 needs "
+        "(and 15 min at most).",
+    ),
     seed: int | None = typer.Option(
         None, "--seed", help="Traffic and sampler seed (default: the scenario's traffic seed)."
     ),
@@ -94,8 +100,9 @@ def optimize_command(
     """Tune the balancer for your traffic: search, confirm the winner, roll it out.
 
     Trial 0 is what runs now, trial 1 plain round robin (and least-conn where the target
-    has it); the best candidates are re-run against the baseline, interleaved, and the
-    winner is applied through Ansible only if a bootstrap CI says it is better. Ctrl-C
+    has it); the best candidates are re-run in rounds against the live config, measured
+    afresh and interleaved, and the winner is applied through Ansible only if a paired
+    bootstrap CI says it is better. If the live config cannot be measured, exit 2. Ctrl-C
     stops the running trial, restores the last known good and writes the report
     (exit 130); `--resume` continues. With GITHUB_STEP_SUMMARY set, a Markdown
     summary is appended to that file.
@@ -110,7 +117,8 @@ def optimize_command(
         budget=budget, scenario=scenario, target=target, space=space, objective=objective,
         sampler=sampler, pruner=pruner, trial_duration_s=trial_duration, study=study,
         storage=storage, resume=resume, apply=not no_apply, confirm_runs=confirm_runs,
-        confirm_top=confirm_top, seed=seed, slo=slo, weights=weights, state_dir=state_dir,
+        confirm_top=confirm_top, confirm_max_rounds=confirm_max_rounds, seed=seed, slo=slo,
+        weights=weights, state_dir=state_dir,
         cluster_config=cluster, inventory=inventory, out_dir=out,
     )  # fmt: skip
     from lbtune import ci as ci_mode
@@ -258,13 +266,13 @@ def _live(console: Any, view: _View, enabled: bool) -> Iterator[None]:
 def _print_result(result: StudyResult, out: Any = None) -> None:
     from rich.console import Console
 
-    from lbtune.report.study import before_after, confirmation_table, headline
+    from lbtune.report.study import before_after, confirmation_table, headline, rounds_table
 
     out = out or Console()
     from lbtune.cli.stress import fmt_cell
 
     out.print(f"[bold]{headline(result)}[/]")
-    for t in (before_after(result), confirmation_table(result)):
+    for t in (before_after(result), confirmation_table(result), rounds_table(result)):
         if not t.rows:
             continue
         from rich.table import Table

@@ -1,8 +1,8 @@
 """The study report: ``study.json`` (the CI contract), ``report.md`` and ``report.html``.
 
-Frames (pure, tested) first: the optimisation history, the before/after table in the
-source material's shape (figures as rows; round robin, least-conn, the live baseline
-and the winner as columns), the confirmation table. Then the renderers: Markdown, and a
+Frames (pure, tested) first: the optimisation history, the before/after table (figures
+as rows; the live baseline and the winner from the *same* confirmation rounds, and the
+change between them), the confirmation table and its rounds. Then the renderers: Markdown, and a
 self-contained HTML page whose plots (history, parameter importances, parallel
 coordinates, the Pareto front in pareto mode) are base64 PNGs drawn with matplotlib's
 Agg backend.
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lbtune.report.frame import Table
+from lbtune.report.frame import Cell, Table
 
 if TYPE_CHECKING:
     from lbtune.objective import Figures
-    from lbtune.search.result import StudyResult, TrialResult
+    from lbtune.search.result import Comparison, StudyResult
 
 
 @dataclass(frozen=True)
@@ -56,17 +56,17 @@ def history(result: StudyResult) -> list[tuple[int, float, float]]:
     return out
 
 
-def winner_figures(result: StudyResult) -> tuple[str, Figures | None]:
-    """The winner's figures: its confirmation runs if confirmed, else the best trial's."""
+def shown_comparison(result: StudyResult) -> Comparison | None:
+    """The comparison the before/after table shows: the winner's, else the closest candidate."""
     c = result.confirmation
-    if c is not None and c.winner is not None:
-        comp = next((x for x in c.comparisons if x.trial == c.winner), None)
-        if comp is not None and comp.figures is not None:
-            return f"winner (trial {c.winner}, confirmed)", comp.figures
-    best = result.trial(result.best)
-    if best is None:
-        return "best trial", None
-    return f"best trial {best.number} (not confirmed)", best.figures
+    if c is None or not c.comparisons:
+        return None
+    paired = [x for x in c.comparisons if x.candidate is not None and x.baseline is not None]
+    win = next((x for x in paired if x.trial == c.winner), None)
+    if win is not None:
+        return win
+    finite = [x for x in paired if math.isfinite(x.diff)]
+    return min(finite, key=lambda x: x.diff) if finite else None
 
 
 def is_plain_round_robin(params: Mapping[str, object]) -> bool:
@@ -78,50 +78,120 @@ def is_plain_round_robin(params: Mapping[str, object]) -> bool:
     return len(weights) <= 1 and limits <= {0} and not params.get("long_request_bytes")
 
 
+def _live_params(result: StudyResult) -> Mapping[str, object]:
+    live = next((t for t in result.trials if t.role == "live"), None)
+    return live.params if live is not None else {}
+
+
 def before_after(result: StudyResult) -> Table:
-    """Figures as rows; round robin, least-conn, live baseline and winner as columns."""
+    """The live baseline and the winner, both from the same confirmation rounds.
+
+    Figures as rows. Each column pools its arm's requests over the rounds in which both
+    arms were measured (interleaved, same traffic); the last column is the change in
+    those rounds. No search run is ever a column of this table: without a paired
+    comparison (confirmation skipped) the search's live and best trials are shown with
+    no change column, since they ran at different times.
+    """
+    comp = shown_comparison(result)
+    c = result.confirmation
+    if comp is None or c is None or comp.candidate is None or comp.baseline is None:
+        return _unpaired(result)
+    rr = is_plain_round_robin(_live_params(result))
+    where = "rounds " + ", ".join(map(str, comp.rounds))
+    base_label = (
+        f"live baseline{' = round robin' if rr else ''} (trial {c.baseline_trial}; {where})"
+    )
+    if comp.trial == c.winner:
+        cand_label = f"winner (trial {comp.trial}, confirmed; {where})"
+    else:
+        cand_label = f"best candidate (trial {comp.trial}, not significant; {where})"
+    change = f"winner vs {'round robin' if rr else 'live'} (same rounds)"
+    q = f"P{c.quantile:g}"
+    b, w = comp.baseline, comp.candidate
+    bf, wf = comp.baseline_figures, comp.figures
+    rows: list[tuple[Cell, ...]] = []
+
+    def row(name: str, a: float | None, x: float | None, scale: float = 1.0) -> None:
+        av = None if a is None else a * scale
+        xv = None if x is None else x * scale
+        rel = f"{(xv / av - 1) * 100:+.0f} %" if av and xv is not None else None
+        rows.append((name, av, xv, rel))
+
+    row(f"{q} end-to-end latency (ms)", b.tail_e2e_s, w.tail_e2e_s, 1000.0)
+    row(f"{q} time to first token (ms)", b.tail_ttft_s, w.tail_ttft_s, 1000.0)
+    row("P50 time to first token (ms)", b.p50_ttft_s, w.p50_ttft_s, 1000.0)
+    row("throughput (req/s)", b.requests_per_s, w.requests_per_s)
+    row("goodput (req/s)", _get(bf, "goodput_per_s"), _get(wf, "goodput_per_s"))
+    row("GPU-util std-dev across replicas", _get(bf, "balance"), _get(wf, "balance"))
+    row("failed requests (%)", b.error_rate, w.error_rate, 100.0)
+    row("throughput decay", _get(bf, "decay"), _get(wf, "decay"))
+    ci = ""
+    if b.score and math.isfinite(comp.ci_low) and math.isfinite(comp.ci_high):
+        ci = (
+            f" (CI {comp.ci_low / b.score * 100:+.0f} .. {comp.ci_high / b.score * 100:+.0f} %, "
+            f"{comp.level:.1%})"
+        )
+    rel = f"{comp.relative * 100:+.0f} %{ci}" if math.isfinite(comp.relative) else None
+    rows.append(("composite score (lower is better)", b.score, w.score, rel))
+    rows.append(("latency samples (requests)", b.requests, w.requests, None))
+    return Table(("figure", base_label, cand_label, change), tuple(rows))
+
+
+def _unpaired(result: StudyResult) -> Table:
+    """No paired comparison: the search's live and best trials, side by side, no change."""
+    live = next((t for t in result.trials if t.role == "live"), None)
+    best = result.trial(result.best)
     cols: list[tuple[str, Figures | None]] = []
-    for role, label in (("round-robin", "round robin"), ("least-conn", "least-conn")):
-        t = _first(result, role)
-        if t is not None:
-            cols.append((f"{label} (trial {t.number})", t.figures))
-    base = result.trial(result.baseline)
-    rr = next((f for label, f in cols if label.startswith("round robin")), None)
-    if base is not None and base.role == "live":
-        # The round-robin reference is enqueued only when it differs from what was live.
-        plain = rr is None and is_plain_round_robin(base.params)
-        label = "live baseline = round robin" if plain else "live baseline"
-        cols.append((f"{label} (trial {base.number})", base.figures))
-        if plain:
-            rr = base.figures
-    cols.append(winner_figures(result))
-    win = cols[-1][1]
-    columns = ("figure", *(label for label, _ in cols), "winner vs round robin")
+    if live is not None:
+        cols.append((f"live (trial {live.number}, search run, {live.state.lower()})", live.figures))
+    if best is not None and (live is None or best.number != live.number):
+        cols.append((f"best trial {best.number} (search run, not confirmed)", best.figures))
+    rows = tuple(
+        (name, *(_val(f, attr, scale) for _, f in cols)) for name, attr, scale in FIGURE_ROWS
+    )
+    return Table(("figure", *(label for label, _ in cols)), rows)
+
+
+def rounds_table(result: StudyResult) -> Table:
+    """Every confirmation run, round by round, in the order it ran."""
+    c = result.confirmation
+    q = f"P{c.quantile:g}" if c is not None else "P99"
+    cols = ("round", "arm", "trial", f"{q} E2E (ms)", f"{q} TTFT (ms)", "throughput (req/s)",
+            "requests", "score", "note")  # fmt: skip
+    if c is None:
+        return Table(cols, ())
     rows = []
-    for name, attr, scale in FIGURE_ROWS:
-        vals = [_val(f, attr, scale) for _, f in cols]
-        a, b = _val(rr, attr, scale), _val(win, attr, scale)
-        change = f"{(b / a - 1) * 100:+.0f} %" if a and b is not None else None
-        rows.append((name, *vals, change))
-    return Table(columns, tuple(rows))
+    for r in c.rounds:
+        note = (
+            r.reason if not r.measured else ("" if r.tail_e2e_s is not None else f"< {q} samples")
+        )
+        rows.append(
+            (r.round, r.arm, r.trial, _ms(r.tail_e2e_s), _ms(r.tail_ttft_s), r.requests_per_s,
+             r.requests if r.measured else None, r.score, note)
+        )  # fmt: skip
+    return Table(cols, tuple(rows))
 
 
 def confirmation_table(result: StudyResult) -> Table:
     c = result.confirmation
-    cols = ("candidate", "runs", "score (mean)", "baseline (mean)", "diff", "95 % CI", "verdict")
+    level = max((x.level for x in c.comparisons), default=0.95) if c is not None else 0.95
+    cols = ("candidate", "rounds", "requests (cand. / base.)", "score", "baseline score",
+            "diff", f"{level:.1%} CI", "verdict")  # fmt: skip
     if c is None:
         return Table(cols, ())
     rows = []
     for x in c.comparisons:
-        mean = _mean(x.runs)
         verdict = (
             "winner" if x.trial == c.winner else ("better" if x.significant else "not significant")
         )
         if not x.feasible:
             verdict = "infeasible"
+        cand, base = x.candidate, x.baseline
+        n = f"{cand.requests} / {base.requests}" if cand is not None and base is not None else None
         rows.append(
-            (f"trial {x.trial}", len(x.runs), mean, _mean(x.baseline_runs), x.diff,
-             f"{x.ci_low:+.3f} .. {x.ci_high:+.3f}", verdict)
+            (f"trial {x.trial} ({x.arm})" if x.arm else f"trial {x.trial}", len(x.rounds) or None,
+             n, None if cand is None else cand.score, None if base is None else base.score,
+             x.diff, f"{x.ci_low:+.3f} .. {x.ci_high:+.3f}", verdict)
         )  # fmt: skip
     return Table(cols, tuple(rows))
 
@@ -138,20 +208,18 @@ def trials_table(result: StudyResult) -> Table:
     return Table(cols, tuple(rows))
 
 
-def _first(result: StudyResult, role: str) -> TrialResult | None:
-    return next(
-        (t for t in result.trials if t.role == role and t.state == "COMPLETE" and t.figures), None
-    )
-
-
 def _val(f: Figures | None, attr: str, scale: float) -> float | None:
     v = None if f is None else getattr(f, attr)
     return None if v is None else float(v) * scale
 
 
-def _mean(xs: tuple[float, ...]) -> float | None:
-    ok = [x for x in xs if math.isfinite(x)]
-    return sum(ok) / len(ok) if ok else None
+def _get(f: Figures | None, attr: str) -> float | None:
+    v = None if f is None else getattr(f, attr)
+    return None if v is None else float(v)
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1000.0
 
 
 def headline(result: StudyResult) -> str:
@@ -160,12 +228,16 @@ def headline(result: StudyResult) -> str:
     if result.interrupted:
         return "Interrupted: the last known good was restored; `--resume` continues the study."
     if c is None or c.verdict == "not run":
-        return "No confirmation was run: nothing applied."
+        why = f" ({c.note})" if c is not None and c.note else ""
+        return f"No confirmation was run{why}: nothing applied."
     if c.verdict != "improved":
         return f"{c.verdict.capitalize()}: nothing applied; the last known good stays live."
     comp = next(x for x in c.comparisons if x.trial == c.winner)
-    what = f"Trial {c.winner} beats the baseline by {-comp.relative:.1%} (score CI "
-    what += f"{comp.ci_low:+.3f} .. {comp.ci_high:+.3f})."
+    what = (
+        f"Trial {c.winner} beats the live baseline by {-comp.relative:.1%} in the same "
+        f"{len(comp.rounds)} confirmation round(s) (score diff CI "
+        f"{comp.ci_low:+.3f} .. {comp.ci_high:+.3f})."
+    )
     if r is None:
         return what + " Not applied (--no-apply)."
     return f"{what} Rollout: {r.detail}."
@@ -205,9 +277,13 @@ def render_markdown(result: StudyResult) -> str:
         "",
         table(before_after(result)),
         "",
-        "## Confirmation (interleaved re-runs against the baseline, bootstrap CI)",
+        "## Confirmation (interleaved rounds against the live baseline, paired bootstrap CI)",
         "",
         table(confirmation_table(result)),
+        "",
+        "### Rounds",
+        "",
+        table(rounds_table(result)),
         "",
     ]
     if best is not None:
@@ -239,6 +315,7 @@ def render_html(result: StudyResult) -> str:
         f"<div class='warn'>{esc(headline(result))}</div>"
         f"<h2>Before / after</h2>{table(before_after(result))}"
         f"<h2>Confirmation</h2>{table(confirmation_table(result))}"
+        f"<h3>Rounds</h3>{table(rounds_table(result))}"
         f"<h2>Plots</h2><div class='plots'>{figs}</div>"
         f"<h2>Best parameters</h2><pre>{params}</pre>"
         f"<h2>Trials</h2>{table(trials_table(result))}"

@@ -1,36 +1,66 @@
 """Confirmation: is the best candidate really better than where the user started?
 
 After the budget, the best few candidates are re-run against the baseline (the live
-configuration), interleaved ``A B1 B2 A B1 B2 ...`` so that drift in the cluster hits
-every arm alike, ``K`` times each. For each candidate the composite score of its
-pooled runs is compared with the baseline's pooled runs, and a two-level bootstrap
-(resample runs, then requests within each run) gives a confidence interval of the
-difference. The level is Bonferroni-corrected for the number of candidates
-(95 % family-wise). A candidate wins only if the whole interval lies below zero and
-it met the constraints in its confirmation runs; otherwise: "no significant
-improvement", and nothing is applied.
+configuration, always measured afresh: its search run is never used) in **rounds**:
+in every round the baseline first, then each candidate, ``A B1 B2 A B1 B2 ...``, on
+the same traffic (the study's seed), so that drift of the cluster hits every arm
+alike. A round whose baseline run cannot be measured (after one retry) is skipped
+whole: its candidates would have nothing to be paired with. If no round's baseline
+can be measured, :class:`BaselineUnmeasurable` is raised.
+
+**Enough samples.** At least ``runs`` rounds are run; then more, one at a time, while
+some arm's pooled requests are fewer than a P99 needs
+(:data:`~lbtune.metrics.quantiles.MIN_SAMPLES`, 100), up to ``max_rounds`` rounds and
+``max_s`` seconds of confirmation (a round is started only if it is expected to end in
+time). If the cap is hit, every arm is judged on the highest tail its samples support
+(:func:`lbtune.search.paired.tail_quantile`) and the note says so:
+"P99 from N samples: not enough; reporting P95".
+
+**Verdict.** For each candidate, over the rounds both it and the baseline were
+measured in, the composite score of its pooled requests is compared with the
+baseline's, and the paired two-level bootstrap of :mod:`lbtune.search.paired` gives
+the interval of the difference, Bonferroni-corrected for the number of candidates
+(95 % family-wise). A candidate wins only if the whole interval lies below zero and it
+met the constraints in its confirmation runs; otherwise: "no significant improvement",
+and nothing is applied.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from lbtune.errors import TrialFailed
+from lbtune.errors import LbtuneError, TrialFailed
 from lbtune.objective import Figures, ObjectiveSpec, composite
-from lbtune.search.result import Comparison, Confirmation
+from lbtune.search.paired import (
+    finite_percentile,
+    independent_draws,
+    paired_draws,
+    tail_quantile,
+)
+from lbtune.search.result import Comparison, Confirmation, Pooled, RoundRun
 from lbtune.search.trial import Measurement, Samples, TrialRunner
 from lbtune.targets.base import ParamSet
 
 log = logging.getLogger(__name__)
 
 N_BOOT = 1000
-Rng = np.random.Generator
-Array = np.ndarray[tuple[int], np.dtype[np.float64]]
+MAX_ROUNDS = 6
+"""Default cap on confirmation rounds when the pooled samples are too few for a P99."""
+MAX_SECONDS = 900.0
+"""Default cap on the wall time of confirmation (15 min)."""
+NEED = 100
+"""Pooled samples per arm for a P99 (``MIN_SAMPLES["p99"]``)."""
+
+
+class BaselineUnmeasurable(LbtuneError):
+    """The live configuration could not be measured in any confirmation round."""
 
 
 @dataclass(frozen=True)
@@ -38,33 +68,45 @@ class Arm:
     """One configuration under confirmation."""
 
     label: str
-    trial: int
+    trial: int | None
     params: ParamSet
 
 
-def _p99(x: Array) -> float:
-    """P99 of the finite values (NaN marks a request without that figure)."""
-    x = x[np.isfinite(x)]
-    return float(np.quantile(x, 0.99, method="inverted_cdf")) if x.size else float("nan")
+# --- figures of pooled runs (the one estimator) -----------------------------------------
 
 
-def pooled_score(runs: Sequence[Samples], spec: ObjectiveSpec, decay: float = 0.0) -> float:
-    """Composite score of the requests of all ``runs`` taken together."""
-    ttft = np.concatenate([r.ttft for r in runs]) if runs else np.empty(0)
+def _figures_of(runs: Sequence[Samples], q: float) -> list[float]:
+    """``[tail E2E, tail TTFT, P50 TTFT]`` of the runs' requests pooled."""
     e2e = np.concatenate([r.e2e for r in runs]) if runs else np.empty(0)
-    return composite(Figures(p99_e2e_s=_p99(e2e), p99_ttft_s=_p99(ttft), decay=decay), spec)
+    ttft = np.concatenate([r.ttft for r in runs]) if runs else np.empty(0)
+    return [finite_percentile(e2e, q), finite_percentile(ttft, q), finite_percentile(ttft, 50)]
 
 
-def _resample(runs: Sequence[Samples], rng: Rng) -> tuple[Array, Array]:
-    picks = rng.integers(0, len(runs), size=len(runs))
-    ttfts, e2es = [], []
-    for i in picks:
-        r = runs[int(i)]
-        n = r.e2e.size
-        idx = rng.integers(0, n, size=n)
-        ttfts.append(r.ttft[idx])
-        e2es.append(r.e2e[idx])
-    return np.concatenate(ttfts), np.concatenate(e2es)
+def _score(tail_e2e: float, tail_ttft: float, decay: float, spec: ObjectiveSpec) -> float:
+    return composite(Figures(p99_e2e_s=tail_e2e, p99_ttft_s=tail_ttft, decay=decay), spec)
+
+
+def _resample(r: Samples, rng: np.random.Generator) -> Samples:
+    idx = rng.integers(0, r.e2e.size, size=r.e2e.size)
+    return Samples(r.ttft[idx], r.e2e[idx], r.sent, r.errors)
+
+
+def _stat(
+    spec: ObjectiveSpec, q: float, decay: float
+) -> Callable[[Sequence[Samples]], list[float]]:
+    def stat(runs: Sequence[Samples]) -> list[float]:
+        e2e, ttft, p50 = _figures_of(runs, q)
+        return [_score(e2e, ttft, decay, spec), e2e, ttft, p50]
+
+    return stat
+
+
+def pooled_score(
+    runs: Sequence[Samples], spec: ObjectiveSpec, decay: float = 0.0, q: float = 99.0
+) -> float:
+    """Composite score of the requests of all ``runs`` taken together, at tail ``q``."""
+    e2e, ttft, _ = _figures_of(runs, q)
+    return _score(e2e, ttft, decay, spec)
 
 
 def bootstrap_diff(
@@ -76,64 +118,100 @@ def bootstrap_diff(
     n_boot: int = N_BOOT,
     seed: int = 0,
     decay: tuple[float, float] = (0.0, 0.0),
+    paired: bool = False,
+    q: float = 99.0,
 ) -> tuple[float, float, float]:
     """``(diff, ci_low, ci_high)`` of candidate minus baseline composite score.
 
-    Two-level (hierarchical) bootstrap: runs are resampled with replacement, then the
-    requests of each picked run; so run-to-run noise counts, not only request noise.
+    ``paired``: ``candidate[i]`` and ``baseline[i]`` ran in the same round (the
+    confirmation); else the two sides' runs are resampled independently (the rollout's
+    verification run against the baseline's confirmation runs).
     """
     cand = [r for r in candidate if r.e2e.size]
     base = [r for r in baseline if r.e2e.size]
     if not cand or not base:
-        return float("nan"), float("nan"), float("nan")
-    diff = pooled_score(cand, spec, decay[0]) - pooled_score(base, spec, decay[1])
-    rng = np.random.default_rng(seed)
-    boots = np.empty(n_boot)
-    w, r = spec.weights, spec.refs
-    const = w.get("decay", 0.0) * (decay[0] - decay[1]) / r["decay"]
-    for b in range(n_boot):
-        ct, ce = _resample(cand, rng)
-        bt, be = _resample(base, rng)
-        boots[b] = (
-            w.get("e2e", 0.0) * (_p99(ce) - _p99(be)) / r["e2e"]
-            + w.get("ttft", 0.0) * (_p99(ct) - _p99(bt)) / r["ttft"]
-            + const
-        )
-    alpha = 1 - level
-    lo, hi = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
-    return float(diff), float(lo), float(hi)
+        return math.nan, math.nan, math.nan
+    stat_c, stat_b = _stat(spec, q, decay[0]), _stat(spec, q, decay[1])
+
+    def stat(runs: Sequence[tuple[int, Samples]]) -> list[float]:
+        # Arms carry their index so that each side keeps its own (constant) decay.
+        arm = runs[0][0]
+        return (stat_c if arm == 0 else stat_b)([s for _, s in runs])
+
+    def resample(r: tuple[int, Samples], rng: np.random.Generator) -> tuple[int, Samples]:
+        return r[0], _resample(r[1], rng)
+
+    if paired:
+        pairs = [
+            ((0, c), (1, b))
+            for c, b in zip(candidate, baseline, strict=True)
+            if c.e2e.size and b.e2e.size
+        ]
+        if not pairs:
+            return math.nan, math.nan, math.nan
+        draws = paired_draws(pairs, stat, resample, n_boot=n_boot, seed=seed)
+    else:
+        arms = [[(0, c) for c in cand], [(1, b) for b in base]]
+        draws = independent_draws(arms, stat, resample, n_boot=n_boot, seed=seed)
+    return draws.diff(0, 1, 0, level)
 
 
-def _mean_figures(ms: Sequence[Measurement]) -> Figures | None:
-    figs = [m.figures for m in ms if m.figures is not None]
-    if not figs:
-        return None
-    keys = Figures.__dataclass_fields__
-    out: dict[str, object] = {}
-    for k in keys:
-        vals = [getattr(f, k) for f in figs if getattr(f, k) is not None]
-        out[k] = None if not vals else (sum(vals) / len(vals))
-    out["completed"] = int(sum(f.completed for f in figs))
-    return Figures.from_dict(out)
+# --- running the rounds -------------------------------------------------------------------
 
 
 def _measure(
     runner: TrialRunner, arm: Arm, label: str, say: Callable[[str], None]
-) -> Measurement | None:
-    """One confirmation run; a failed or untrusted run is retried once, then skipped."""
+) -> tuple[Measurement | None, str, str]:
+    """One confirmation run, a failed or untrusted one retried once: (m, why not, label)."""
+    reason = ""
     for attempt in (1, 2):
+        used = label if attempt == 1 else f"{label}-retry"
         try:
-            m = runner.run(arm.params, label if attempt == 1 else f"{label}-retry")
+            m = runner.run(arm.params, used)
         except TrialFailed as exc:
+            reason = str(exc)
             say(
                 f"confirmation run {label} failed ({exc}); "
                 + ("retrying" if attempt == 1 else "skipped")
             )
             continue
-        if m.samples is not None and not m.stopped:
-            return m
-        return None
-    return None
+        if m.stopped:
+            return None, "stopped", used
+        if m.samples is None or m.figures is None:
+            return None, "not measurable: no samples", used
+        return m, "", used
+    return None, reason, label
+
+
+def _run_row(
+    k: int, arm: Arm, label: str, m: Measurement | None, reason: str, q: float
+) -> RoundRun:
+    if m is None or m.samples is None:
+        return RoundRun(k, arm.label, arm.trial, label, False, reason or "not measured")
+    s = m.samples
+    n_ttft = int(np.isfinite(s.ttft).sum())
+    window = m.extra.get("window")
+    return RoundRun(
+        round=k,
+        arm=arm.label,
+        trial=arm.trial,
+        label=label,
+        measured=True,
+        requests=int(s.e2e.size),
+        sent=s.sent,
+        errors=s.errors,
+        tail_e2e_s=finite_percentile(s.e2e, q) if tail_quantile(s.e2e.size) >= q else None,
+        tail_ttft_s=finite_percentile(s.ttft, q) if tail_quantile(n_ttft) >= q else None,
+        requests_per_s=None if m.figures is None else m.figures.requests_per_s,
+        window=None if not isinstance(window, tuple) else (float(window[0]), float(window[1])),
+    )
+
+
+def _counts(runs: Sequence[Samples]) -> int:
+    """The smaller of the pooled E2E and (where any request streamed) TTFT sample counts."""
+    e2e = sum(int(r.e2e.size) for r in runs)
+    ttft = sum(int(np.isfinite(r.ttft).sum()) for r in runs)
+    return min(e2e, ttft) if ttft else e2e
 
 
 def confirm(
@@ -143,58 +221,78 @@ def confirm(
     spec: ObjectiveSpec,
     *,
     runs: int,
+    max_rounds: int = MAX_ROUNDS,
+    max_s: float = MAX_SECONDS,
     seed: int = 0,
     stop: threading.Event | None = None,
     say: Callable[[str], None] = log.info,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Confirmation:
-    """Interleaved re-runs and the bootstrap verdict; see the module docstring."""
+    """Interleaved rounds and the paired bootstrap verdict; see the module docstring."""
     if not candidates:
-        return Confirmation("baseline is best", baseline.trial)
+        return Confirmation("baseline is best", baseline.trial, note="no candidate to confirm")
     arms = [baseline, *candidates]
-    results: dict[str, list[Measurement]] = {a.label: [] for a in arms}
+    measured: dict[tuple[int, str], Measurement] = {}
+    plan: list[tuple[int, Arm, str, Measurement | None, str]] = []
     order: list[str] = []
-    for k in range(runs):
+    t0 = clock()
+    k = 0
+    cap_hit = ""
+    while stop is None or not stop.is_set():
+        if k >= runs:
+            n = _smallest_pool(arms, measured)
+            if n >= NEED:
+                break
+            per_round = (clock() - t0) / k if k else 0.0
+            if k >= max_rounds or clock() - t0 + per_round > max_s:
+                cap_hit = (
+                    f"confirmation stopped at {k} round(s), {clock() - t0:.0f} s "
+                    f"(cap {max_rounds} rounds, {max_s:.0f} s)"
+                )
+                break
+            say(f"confirmation: {n} pooled samples in the smallest arm, a P99 needs {NEED}")
+        k += 1
         for arm in arms:
             if stop is not None and stop.is_set():
                 break
-            say(f"confirmation {k + 1}/{runs}: {arm.label} (trial {arm.trial})")
+            label = f"confirm-{k}-{arm.label}"
+            if arm is not baseline and (k, baseline.label) not in measured:
+                plan.append((k, arm, label, None, "skipped: the baseline of this round failed"))
+                continue
+            say(f"confirmation round {k}: {arm.label} (trial {arm.trial})")
             order.append(arm.label)
-            m = _measure(runner, arm, f"confirm-{k + 1}-{arm.label}", say)
+            m, why, label = _measure(runner, arm, label, say)
             if m is not None:
-                results[arm.label].append(m)
-    base_ms = results[baseline.label]
-    base_samples = [m.samples for m in base_ms if m.samples is not None]
-    base_decay = _mean_decay(base_ms)
+                measured[(k, arm.label)] = m
+            elif arm is baseline:
+                say(f"round {k}: the baseline could not be measured ({why}); round skipped")
+            plan.append((k, arm, label, m, why))
+        if k >= runs and not any(key[1] == baseline.label for key in measured):
+            break
+    base_ms = [
+        measured[(i, baseline.label)] for i in range(1, k + 1) if (i, baseline.label) in measured
+    ]
+    if not base_ms and not (stop is not None and stop.is_set()):
+        reasons = {why for _, a, _, m, why in plan if a is baseline and m is None}
+        raise BaselineUnmeasurable(
+            f"the live configuration (trial {baseline.trial}) could not be measured in any of "
+            f"{k} confirmation round(s) ({'; '.join(sorted(reasons)) or 'no run'}): "
+            "no verdict, nothing applied"
+        )
+    n_min = _smallest_pool(arms, measured)
+    q = tail_quantile(n_min)
+    note = ""
+    if q < 99:
+        note = f"P99 from {n_min} samples: not enough; reporting P{q:g}"
+        note = f"{cap_hit}: {note}" if cap_hit else note
+        say(note)
+    rows = tuple(_run_row(i, a, lab, m, why, q) for i, a, lab, m, why in plan)
+    rows = tuple(_with_score(r, measured, spec, q) for r in rows)
     level = 1 - 0.05 / len(candidates)
-    comparisons = []
-    for i, arm in enumerate(candidates):
-        ms = results[arm.label]
-        samples = [m.samples for m in ms if m.samples is not None]
-        decay = _mean_decay(ms)
-        diff, lo, hi = bootstrap_diff(
-            samples, base_samples, spec, level=level, seed=seed + i, decay=(decay, base_decay)
-        )
-        errs = sum(s.errors for s in samples)
-        sent = sum(s.sent for s in samples) or 1
-        ok = bool(samples) and errs / sent <= spec.max_error_rate
-        base_score = pooled_score(base_samples, spec, base_decay) if base_samples else float("nan")
-        comparisons.append(
-            Comparison(
-                trial=arm.trial,
-                params=arm.params,
-                runs=tuple(_score(m, spec) for m in ms),
-                baseline_runs=tuple(_score(m, spec) for m in base_ms),
-                diff=diff,
-                ci_low=lo,
-                ci_high=hi,
-                relative=diff / base_score
-                if base_score and np.isfinite(base_score)
-                else float("nan"),
-                feasible=ok,
-                significant=bool(ok and np.isfinite(hi) and hi < 0),
-                figures=_mean_figures(ms),
-            )
-        )
+    comparisons = [
+        _compare(arm, baseline, measured, k, spec, q, level, seed + i)
+        for i, arm in enumerate(candidates)
+    ]
     winners = [c for c in comparisons if c.significant]
     winner = min(winners, key=lambda c: c.diff).trial if winners else None
     return Confirmation(
@@ -203,16 +301,123 @@ def confirm(
         baseline_figures=_mean_figures(base_ms),
         comparisons=tuple(comparisons),
         winner=winner,
-        runs_per_arm=runs,
+        runs_per_arm=k,
         order=tuple(order),
-        baseline_samples=tuple(base_samples),
+        baseline_samples=tuple(m.samples for m in base_ms if m.samples is not None),
+        rounds=rows,
+        quantile=q,
+        note=note,
     )
+
+
+def _smallest_pool(arms: Sequence[Arm], measured: dict[tuple[int, str], Measurement]) -> int:
+    """The smallest per-arm pooled sample count, over rounds the baseline was measured in."""
+    base = arms[0].label
+    rounds = {i for i, label in measured if label == base}
+    counts = []
+    for arm in arms:
+        runs = [
+            m.samples
+            for (i, label), m in measured.items()
+            if label == arm.label and i in rounds and m.samples is not None
+        ]
+        counts.append(_counts(runs))
+    return min(counts) if counts else 0
+
+
+def _with_score(
+    r: RoundRun, measured: dict[tuple[int, str], Measurement], spec: ObjectiveSpec, q: float
+) -> RoundRun:
+    m = measured.get((r.round, r.arm))
+    if m is None or m.samples is None:
+        return r
+    decay = m.figures.decay if m.figures is not None else 0.0
+    return replace(r, score=pooled_score([m.samples], spec, decay, q))
+
+
+def _pooled(
+    ms: Sequence[Measurement], rounds: tuple[int, ...], spec: ObjectiveSpec, q: float
+) -> Pooled:
+    samples = [m.samples for m in ms if m.samples is not None]
+    e2e, ttft, p50 = _figures_of(samples, q)
+    rates = [m.figures.requests_per_s for m in ms if m.figures is not None]
+    sent = sum(s.sent for s in samples)
+    decay = _mean_decay(ms)
+    return Pooled(
+        rounds=rounds,
+        requests=sum(int(s.e2e.size) for s in samples),
+        ttft_requests=sum(int(np.isfinite(s.ttft).sum()) for s in samples),
+        tail_e2e_s=_num(e2e),
+        tail_ttft_s=_num(ttft),
+        p50_ttft_s=_num(p50),
+        requests_per_s=sum(rates) / len(rates) if rates else None,
+        error_rate=sum(s.errors for s in samples) / sent if sent else None,
+        score=_num(_score(e2e, ttft, decay, spec)),
+    )
+
+
+def _compare(
+    arm: Arm,
+    baseline: Arm,
+    measured: dict[tuple[int, str], Measurement],
+    n_rounds: int,
+    spec: ObjectiveSpec,
+    q: float,
+    level: float,
+    seed: int,
+) -> Comparison:
+    rounds = tuple(
+        i
+        for i in range(1, n_rounds + 1)
+        if (i, arm.label) in measured and (i, baseline.label) in measured
+    )
+    cand_ms = [measured[(i, arm.label)] for i in rounds]
+    base_ms = [measured[(i, baseline.label)] for i in rounds]
+    cand_s = [m.samples for m in cand_ms if m.samples is not None]
+    base_s = [m.samples for m in base_ms if m.samples is not None]
+    decay = (_mean_decay(cand_ms), _mean_decay(base_ms))
+    diff, lo, hi = bootstrap_diff(
+        cand_s, base_s, spec, level=level, seed=seed, decay=decay, paired=True, q=q
+    )
+    cand, base = _pooled(cand_ms, rounds, spec, q), _pooled(base_ms, rounds, spec, q)
+    ok = bool(cand_s) and (cand.error_rate or 0.0) <= spec.max_error_rate
+    return Comparison(
+        trial=arm.trial if arm.trial is not None else -1,
+        params=arm.params,
+        runs=tuple(pooled_score([s], spec, decay[0], q) for s in cand_s),
+        baseline_runs=tuple(pooled_score([s], spec, decay[1], q) for s in base_s),
+        diff=diff,
+        ci_low=lo,
+        ci_high=hi,
+        relative=diff / base.score if base.score else math.nan,
+        feasible=ok,
+        significant=bool(ok and math.isfinite(hi) and hi < 0),
+        figures=_mean_figures(cand_ms),
+        arm=arm.label,
+        rounds=rounds,
+        candidate=cand,
+        baseline=base,
+        baseline_figures=_mean_figures(base_ms),
+        level=level,
+    )
+
+
+def _num(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _mean_figures(ms: Sequence[Measurement]) -> Figures | None:
+    figs = [m.figures for m in ms if m.figures is not None]
+    if not figs:
+        return None
+    out: dict[str, object] = {}
+    for k in Figures.__dataclass_fields__:
+        vals = [getattr(f, k) for f in figs if getattr(f, k) is not None]
+        out[k] = None if not vals else (sum(vals) / len(vals))
+    out["completed"] = int(sum(f.completed for f in figs))
+    return Figures.from_dict(out)
 
 
 def _mean_decay(ms: Sequence[Measurement]) -> float:
     d = [m.figures.decay for m in ms if m.figures is not None]
     return sum(d) / len(d) if d else 0.0
-
-
-def _score(m: Measurement, spec: ObjectiveSpec) -> float:
-    return composite(m.figures, spec) if m.figures is not None else float("nan")

@@ -114,7 +114,11 @@ def rollout(
         elif not feasible(fig, spec):
             problem = f"verification error rate {fig.error_rate:.2%} exceeds the limit"
         else:
-            d, lo, hi = bootstrap_diff([m.samples], list(confirmation.baseline_samples), spec)
+            # Not paired (the baseline cannot run while the winner is live): the
+            # verification run against the baseline's confirmation runs, same tail.
+            d, lo, hi = bootstrap_diff(
+                [m.samples], list(confirmation.baseline_samples), spec, q=confirmation.quantile
+            )
             diff, ci = d, (lo, hi)
             if lo > 0:
                 problem = (

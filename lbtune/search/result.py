@@ -57,15 +57,94 @@ class TrialResult:
 
 
 @dataclass(frozen=True)
+class RoundRun:
+    """One arm's run in one confirmation round (a row of the report's rounds table)."""
+
+    round: int
+    """1-based round number."""
+    arm: str
+    """``A`` (the live baseline), ``B1``, ``B2``, ..."""
+    trial: int | None
+    label: str
+    """The run's directory under ``runs/`` (its ``requests.parquet``)."""
+    measured: bool
+    reason: str = ""
+    """Why the run was not measured (or is not used); empty when it was."""
+    requests: int = 0
+    """Latency samples: requests sent in the window that succeeded or were cut off."""
+    sent: int = 0
+    errors: int = 0
+    tail_e2e_s: float | None = None
+    """At the confirmation's tail quantile (:attr:`Confirmation.quantile`), when this
+    run alone has the samples for it (else None)."""
+    tail_ttft_s: float | None = None
+    requests_per_s: float | None = None
+    score: float | None = None
+    window: tuple[float, float] | None = None
+    """The measurement window (wall-clock seconds), as the run recorded it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "arm": self.arm,
+            "trial": self.trial,
+            "label": self.label,
+            "measured": self.measured,
+            "reason": self.reason,
+            "requests": self.requests,
+            "sent": self.sent,
+            "errors": self.errors,
+            "tail_e2e_s": self.tail_e2e_s,
+            "tail_ttft_s": self.tail_ttft_s,
+            "requests_per_s": self.requests_per_s,
+            "score": self.score,
+            "window": None if self.window is None else list(self.window),
+        }
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """One arm's figures over the rounds of a comparison, its requests pooled."""
+
+    rounds: tuple[int, ...]
+    requests: int
+    """E2E samples (also the count the tail quantile is chosen on, with ``ttft_requests``)."""
+    ttft_requests: int
+    tail_e2e_s: float | None
+    """At :attr:`Confirmation.quantile` (P99 when the samples support it)."""
+    tail_ttft_s: float | None
+    p50_ttft_s: float | None
+    requests_per_s: float | None
+    """Mean over the runs (equal windows: the pooled completed requests per second)."""
+    error_rate: float | None
+    """Errors over requests sent, pooled."""
+    score: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": list(self.rounds),
+            "requests": self.requests,
+            "ttft_requests": self.ttft_requests,
+            "tail_e2e_s": self.tail_e2e_s,
+            "tail_ttft_s": self.tail_ttft_s,
+            "p50_ttft_s": self.p50_ttft_s,
+            "requests_per_s": self.requests_per_s,
+            "error_rate": self.error_rate,
+            "score": self.score,
+        }
+
+
+@dataclass(frozen=True)
 class Comparison:
-    """A candidate against the baseline over the interleaved confirmation runs."""
+    """A candidate against the baseline over the confirmation rounds both were measured in."""
 
     trial: int
     """Trial number of the candidate."""
     params: ParamSet
     runs: tuple[float, ...]
-    """Objective of each confirmation run of the candidate."""
+    """Objective of each confirmation run of the candidate (paired rounds)."""
     baseline_runs: tuple[float, ...]
+    """Objective of the baseline's runs in the same rounds."""
     diff: float
     """Objective of the pooled candidate runs minus the pooled baseline runs (< 0 = better)."""
     ci_low: float
@@ -76,19 +155,37 @@ class Comparison:
     significant: bool
     """The CI lies entirely below zero and the candidate met the constraints."""
     figures: Figures | None = None
+    """Mean of the candidate's run figures (goodput, balance, decay for the report)."""
+    arm: str = ""
+    rounds: tuple[int, ...] = ()
+    """The rounds both arms were measured in: the only ones this comparison uses."""
+    candidate: Pooled | None = None
+    baseline: Pooled | None = None
+    """The baseline over the same rounds."""
+    baseline_figures: Figures | None = None
+    """Mean of the baseline's run figures over the same rounds."""
+    level: float = 0.95
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "trial": self.trial,
+            "arm": self.arm,
             "params": dict(self.params),
+            "rounds": list(self.rounds),
             "runs": list(self.runs),
             "baseline_runs": list(self.baseline_runs),
             "diff": self.diff,
             "ci95": [self.ci_low, self.ci_high],
+            "level": self.level,
             "relative": self.relative,
             "feasible": self.feasible,
             "significant": self.significant,
             "figures": None if self.figures is None else self.figures.to_dict(),
+            "candidate": None if self.candidate is None else self.candidate.to_dict(),
+            "baseline": None if self.baseline is None else self.baseline.to_dict(),
+            "baseline_figures": None
+            if self.baseline_figures is None
+            else self.baseline_figures.to_dict(),
         }
 
 
@@ -101,10 +198,17 @@ class Confirmation:
     winner: int | None = None
     """Trial number of the confirmed winner, or None."""
     runs_per_arm: int = 0
+    """Rounds run (every arm once per round)."""
     order: tuple[str, ...] = ()
     """The interleaved run order actually used, e.g. ``("A", "B1", "B2", "A", ...)``."""
     baseline_samples: tuple[Samples, ...] = field(default=(), compare=False, repr=False)
     """The baseline's per-request samples (for the verification after rollout; not in JSON)."""
+    rounds: tuple[RoundRun, ...] = ()
+    """Every run of every round, measured or not (the report's rounds table)."""
+    quantile: float = 99.0
+    """The tail every arm is judged on: 99 unless the pooled samples were too few."""
+    note: str = ""
+    """Why confirmation was skipped, or why the tail is not P99 (one line; empty if neither)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -117,6 +221,9 @@ class Confirmation:
             "winner": self.winner,
             "runs_per_arm": self.runs_per_arm,
             "order": list(self.order),
+            "quantile": self.quantile,
+            "note": self.note,
+            "rounds": [r.to_dict() for r in self.rounds],
         }
 
 
