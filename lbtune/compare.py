@@ -232,7 +232,7 @@ def compare(
     seed: int = 0,
 ) -> CompareResult:
     """Compare every figure of ``b`` against ``a``; see the module docstring."""
-    from lbtune.metrics.bootstrap import point, resample
+    from lbtune.metrics.bootstrap import interval, point, resample
 
     gates = parse_fail_on(DEFAULT_FAIL_ON) if fail_on is None else dict(fail_on)
     if not 0 < level < 1:
@@ -273,8 +273,7 @@ def compare(
             if draws.size < resamples // 2:
                 note = "too few requests to resample"
             else:
-                lo, hi = (float(x) for x in np.quantile(draws, [alpha / 2, 1 - alpha / 2]))
-                ci = (lo, hi)
+                lo, hi = ci = interval(draws, 1 - alpha)
                 status = "noise"
                 if lo > 0 or hi < 0:
                     up_is_worse = fig.better == "lower"

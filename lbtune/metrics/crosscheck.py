@@ -1,20 +1,25 @@
-"""Cross-check: exact figures from records against lbtune's exporter read from Prometheus.
+"""Cross-check: the summary's figures against lbtune's exporter read from Prometheus.
 
 The exporter counts a request in ``lbtune_requests_total`` and observes its TTFT
-and E2E when the request *ends*, so the records compared are those that ended in
-the window (``increase(...[W])`` at the window's end covers the same span).
+and E2E when the request *ends*, so ``increase(...[W])`` at the window's end covers
+the requests that ended in the window.
 
-* Counts by outcome agree when ``|prometheus - records| <= tolerance`` with
+* Counts by outcome (requests that ended in the window) agree when
+  ``|prometheus - records| <= tolerance`` with
   ``tolerance = 1 + 2 * rate * scrape_interval``: ``increase()`` sees only the
   scraped samples inside the window and extrapolates to its edges, which can be
   off by up to one scrape interval's worth of requests at each edge.
-* A quantile agrees when ``|prometheus - exact| <= resolution``, the resolution
-  being the width of the histogram bucket holding the exact value — or, when
-  Prometheus' estimate lies in a *neighbouring* bucket, the wider of the two:
-  ``histogram_quantile`` ranks on ``q * n`` where the exact percentile
-  interpolates between the order statistics at ``(n - 1) * q``, so near a bucket
-  edge the two legitimately fall on either side of it. An exact value beyond the
-  largest finite bucket cannot be compared.
+* A quantile compares the summary's **own** figure (``latency.ttft.p99``: the same
+  number as the latency table and the SLO check, over the requests sent in the
+  window) with ``histogram_quantile``. Prometheus only knows which bucket a sample
+  fell in, and it ranks on ``q * n`` where the exact percentile interpolates between
+  the order statistics at ``(n - 1) * q``, so its estimate can legitimately lie
+  anywhere in the bucket holding the exact value or in either neighbour. The
+  tolerance is that band, ``[low, high]``: from the lower edge of the bucket below
+  the exact value's to the upper edge of the bucket above it, widened to the same
+  band around the percentile of the requests that *ended* in the window (the ones
+  Prometheus counted). An exact value beyond the largest finite bucket cannot be
+  compared. Every disagreement names the figure, both values and the band.
 """
 
 from __future__ import annotations
@@ -25,7 +30,19 @@ from collections.abc import Sequence
 
 from lbtune.loadgen.records import OUTCOMES, RequestRecord
 from lbtune.metrics.quantiles import MIN_SAMPLES, percentile
-from lbtune.metrics.summary import CountCheck, CrossCheck, PromClientSide, QuantileCheck, Window
+from lbtune.metrics.summary import (
+    CountCheck,
+    CrossCheck,
+    Latencies,
+    LatencyStats,
+    PromClientSide,
+    QuantileCheck,
+    Window,
+)
+
+
+def _finite(bounds: Sequence[float]) -> list[float]:
+    return sorted(b for b in bounds if b != float("inf"))
 
 
 def _bucket_index(finite: Sequence[float], value: float) -> int | None:
@@ -33,28 +50,29 @@ def _bucket_index(finite: Sequence[float], value: float) -> int | None:
     return i if i < len(finite) else None
 
 
-def _width(finite: Sequence[float], i: int) -> float:
-    return finite[i] - (finite[i - 1] if i > 0 else 0.0)
+def _lower(finite: Sequence[float], i: int) -> float:
+    return finite[i - 1] if i > 0 else 0.0
 
 
 def bucket_width(bounds: Sequence[float], value: float) -> float | None:
     """Width of the bucket ``(lower, le]`` holding ``value``; ``None`` above the last bound."""
-    finite = sorted(b for b in bounds if b != float("inf"))
+    finite = _finite(bounds)
     i = _bucket_index(finite, value)
-    return None if i is None else _width(finite, i)
+    return None if i is None else finite[i] - _lower(finite, i)
 
 
-def resolution(bounds: Sequence[float], exact: float, estimate: float) -> float | None:
-    """Width of the exact value's bucket, or of the estimate's if it is the wider neighbour."""
-    finite = sorted(b for b in bounds if b != float("inf"))
-    i = _bucket_index(finite, exact)
-    j = _bucket_index(finite, estimate)
+def band(bounds: Sequence[float], value: float) -> tuple[float, float] | None:
+    """``[low, high]``: the bucket holding ``value`` and its two neighbours (finite ones).
+
+    ``None`` when ``value`` lies above the largest finite bound. Above the last finite
+    bucket ``histogram_quantile`` answers that bucket's upper bound, so ``high`` never
+    exceeds it.
+    """
+    finite = _finite(bounds)
+    i = _bucket_index(finite, value)
     if i is None:
         return None
-    width = _width(finite, i)
-    if j is not None and abs(i - j) == 1:
-        width = max(width, _width(finite, j))
-    return width
+    return _lower(finite, max(i - 1, 0)), finite[min(i + 1, len(finite) - 1)]
 
 
 MIN_WINDOW_SCRAPES = 10
@@ -68,8 +86,10 @@ def cross_check(
     window: Window,
     prom: PromClientSide,
     *,
+    latency: Latencies,
     scrape_interval_s: float = 1.0,
 ) -> CrossCheck:
+    """Counts and P50/P99 of ``latency`` (the summary's figures) against Prometheus."""
     ended = [r for r in records if window.contains(r.ended_at)]
     notes: list[str] = []
     counts: list[CountCheck] = []
@@ -99,10 +119,10 @@ def cross_check(
         quantiles: list[QuantileCheck] = []
     else:
         quantiles = [
-            _quantile("ttft_p50", ttfts, 50.0, prom.ttft_p50, prom.ttft_buckets),
-            _quantile("ttft_p99", ttfts, 99.0, prom.ttft_p99, prom.ttft_buckets),
-            _quantile("e2e_p50", e2es, 50.0, prom.e2e_p50, prom.e2e_buckets),
-            _quantile("e2e_p99", e2es, 99.0, prom.e2e_p99, prom.e2e_buckets),
+            _quantile("ttft_p50", latency.ttft, ttfts, prom.ttft_p50, prom.ttft_buckets),
+            _quantile("ttft_p99", latency.ttft, ttfts, prom.ttft_p99, prom.ttft_buckets),
+            _quantile("e2e_p50", latency.e2e, e2es, prom.e2e_p50, prom.e2e_buckets),
+            _quantile("e2e_p99", latency.e2e, e2es, prom.e2e_p99, prom.e2e_buckets),
         ]
     verdicts = [c.agree for c in counts] + [q.agree for q in quantiles]
     decided = [v for v in verdicts if v is not None]
@@ -113,33 +133,46 @@ def cross_check(
                 f"requests {c.outcome}: records {c.client}, Prometheus {c.prometheus:.0f} "
                 f"(tolerance ±{c.tolerance:.1f})"
             )
-    for q in quantiles:
-        if q.agree is False:
-            notes.append(f"{q.name}: {q.detail}")
+    notes.extend(f"{q.name}: {q.detail}" for q in quantiles if q.agree is False)
     return CrossCheck(
         counts=tuple(counts), quantiles=tuple(quantiles), agree=agree, notes=tuple(notes)
     )
 
 
+def _ms(x: float) -> str:
+    return f"{x * 1000:.1f} ms"
+
+
 def _quantile(
-    name: str, values: Sequence[float], q: float, estimate: float | None, bounds: Sequence[float]
+    name: str,
+    stats: LatencyStats,
+    ended: Sequence[float],
+    estimate: float | None,
+    bounds: Sequence[float],
 ) -> QuantileCheck:
-    key = "p50" if q == 50.0 else "p99"
-    if len(values) < max(MIN_SAMPLES[key], MIN_CROSSCHECK_SAMPLES):
+    key = name.rsplit("_", 1)[1]
+    exact: float | None = getattr(stats, key)
+    if exact is None or stats.count < max(MIN_SAMPLES[key], MIN_CROSSCHECK_SAMPLES):
         return QuantileCheck(
-            name, None, estimate, None, None, f"too few samples ({len(values)}) to compare"
+            name, None, estimate, None, None, f"too few samples ({stats.count}) to compare"
         )
-    exact = percentile(values, q)
     if estimate is None:
         return QuantileCheck(name, exact, None, None, None, "no histogram in Prometheus")
-    res = resolution(bounds, exact, estimate)
-    if res is None:
+    around = band(bounds, exact)
+    width = bucket_width(bounds, exact)
+    if around is None or width is None:
         return QuantileCheck(
             name, exact, estimate, None, None, "beyond the largest finite histogram bucket"
         )
-    agree = abs(estimate - exact) <= res + 1e-12
+    low, high = around
+    if ended:
+        seen = band(bounds, percentile(ended, 50.0 if key == "p50" else 99.0))
+        if seen is not None:
+            low, high = min(low, seen[0]), max(high, seen[1])
+    agree = low - 1e-12 <= estimate <= high + 1e-12
     detail = (
-        f"exact {exact * 1000:.1f} ms, Prometheus {estimate * 1000:.1f} ms, "
-        f"resolution {res * 1000:.1f} ms"
+        f"records {_ms(exact)}, Prometheus {_ms(estimate)}, tolerance {_ms(low)} to "
+        f"{_ms(high)} (histogram buckets around the exact value; its bucket is "
+        f"{_ms(width)} wide)"
     )
-    return QuantileCheck(name, exact, estimate, res, agree, detail)
+    return QuantileCheck(name, exact, estimate, width, agree, detail, low, high)

@@ -5,8 +5,10 @@ A stage is any object with ``start_s``, ``end_s`` (seconds from the run start),
 (open loop, requests/s) or else ``users`` (closed loop).
 
 * Stage throughput: successful requests that *ended* in the stage, per second.
-* Stage P99 TTFT / E2E: over successful requests *sent* in the stage; below 100
-  samples the SLO is judged on the maximum (a stricter bound) and a note says so.
+* Stage P99 TTFT / E2E: over successful requests *sent* in the stage (TTFT over the
+  streamed ones, as in the summary's latency table); below 100 samples the SLO is
+  judged on the maximum (a stricter bound) and a note says so. A stage without a
+  streamed request has no TTFT to judge.
 * Stage meets the SLO: P99 TTFT ≤ SLO TTFT, P99 E2E ≤ SLO E2E and error rate
   (over requests sent in the stage) ≤ the SLO's error limit (1 % by default).
 * Throughput decay: ``max(0, 1 - tput(peak offered load) / best tput)``.
@@ -72,15 +74,17 @@ def stage_stats(
         sent = [r for r in records if start <= r.sent_at < end]
         ok = [r for r in sent if r.outcome == "ok"]
         completed = sum(1 for r in records if r.outcome == "ok" and start <= r.ended_at < end)
-        ttfts = [slo_ttft(r) for r in ok]
+        ttfts = [t for r in ok if (t := r.ttft) is not None]
         e2es = [r.e2e for r in ok]
         ttft_p99, ttft_exact = p99_or_max(ttfts)
         e2e_p99, e2e_exact = p99_or_max(e2es)
         error_rate = (len(sent) - len(ok)) / len(sent) if sent else None
         notes: list[str] = []
-        if sent and not (ttft_exact and e2e_exact):
+        if (ttfts and not ttft_exact) or (e2es and not e2e_exact):
             notes.append(f"fewer than 100 samples: SLO judged on the maximum ({len(ok)} ok)")
-        meets = _meets(slo, ttft_p99, e2e_p99, error_rate)
+        if ok and not ttfts and slo is not None and slo.ttft_s is not None:
+            notes.append("no streamed request: TTFT not judged")
+        meets = _meets(slo, ttft_p99, e2e_p99, error_rate, ttft_judged=bool(ttfts) or not ok)
         recovery = None
         if stage.label == SPIKE_LABEL and slo is not None and slo.ttft_s is not None:
             recovery = recovery_time(
@@ -114,13 +118,18 @@ def stage_stats(
 
 
 def _meets(
-    slo: Slo | None, ttft: float | None, e2e: float | None, error_rate: float | None
+    slo: Slo | None,
+    ttft: float | None,
+    e2e: float | None,
+    error_rate: float | None,
+    *,
+    ttft_judged: bool = True,
 ) -> bool | None:
     if slo is None or error_rate is None:
         return None
     if error_rate > slo.max_error_rate:
         return False
-    if slo.ttft_s is not None and (ttft is None or ttft > slo.ttft_s):
+    if slo.ttft_s is not None and ttft_judged and (ttft is None or ttft > slo.ttft_s):
         return False
     return not (slo.e2e_s is not None and (e2e is None or e2e > slo.e2e_s))
 

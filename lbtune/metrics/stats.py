@@ -172,10 +172,14 @@ def replica_stats(records: Sequence[RequestRecord]) -> tuple[ReplicaStats, ...]:
 def slo_checks(
     ok_records: Sequence[RequestRecord], outs: Outcomes, slo: Slo
 ) -> tuple[SloCheck, ...]:
-    """P99 TTFT, P99 E2E (over ``ok_records``) and the error rate against the SLO."""
+    """P99 TTFT, P99 E2E (over ``ok_records``) and the error rate against the SLO.
+
+    The P99s are the latency table's (:func:`latencies`): TTFT over the streamed
+    requests, E2E over all; below 100 samples the maximum is judged instead.
+    """
     checks: list[SloCheck] = []
     for name, target, values in (
-        ("p99_ttft", slo.ttft_s, [stage_figures.slo_ttft(r) for r in ok_records]),
+        ("p99_ttft", slo.ttft_s, [t for r in ok_records if (t := r.ttft) is not None]),
         ("p99_e2e", slo.e2e_s, [r.e2e for r in ok_records]),
     ):
         if target is None:
@@ -184,6 +188,8 @@ def slo_checks(
         detail = ""
         if value is not None and not exact:
             detail = f"fewer than 100 samples ({len(values)}): judged on the maximum"
+        if value is None and ok_records and name == "p99_ttft":
+            detail = "no streamed request in the window: TTFT is undefined"
         ok = None if value is None else value <= target
         checks.append(SloCheck(name=name, target=target, value=value, ok=ok, detail=detail))
     rate = outs.error_rate
@@ -246,7 +252,9 @@ def summarize(
         gen = dataclasses.replace(gen, lateness_p99_s=late.p99)
     cross = None
     if server is not None and server.client is not None:
-        cross = cross_check(records, window, server.client, scrape_interval_s=scrape_interval_s)
+        cross = cross_check(
+            records, window, server.client, latency=lat, scrape_interval_s=scrape_interval_s
+        )
     if server is not None:
         all_notes.extend(server.notes)
     return RunSummary(

@@ -238,10 +238,15 @@ class CountCheck:
 class QuantileCheck:
     name: str
     exact: float | None
+    """The summary's own figure (``latency.ttft.p99`` for ``ttft_p99``)."""
     prometheus: float | None
     resolution: float | None
+    """Width of the histogram bucket holding ``exact``."""
     agree: bool | None
     detail: str = ""
+    low: float | None = None
+    """Tolerance: ``prometheus`` agrees when it lies in ``[low, high]``."""
+    high: float | None = None
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,10 @@ numbers or ``None``). Latencies in tables and plots are in milliseconds, shares
 and rates in percent where the column name says so. Time series use ``t`` in
 seconds since the run start.
 
-Time-series points (per-second latency percentiles) are computed by linear
-interpolation *without* the sample-count rule of the summary, so that a plot
-shows something at low rates; every point carries its sample count ``n``.
+Time-series points (per-second latency percentiles) use the one percentile
+(:func:`lbtune.metrics.quantiles.percentile`) *without* the sample-count rule of the
+summary, so that a plot shows something at low rates; every point carries its sample
+count ``n``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lbtune.loadgen.records import RequestRecord
+from lbtune.metrics.quantiles import percentile
 from lbtune.metrics.summary import LatencyStats, RunSummary
 
 Cell = str | int | float | None
@@ -84,8 +86,15 @@ def warnings(summary: RunSummary) -> list[str]:
         out.append(f"DEGRADED: the load generator fell behind ({reasons}); figures may be off.")
     if summary.incomplete:
         out.append("INCOMPLETE: some figures are missing (see the notes).")
-    if summary.cross_check is not None and summary.cross_check.agree is False:
-        out.append("CROSS-CHECK: records and Prometheus disagree beyond histogram resolution.")
+    cc = summary.cross_check
+    if cc is not None and cc.agree is False:
+        what = [
+            f"requests {c.outcome}: records {c.client}, Prometheus {c.prometheus:.0f} "
+            f"(tolerance ±{c.tolerance:.1f})"
+            for c in cc.counts
+            if c.agree is False
+        ] + [f"{q.name}: {q.detail}" for q in cc.quantiles if q.agree is False]
+        out.append("CROSS-CHECK: records and Prometheus disagree: " + "; ".join(what) + ".")
     failed = [c.name for c in summary.slo_checks if c.ok is False]
     if failed:
         out.append("SLO NOT MET: " + ", ".join(failed) + ".")
@@ -252,9 +261,11 @@ def crosscheck_table(summary: RunSummary) -> Table:
             )
         for q in cc.quantiles:
             verdict = "n/a" if q.agree is None else ("agree" if q.agree else "DISAGREE")
-            res = None if q.resolution is None else f"±{q.resolution * 1000:.1f} ms"
-            rows.append((f"{q.name} (ms)", ms(q.exact), ms(q.prometheus), res, verdict))
-    return Table(("Figure", "Records", "Prometheus", "Resolution", "Verdict"), tuple(rows))
+            tol = None
+            if q.low is not None and q.high is not None:
+                tol = f"{q.low * 1000:.1f} to {q.high * 1000:.1f} ms"
+            rows.append((f"{q.name} (ms)", ms(q.exact), ms(q.prometheus), tol, verdict))
+    return Table(("Figure", "Records", "Prometheus", "Tolerance", "Verdict"), tuple(rows))
 
 
 def latency_over_time(
@@ -286,7 +297,7 @@ def latency_over_time(
 def _q_ms(values: list[float], q: float) -> float | None:
     if not values:
         return None
-    return float(np.percentile(np.asarray(values), q, method="linear")) * 1000.0
+    return percentile(values, q) * 1000.0
 
 
 def ttft_histogram(

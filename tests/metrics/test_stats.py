@@ -209,3 +209,56 @@ def test_non_streamed_requests_have_no_ttft_but_count_for_e2e() -> None:
     assert lat.ttft.count == 3 and lat.ttft.max == pytest.approx(0.1)
     assert lat.tpot.count == 3
     assert lat.e2e.count == 4 and lat.e2e.max == pytest.approx(4.0)
+
+
+def test_one_ttft_p99_in_the_summary() -> None:
+    """Issue 9 item 6: latency table, SLO check and cross-check show the same TTFT P99.
+
+    A mixed run: 120 streamed requests with TTFTs 10..1200 ms and 30 non-streamed ones
+    of 3.2 s. The non-streamed ones have no TTFT, so they enter none of the three.
+    """
+    import dataclasses
+
+    from lbtune.metrics.summary import PromClientSide, ServerSide
+
+    streamed = [rec(i, sent=T0 + i * 0.1, ttft=0.01 * (i + 1), e2e=1.5) for i in range(120)]
+    whole = [
+        dataclasses.replace(
+            rec(200 + i, sent=T0 + i * 0.3, ttft=None, e2e=3.2), stream=False, chunk_times=()
+        )
+        for i in range(30)
+    ]
+    window = Window(T0, T0 + 20)
+    bounds = tuple(0.05 * k for k in range(1, 41))
+    server = ServerSide(
+        window=window,
+        client=PromClientSide(ttft_p99=1.19, ttft_buckets=bounds, e2e_buckets=bounds),
+    )
+    s = summarize(
+        streamed + whole, run_start=T0, window=window, scenario="mixed", target="t",
+        slo=Slo(ttft_s=1.0), server=server, scrape_interval_s=1.0,
+    )  # fmt: skip
+    # 120 TTFTs 0.01..1.20: P99 at h = 119 * 0.99 = 117.81 -> 1.18 + 0.81 * 0.01 = 1.1881.
+    expected = percentile([r.ttft for r in streamed if r.ttft is not None], 99)
+    assert expected == pytest.approx(1.1881)
+    assert s.latency.ttft.count == 120 and s.latency.ttft.p99 == expected
+    check = {c.name: c for c in s.slo_checks}["p99_ttft"]
+    assert check.value == expected and check.ok is False
+    assert s.cross_check is not None
+    cc = {q.name: q for q in s.cross_check.quantiles}["ttft_p99"]
+    assert cc.exact == expected and cc.agree is True
+
+
+def test_slo_check_without_streamed_requests() -> None:
+    import dataclasses
+
+    whole = [
+        dataclasses.replace(rec(i, sent=T0 + i * 0.1, ttft=None, e2e=0.2), stream=False)
+        for i in range(20)
+    ]
+    s = summarize(
+        whole, run_start=T0, window=Window(T0, T0 + 10), scenario="x", target="y",
+        slo=Slo(ttft_s=0.1),
+    )  # fmt: skip
+    check = {c.name: c for c in s.slo_checks}["p99_ttft"]
+    assert check.value is None and check.ok is None and "no streamed request" in check.detail
