@@ -14,9 +14,10 @@ A side is read from
     live (with ``--no-apply``, what it recommends);
   - ``best``: the confirmed winner, else the best trial even though not confirmed.
 
-  A study's run directories hold no summary, so their measurement window is rebuilt
-  from ``load-config.json`` and the scenario (start = the first request's schedule or
-  send time); when that fails the side falls back to the figures in ``study.json``.
+  A study's run directories hold no summary: their measurement window, scenario name and
+  SLO are read from each run's ``run.json`` (:mod:`lbtune.runplan`), never recomputed
+  from the scenario file; a run directory without one (written before lbtune recorded
+  its plan) falls back to the figures in ``study.json`` and says why.
 
 Everything a side needs for the comparison is kept: its figures as the report states
 them, and its per-request arrays (:class:`~lbtune.metrics.bootstrap.RunArrays`) when
@@ -35,7 +36,8 @@ from lbtune.errors import ConfigError
 
 if TYPE_CHECKING:
     from lbtune.metrics.bootstrap import RunArrays
-    from lbtune.metrics.summary import RunSummary, Slo
+    from lbtune.metrics.summary import RunSummary, Slo, Window
+    from lbtune.runplan import RunPlan
 
 Pick = Literal["baseline", "result", "best"]
 _STUDY_FIGURES = {
@@ -214,7 +216,8 @@ def _study_side_of(p: Path, data: dict[str, Any], name: str, pick: Pick) -> Side
             what += ", no confirmed winner"
     figures = {k: (figs or {}).get(v) for k, v in _STUDY_FIGURES.items()}
     figures["itl_p50"] = None
-    slo = _study_slo(data) if figures["goodput_per_s"] is not None else None
+    plan = _first_plan(labels)
+    slo = _plan_slo(plan) if figures["goodput_per_s"] is not None else None
     arrays, runs, why = _study_arrays(labels, slo)
     if arrays is None:
         notes.append(f"per-request records of trial {trial} not used: {why}")
@@ -222,20 +225,30 @@ def _study_side_of(p: Path, data: dict[str, Any], name: str, pick: Pick) -> Side
         notes.extend(_few(int((arrays.ok & arrays.in_window).sum())))
     return Side(
         name=name, label=f"study {study}: {what}", path=str(p.parent), kind="study",
-        scenario=_scenario_name(str(data.get("scenario", ""))), figures=figures, arrays=arrays,
+        scenario=_scenario_name(str(data.get("scenario", "")), plan), figures=figures,
+        arrays=arrays,
         runs=max(1, runs), requests=0 if arrays is None else int(arrays.in_window.sum()),
         slo=None if slo is None else (slo.ttft_s, slo.e2e_s), notes=tuple(notes),
     )  # fmt: skip
 
 
-def _scenario_name(ref: str) -> str:
-    """A study stores the scenario as given (a name or a YAML path): its name, if it loads."""
-    from lbtune.scenario import load_scenario
+def _scenario_name(ref: str, plan: RunPlan | None) -> str:
+    """A study stores the scenario as given (a name or a YAML path); its runs' ``run.json``
+    records its name. Without one: the file name of a path, else the reference itself."""
+    if plan is not None:
+        return plan.scenario_name
+    return Path(ref).stem if ref.endswith((".yaml", ".yml")) else ref
 
-    try:
-        return load_scenario(ref).name
-    except ConfigError:
-        return ref
+
+def _first_plan(dirs: list[Path]) -> RunPlan | None:
+    from lbtune.runplan import read_run_plan
+
+    for d in dirs:
+        try:
+            return read_run_plan(d)
+        except ConfigError:
+            continue
+    return None
 
 
 def _trial_dir(p: Path, n: int) -> Path:
@@ -252,25 +265,12 @@ def _confirm_dirs(p: Path, arm: str) -> list[Path]:
     return out
 
 
-def _study_slo(data: Mapping[str, Any]) -> Slo | None:
-    """The latency SLO the study's goodput was judged against (its objective's references
-    stand for the scenario's SLO and ``--slo``; a default reference means no SLO)."""
-    from lbtune.metrics.summary import Slo
-    from lbtune.objective import DEFAULT_REFS
-    from lbtune.scenario import load_scenario
-
-    refs = (data.get("objective") or {}).get("refs") or {}
-    try:
-        scen = load_scenario(str(data.get("scenario")))
-        ss = scen.slo
-        has = {"ttft": bool(ss and ss.ttft), "e2e": bool(ss and ss.e2e)}
-    except ConfigError:
-        has = {"ttft": True, "e2e": True}
-    vals = {
-        k: refs.get(k) if has[k] or refs.get(k) != DEFAULT_REFS[k] else None
-        for k in ("ttft", "e2e")
-    }
-    return Slo(ttft_s=vals["ttft"], e2e_s=vals["e2e"])
+def _plan_slo(plan: RunPlan | None) -> Slo | None:
+    """The latency SLO the runs' goodput was judged against, as their ``run.json`` records
+    it (the scenario's SLO with the study's ``--slo``); ``None`` without a recorded plan."""
+    if plan is None:
+        return None
+    return plan.slo_value()
 
 
 def _study_arrays(dirs: list[Path], slo: Slo | None) -> tuple[RunArrays | None, int, str]:
@@ -284,29 +284,22 @@ def _study_arrays(dirs: list[Path], slo: Slo | None) -> tuple[RunArrays | None, 
         if not _has_records(d):
             return None, 0, f"no records in {d}"
         records = read_records(d)
-        window = _run_window(d, records)
+        window, why = _run_window(d)
         if window is None:
-            return None, 0, f"the measurement window of {d.name} cannot be rebuilt"
+            return None, 0, why
         parts.append(RunArrays.from_records(records, window, slo))
     return RunArrays.concat(parts), len(parts), ""
 
 
-def _run_window(d: Path, records: list[Any]) -> Any:
+def _run_window(d: Path) -> tuple[Window | None, str]:
+    """The measurement window recorded in ``d/run.json`` (absolute, as the run used it)."""
     from lbtune.metrics.summary import Window
-    from lbtune.scenario import load_scenario, plan_load
+    from lbtune.runplan import read_run_plan
 
-    cfg_path = d / "load-config.json"
-    if not records or not cfg_path.is_file():
-        return None
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        plan = plan_load(
-            load_scenario(cfg["scenario"]), cfg.get("duration_s"), cfg.get("users"),
-            cfg.get("rate"), cfg.get("seed"),
-        )  # fmt: skip
-    except (ConfigError, OSError, KeyError, ValueError):
-        return None
-    start = min(r.scheduled_at if r.scheduled_at is not None else r.sent_at for r in records)
-    lo, hi = plan.measure_window
-    end = min(start + hi, max(r.ended_at for r in records))
-    return Window(start + lo, max(start + lo, end))
+        plan = read_run_plan(d)
+    except ConfigError as exc:
+        return None, str(exc)
+    if plan.window_start is None or plan.window_end is None:
+        return None, f"{d}/run.json holds no measured window (the run did not finish)"
+    return Window(plan.window_start, plan.window_end), ""

@@ -41,10 +41,14 @@ def run_records(t0: float, scale: float) -> list[RequestRecord]:
 
 
 def write_run(d: Path, scenario: Path, t0: float, scale: float) -> list[RequestRecord]:
+    """Records and the run's plan (``run.json``) as ``run_stress`` leaves them."""
+    from lbtune.runplan import plan_run, write_run_plan
+    from lbtune.stress import StressOptions
+
     recs = run_records(t0, scale)
     write_parquet(recs, d / "requests.parquet")
-    cfg = {"scenario": str(scenario), "duration_s": 20.0, "users": None, "rate": None, "seed": 5}
-    (d / "load-config.json").write_text(json.dumps(cfg))
+    plan = plan_run(StressOptions(scenario=str(scenario), duration_s=20.0, seed=5))
+    write_run_plan(d, plan.as_run(t0, plan.window_at(t0)))
     return recs
 
 
@@ -91,7 +95,7 @@ def test_a_study_alone_compares_its_baseline_with_its_winner(study_dir: Path) ->
     assert {"ttft_p99", "e2e_p99"} <= {f.key for f in result.improvements}
 
 
-def test_study_run_windows_are_rebuilt_from_the_scenario(study_dir: Path) -> None:
+def test_study_run_windows_are_read_from_run_json(study_dir: Path) -> None:
     side = load_side(study_dir / "study.json", pick="baseline")
     assert side.arrays is not None
     recs = run_records(T0 + 200, 1.0)
