@@ -153,7 +153,11 @@ def _quantile(values: FloatArray, weights: Weights, q: float) -> FloatArray:
     frac = h - lo
     i_lo = np.minimum((cum <= lo).sum(axis=0), values.size - 1)
     i_hi = np.minimum((cum <= lo + 1).sum(axis=0), values.size - 1)
-    out = values[i_lo] + frac * (values[i_hi] - values[i_lo])
+    lo_v, hi_v = values[i_lo], values[i_hi]
+    diff = hi_v - lo_v
+    # numpy's own interpolation, term for term, so that the point estimate equals
+    # :func:`lbtune.metrics.quantiles.percentile` to the last bit.
+    out = np.where(frac >= 0.5, hi_v - diff * (1 - frac), lo_v + diff * frac)
     return np.where(total > 0, out, np.nan)
 
 
