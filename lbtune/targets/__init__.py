@@ -32,6 +32,7 @@ __all__ = ["TARGETS", "balancer", "get_target", "names", "unknown"]
 TARGETS: dict[str, str] = {
     "haproxy": "lbtune.targets.haproxy.balancer:BALANCER",
     "vllm-router": "lbtune.targets.vllm_router.balancer:BALANCER",
+    "nginx": "lbtune.targets.nginx.balancer:BALANCER",
 }
 
 

@@ -1,0 +1,1 @@
+"""nginx (open source) as an lbtune target: config rendering, graceful reloads, read-back."""

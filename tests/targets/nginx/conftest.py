@@ -1,0 +1,201 @@
+"""Fixtures for the nginx target: two simulated replicas and an nginx launched through the
+registry entry's own ``launch`` hook, on free loopback ports, always stopped afterwards."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lbtune.cluster import supervisor
+from lbtune.cluster.state import StatePaths
+from lbtune.cluster.supervisor import ProcessRecord
+from lbtune.targets.base import LaunchSpec, ReplicaAddress
+from lbtune.targets.nginx.balancer import BALANCER
+from lbtune.targets.nginx.config import Site
+from lbtune.targets.nginx.target import NginxTarget
+
+M8 = "llama-3.1-8b-instruct"
+M70 = "llama-3.1-70b-instruct-awq"
+MODELS = (M70, M8)
+
+needs_nginx = pytest.mark.skipif(
+    (shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")) is None
+    or shutil.which("prometheus-nginx-exporter") is None,
+    reason="nginx and prometheus-nginx-exporter are needed "
+    "(sudo apt-get install nginx prometheus-nginx-exporter)",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalSupervisor:
+    """The cluster's supervisor functions behind the :class:`Supervisor` hook protocol."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.paths = StatePaths(state_dir)
+        self.paths.logs.mkdir(parents=True, exist_ok=True)
+        self.records: dict[str, ProcessRecord] = {}
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self.records[name] = supervisor.start(name, argv, self.paths, env=dict(env or {}))
+
+    def wait_until(self, check: Callable[[], str | None], timeout_s: float, what: str) -> None:
+        supervisor.wait_until(check, timeout_s, what, list(self.records.values()))
+
+    def stop(self, name: str) -> None:
+        record = self.records.pop(name, None)
+        if record is not None:
+            supervisor.stop(record, self.paths)
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.records)):
+            self.stop(name)
+
+
+@dataclass
+class Running:
+    target: NginxTarget
+    site: Site
+    spec: LaunchSpec
+    supervisor: LocalSupervisor
+
+    @property
+    def url(self) -> str:
+        return self.site.url
+
+
+def _wait_healthy(urls: list[str], proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 30
+    pending = list(urls)
+    while pending:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the sim did not start: {log.read_text()[-2000:]}")
+        url = pending[0]
+        host, port = url.removeprefix("http://").split(":")
+        try:
+            conn = http.client.HTTPConnection(host, int(port), timeout=1)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                pending.pop(0)
+            conn.close()
+        except OSError:
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ReplicaAddress, ...]]:
+    """h100-0 serves both models, l4-0 the 8B (as in mini2), in one sim process."""
+    tmp = tmp_path_factory.mktemp("sim")
+    reps = (
+        ReplicaAddress("h100-0", "127.0.0.1", free_port(), (M8, M70), "h100-80g"),
+        ReplicaAddress("l4-0", "127.0.0.1", free_port(), (M8,), "l4-24g"),
+    )
+    spec = {
+        "host": "127.0.0.1",
+        "time_scale": 8.0,
+        "seed": 0,
+        "replicas": [
+            {"name": r.name, "port": r.port, "gpu": r.gpu, "models": list(r.models)} for r in reps
+        ],
+    }
+    (tmp / "sim.json").write_text(json.dumps(spec))
+    log = tmp / "sim.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lbtune.sim", "--spec", str(tmp / "sim.json")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_healthy([r.url for r in reps], proc, log)
+        yield reps
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def launch(state_dir: Path, reps: tuple[ReplicaAddress, ...]) -> Running:
+    spec = LaunchSpec(
+        cluster_name="nginx-test",
+        state_dir=state_dir,
+        host="127.0.0.1",
+        port=free_port(),
+        metrics_port=free_port(),
+        extra_ports={},
+        replicas=reps,
+        models=MODELS,
+        params={},
+    )
+    sup = LocalSupervisor(state_dir)
+    try:
+        BALANCER.launch(spec, sup)
+    except BaseException:
+        sup.stop_all()
+        raise
+    site = Site(state_dir, spec.host, spec.port, reps, MODELS)
+    return Running(NginxTarget(site), site, spec, sup)
+
+
+@pytest.fixture(scope="module")
+def nginx(
+    replicas: tuple[ReplicaAddress, ...], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    """nginx + prometheus-nginx-exporter in front of the two replicas."""
+    if (shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")) is None:
+        pytest.skip("nginx is needed")
+    running = launch(tmp_path_factory.mktemp("ng"), replicas)
+    try:
+        yield running
+    finally:
+        running.supervisor.stop_all()
+
+
+def chat(
+    url: str,
+    model: str,
+    *,
+    stream: bool = False,
+    max_tokens: int = 4,
+    content: str = "hi",
+    timeout: float = 30,
+) -> tuple[int, dict[str, str], bytes]:
+    """One request on a fresh connection: (status, lower-cased headers, whole body)."""
+    body: dict[str, object] = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+    }
+    if stream:
+        body["stream"] = True
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            json.dumps(body),
+            {"Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+    finally:
+        conn.close()
