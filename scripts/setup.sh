@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything lbtune needs on a fresh Debian/Ubuntu machine, idempotently:
-#   - system packages: haproxy, prometheus (promtool), chromium (report screenshot test)
+#   - system packages: haproxy, prometheus (promtool), nginx + prometheus-nginx-exporter
+#     (the nginx target), chromium (report screenshot test)
 #   - a virtualenv in .venv with lbtune and its dev extras (editable)
 # Re-running is cheap: each step is skipped when already done.
 set -euo pipefail
@@ -8,12 +9,14 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-APT_PACKAGES=(haproxy prometheus)
+APT_PACKAGES=(haproxy prometheus nginx prometheus-nginx-exporter)
 [ "${LBTUNE_SKIP_BROWSER:-0}" = 1 ] || APT_PACKAGES+=(chromium)
 
 need=()
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
+command -v prometheus-nginx-exporter >/dev/null 2>&1 || need+=(prometheus-nginx-exporter)
 if [[ " ${APT_PACKAGES[*]} " == *" chromium "* ]] && ! command -v chromium >/dev/null 2>&1; then
   need+=(chromium)
 fi
@@ -23,6 +26,16 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing system packages: ${need[*]}" >&2
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # lbtune runs its own nginx and exporter per cluster; the Debian packages start system
+  # services (nginx on port 80, the exporter on 9113): stop the ones just installed.
+  for svc in nginx prometheus-nginx-exporter; do
+    [[ " ${need[*]} " == *" $svc "* ]] || continue
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+      $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
+    else
+      $SUDO service "$svc" stop >/dev/null 2>&1 || true
+    fi
+  done
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
