@@ -33,6 +33,7 @@ TARGETS: dict[str, str] = {
     "haproxy": "lbtune.targets.haproxy.balancer:BALANCER",
     "vllm-router": "lbtune.targets.vllm_router.balancer:BALANCER",
     "nginx": "lbtune.targets.nginx.balancer:BALANCER",
+    "envoy": "lbtune.targets.envoy.balancer:BALANCER",
 }
 
 
