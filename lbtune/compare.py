@@ -77,6 +77,7 @@ FIGURES: tuple[FigureDef, ...] = (
     FigureDef("error_rate", "error rate", "%", "lower", ("errors", "error")),
 )
 _BY_NAME = {n: f for f in FIGURES for n in (f.key, *f.aliases)}
+_PERCENTILE_FIGURES = frozenset({"ttft_p50", "ttft_p99", "e2e_p99", "itl_p50"})
 DEFAULT_FAIL_ON = "p99=+10%,ttft=+10%,goodput=-5%,errors=+1%"
 """Used when ``--fail-on`` is not given."""
 _THRESHOLD = re.compile(r"^\s*([+-]?)\s*([0-9]*\.?[0-9]+)\s*(%|pp)?\s*$")
@@ -265,6 +266,8 @@ def compare(
         status: Status = "untested"
         if change is None:
             note = "missing on one side" if va is None or vb is None else "A is zero: no ratio"
+            if (va is None or vb is None) and fig.key in _PERCENTILE_FIGURES:
+                note += " (too few samples for this percentile, see docs/metrics.md)"
         elif not tested:
             note = NO_RECORDS
         else:

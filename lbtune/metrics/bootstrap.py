@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lbtune.loadgen.records import RequestRecord
-from lbtune.metrics.quantiles import percentile
+from lbtune.metrics.quantiles import MIN_SAMPLES, percentile
 from lbtune.metrics.summary import Slo, Window
 
 FloatArray = np.ndarray[tuple[int], np.dtype[np.float64]]
@@ -192,12 +192,27 @@ def figures(a: RunArrays, weights: Weights) -> dict[str, FloatArray]:
     return out
 
 
+def sample_counts(a: RunArrays) -> dict[str, int]:
+    """How many samples each percentile figure of :data:`FIGURE_KEYS` rests on."""
+    lat = a.in_window & a.ok
+    n_ttft = int((lat & ~np.isnan(a.ttft)).sum())
+    return {"ttft_p50": n_ttft, "ttft_p99": n_ttft, "e2e_p99": int(lat.sum()),
+            "itl_p50": int(a.itl.size)}  # fmt: skip
+
+
 def point(a: RunArrays) -> dict[str, float | None]:
-    """The figures of the run itself (every request once); ``None`` where undefined."""
+    """The figures of the run itself (every request once); ``None`` where undefined.
+
+    A percentile below its minimum sample count (:data:`~lbtune.metrics.quantiles.MIN_SAMPLES`)
+    is ``None``, as in ``summary.json``.
+    """
     found = figures(a, np.ones((a.size, 1), dtype=np.int32))
     out: dict[str, float | None] = {k: None for k in FIGURE_KEYS}
     for k, v in found.items():
         out[k] = float(v[0]) if np.isfinite(v[0]) else None
+    for k, n in sample_counts(a).items():
+        if n < MIN_SAMPLES[k.rsplit("_", 1)[1]]:
+            out[k] = None
     return out
 
 

@@ -71,3 +71,13 @@ def test_pooled_runs_resample_within_each_run_and_are_seeded() -> None:
     rps = a["requests_per_s"]
     assert rps.std() > 0  # counts vary under the Poisson bootstrap
     assert abs(rps.mean() / point(both)["requests_per_s"] - 1) < 0.05  # type: ignore[operator]
+
+
+def test_point_withholds_a_percentile_below_its_minimum_samples() -> None:
+    """Like summary.json: 50 requests give a P50 but no P99 (it needs 100)."""
+    recs = [rec(i, sent=T0 + i * 0.1, ttft=0.01 * (i + 1), e2e=1.0) for i in range(50)]
+    window = Window(T0, T0 + 10)
+    p = point(RunArrays.from_records(recs, window))
+    s = summarize(recs, run_start=T0, window=window, scenario="x", target="t")
+    assert p["ttft_p99"] is None and p["e2e_p99"] is None and s.latency.ttft.p99 is None
+    assert p["ttft_p50"] == s.latency.ttft.p50 and p["ttft_p50"] is not None
