@@ -95,12 +95,7 @@ class NginxBalancer:
     test_preset = "mini2-nginx"
 
     def check_cluster(self, shape: ClusterShape) -> str | None:
-        if shape.agent:
-            return (
-                "the feedback agent needs live weights, and open-source nginx changes weights "
-                "only by reload; use `balancer: haproxy` with the agent"
-            )
-        return None
+        return None  # routes by model; the agent is refused by live_weights = False
 
     def launch(self, spec: LaunchSpec, supervisor: Supervisor) -> BalancerLaunch:
         site = Site(spec.state_dir, spec.host, spec.port, spec.replicas, spec.models)
