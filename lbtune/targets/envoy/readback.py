@@ -11,7 +11,7 @@ Envoy's dump omits fields at their proto default; the defaults below are Envoy's
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lbtune.errors import TargetError
@@ -95,7 +95,7 @@ def weights(hosts: Iterable[HostState]) -> dict[str, int]:
 
 
 def effective(
-    clusters: list[Mapping[str, Any]], route_configs: list[Mapping[str, Any]]
+    clusters: Sequence[Mapping[str, Any]], route_configs: Sequence[Mapping[str, Any]]
 ) -> tuple[ParamSet, list[str]]:
     """(knobs read from Envoy's live clusters and routes, disagreements between clusters).
 

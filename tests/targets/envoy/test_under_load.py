@@ -17,7 +17,7 @@ CLIENTS = 6
 MAX_REQUESTS = 3000
 MAX_SECONDS = 60.0
 
-STRUCTURAL = [
+STRUCTURAL: list[dict[str, object]] = [
     {"lb_policy": "LEAST_REQUEST", "choice_count": 3},
     {"lb_policy": "ROUND_ROBIN", "slow_start_s": 5},
     {"lb_policy": "RING_HASH", "hash_bytes": 64},
@@ -107,9 +107,8 @@ def test_ten_structural_applies_under_load_drop_no_request(envoy: RunningEnvoy) 
             while load.sent() < before + 10 and time.monotonic() < deadline:
                 time.sleep(0.01)  # requests flow through the new clusters before the next one
     assert envoy.proc.poll() is None and envoy.pid == pid
-    print(
-        f"envoy: {len(STRUCTURAL)} structural applies, {load.sent()} requests, {len(load.errors)} failed"
-    )
+    failed = len(load.errors)
+    print(f"envoy: {len(STRUCTURAL)} structural applies, {load.sent()} requests, {failed} failed")
     assert load.sent() > 100
     assert load.errors == [], f"{len(load.errors)} of {load.sent()} failed: {load.errors[:3]}"
     target.apply(target.space().baseline())
