@@ -289,25 +289,25 @@ class _WindowCounter:
         from lbtune.loadgen.collect import RecordTail
 
         self._plan, self._need, self._stop = plan, need, stop
-        self._t0: float | None = None
-        self.ok = 0
+        self._ok_sent: list[float] = []
         self.reached_at: float | None = None
-        self._tail = RecordTail(out_dir, on_record=self._count)
+        self._tail = RecordTail(out_dir, on_record=self._keep)
 
-    def _count(self, r: Any) -> None:
-        t0 = self._t0
-        if r.outcome == "ok" and t0 is not None and r.sent_at >= t0 + self._plan.window_start_s:
-            self.ok += 1
+    def _keep(self, r: Any) -> None:
+        if r.outcome == "ok":
+            self._ok_sent.append(r.sent_at)
 
     def __call__(self, p: Progress) -> None:
         if self.reached_at is not None:
             return
-        if self._t0 is None:
-            self._t0 = time.time() - p.elapsed_s
+        now = time.time()
+        # The run's start as the runner knows it now (it learns the generators' start
+        # message a little after they send it): recomputed at every snapshot.
+        opens = now - p.elapsed_s + self._plan.window_start_s
         self._tail.poll()
         shape_done = p.elapsed_s >= self._plan.load.shape_duration_s - self._plan.load.cooldown_s
-        if self.ok >= self._need and shape_done:
-            self.reached_at = time.time()
+        if shape_done and sum(1 for t in self._ok_sent if t >= opens) >= self._need:
+            self.reached_at = now
             self._stop.set()
 
 
@@ -380,6 +380,10 @@ def _summarize(
         processes=len(health.workers) or 1,
         degraded=health.degraded,
         reasons=health.reasons,
+        timing=health.timing,
+        ttft_bound_p50_s=health.ttft_bound_p50_s,
+        ttft_bound_p99_s=health.ttft_bound_p99_s,
+        idle_share=health.idle_share,
     )
     return summarize(
         records,

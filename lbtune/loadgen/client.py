@@ -1,8 +1,18 @@
 """The streaming OpenAI client used by :class:`~lbtune.loadgen.user.LLMUser`.
 
-Raw gevent sockets, HTTP/1.1 keep-alive, one ``time.time()`` stamp right after
-each ``recv``; the bytes are handled by :mod:`lbtune.loadgen.wire` (no per-line
-JSON). Every call of :meth:`StreamClient.send` returns exactly one
+Raw gevent sockets, HTTP/1.1 keep-alive; the bytes are handled by
+:mod:`lbtune.loadgen.wire` (no per-line JSON). Response time stamps come from the
+kernel: on plain TCP the socket has ``SO_TIMESTAMPNS`` set and every read is a
+``recvmsg`` whose ancillary data carries the arrival time (``CLOCK_REALTIME``, the
+clock of ``time.time()``) of the last byte it returned, so however late the event
+loop gets to a socket, the stamp is when the bytes came. A read that returns the
+first content event together with later bytes only bounds its arrival (the kernel
+keeps one time per read): the record's ``first_token_bound_s`` says by how much.
+Over TLS (records cannot be matched to segments) or where the kernel gives no
+stamp, reads are stamped with ``time.time()`` and the record says ``timing="loop"``.
+Send times are ``time.time()`` right before the request is written.
+
+Every call of :meth:`StreamClient.send` returns exactly one
 :class:`~lbtune.loadgen.records.RequestRecord` with exactly one outcome:
 
 * ``ok`` — 2xx and the body ended (``[DONE]``, or the chunked/Content-Length end);
@@ -22,7 +32,11 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import socket
 import ssl
+import struct
+import sys
 from collections.abc import Callable
 from time import time
 from typing import Any
@@ -31,7 +45,7 @@ from urllib.parse import urlsplit
 import gevent
 from gevent import socket as gsocket
 
-from lbtune.loadgen.records import OpenRequest, Outcome, RequestRecord
+from lbtune.loadgen.records import OpenRequest, Outcome, RequestRecord, Timing
 from lbtune.loadgen.wire import (
     ChunkedDecoder,
     ProtocolError,
@@ -46,6 +60,22 @@ from lbtune.scenario.request import RequestSpec
 __all__ = ["OpenSet", "StreamClient", "api_key_from_env"]
 
 _RECV = 65536
+_SO_TIMESTAMPNS = 35
+"""``SO_TIMESTAMPNS_OLD`` = ``SCM_TIMESTAMPNS_OLD`` (asm-generic; Python has no constant):
+the ancillary data is a native ``struct timespec``."""
+_TIMESPEC = struct.Struct("@ll")
+_ANC = socket.CMSG_SPACE(_TIMESPEC.size)
+KERNEL_TIMESTAMPS = sys.platform.startswith("linux") and platform.machine() in (
+    "x86_64",
+    "aarch64",
+    "arm64",
+    "riscv64",
+    "ppc64le",
+)
+"""Architectures whose socket option numbers are asm-generic's."""
+
+Reader = Callable[[], tuple[bytes, float]]
+"""One read of a response: (bytes, arrival time of the last byte); ``b""`` at EOF."""
 
 
 def api_key_from_env() -> str | None:
@@ -105,9 +135,10 @@ class StreamClient:
         connect_timeout_s: float = 5.0,
         worker: str = "local",
         id_prefix: str = "lbt-",
-        now: Callable[[], float] = time,
         open_set: OpenSet | None = None,
+        kernel_timestamps: bool = True,
     ) -> None:
+        """``kernel_timestamps=False`` stamps reads with ``time.time()`` (for comparison)."""
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"target URL must be http(s)://host[:port], got {base_url!r}")
@@ -115,6 +146,9 @@ class StreamClient:
         self.port = u.port or (443 if u.scheme == "https" else 80)
         self.prefix = u.path.rstrip("/")
         self._tls = ssl.create_default_context() if u.scheme == "https" else None
+        self.timing: Timing = (
+            "kernel" if kernel_timestamps and KERNEL_TIMESTAMPS and self._tls is None else "loop"
+        )
         self._host_header = f"{self.host}:{self.port}" if u.port else self.host
         self._api_key = api_key
         self._replica_header = replica_header.lower()
@@ -146,6 +180,7 @@ class StreamClient:
         req = build_request(self._host_header, self.prefix + spec.path(), body, headers)
         st = _State()
         st.stream = spec.stream
+        st.timing = self.timing
         self.in_flight += 1
         st.sent_at = time()
         self.open.add(st)
@@ -215,6 +250,8 @@ class StreamClient:
             prefix_group=spec.prefix_group,
             session_id=spec.session_id,
             worker=self.worker,
+            timing=st.timing,
+            first_token_bound_s=st.first_bound if spec.stream else None,
         )
         if cut is not None:
             cut.record = rec  # type: ignore[attr-defined]
@@ -237,6 +274,11 @@ class StreamClient:
         try:
             sock = gsocket.create_connection((self.host, self.port), self.connect_timeout_s)
             sock.setsockopt(gsocket.IPPROTO_TCP, gsocket.TCP_NODELAY, 1)
+            if self.timing == "kernel":
+                try:
+                    sock.setsockopt(gsocket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                except OSError:
+                    self.timing = "loop"
             if self._tls is not None:
                 from gevent import ssl as gssl
 
@@ -251,12 +293,12 @@ class StreamClient:
 
     def _exchange(self, sock: Any, req: bytes, stream: bool, st: _State) -> bool:
         """Send ``req`` and read the whole response into ``st``; True = reusable."""
+        read = _kernel_reader(sock) if st.timing == "kernel" else _loop_reader(sock)
         sock.sendall(req)
-        recv = sock.recv
         buf = b""
+        lower = st.sent_at
         while True:
-            data = recv(_RECV)
-            t = time()
+            data, t = read()
             if not data:
                 st.ended_at = t
                 raise _Closed(got_bytes=bool(buf))
@@ -267,15 +309,17 @@ class StreamClient:
                 break
             if len(buf) > 65536:
                 raise ProtocolError("response head larger than 64 KiB")
+            if len(data) < _RECV:  # the queue was drained: later bytes arrived after t
+                lower = t
         st.headers_at = t
+        st.lower = lower
         head = parse_head(buf[:i])
         st.status = head.status
         st.replica = head.headers.get(self._replica_header)
         rest = buf[i + 4 :]
         ok_status = 200 <= head.status < 300
         if not ok_status or not stream:
-            body = _read_body(recv, head, rest)
-            st.ended_at = time()
+            body, st.ended_at = _read_body(read, head, rest, t)
             if ok_status:
                 n, st.usage_out, st.usage_in = parse_json_body(body)
                 if n:
@@ -283,7 +327,36 @@ class StreamClient:
             else:
                 st.error_body = body[:160].decode("utf-8", "replace")
             return head.keep_alive
-        return _read_stream(recv, head, rest, st)
+        return _read_stream(read, head, rest, st)
+
+
+def _kernel_reader(sock: Any) -> Reader:
+    """Reads stamped with the kernel's arrival time of their last byte."""
+    recvmsg = sock.recvmsg
+    unpack = _TIMESPEC.unpack
+    size = _TIMESPEC.size
+
+    def read() -> tuple[bytes, float]:
+        data, anc, _flags, _addr = recvmsg(_RECV, _ANC)
+        if anc:
+            cdata = anc[0][2]
+            if len(cdata) == size:
+                sec, nsec = unpack(cdata)
+                return data, sec + nsec * 1e-9
+        return data, time()  # EOF, or a segment the kernel did not stamp
+
+    return read
+
+
+def _loop_reader(sock: Any) -> Reader:
+    """Reads stamped with ``time.time()`` when the loop got to them (TLS)."""
+    recv = sock.recv
+
+    def read() -> tuple[bytes, float]:
+        data = recv(_RECV)
+        return data, time()
+
+    return read
 
 
 class _ConnectFailed(Exception):
@@ -295,14 +368,17 @@ class _State:
         "ended_at",
         "error",
         "error_body",
+        "first_bound",
         "got_bytes",
         "headers_at",
+        "lower",
         "replica",
         "scanner",
         "sent_at",
         "status",
         "stream",
         "times",
+        "timing",
         "usage_in",
         "usage_out",
     )
@@ -314,6 +390,9 @@ class _State:
         self.got_bytes = False
         self.status: int | None = None
         self.stream = True
+        self.timing: Timing = "loop"
+        self.lower = 0.0
+        self.first_bound: float | None = None
         self.replica: str | None = None
         self.times: list[float] = []
         self.scanner: SseScanner | None = None
@@ -323,48 +402,51 @@ class _State:
         self.usage_out: int | None = None
 
 
-def _read_stream(recv: Any, head: ResponseHead, rest: bytes, st: _State) -> bool:
-    """Read an SSE body, stamping content chunks; True = connection reusable."""
+def _read_stream(read: Reader, head: ResponseHead, rest: bytes, st: _State) -> bool:
+    """Read an SSE body, stamping content chunks; True = connection reusable.
+
+    Until the first content event, each read's lower time bound (the previous read's
+    stamp, once that read drained the socket) is kept: when the first event shared its
+    read with later bytes, its arrival lies in (lower, stamp].
+    """
     sc = st.scanner = SseScanner()
     times = st.times
     t = st.headers_at or time()
-    if head.chunked:
-        dec = ChunkedDecoder()
-        data = rest
-        while True:
-            if data:
-                payload = dec.feed(data)
-                if payload:
+    lower = st.lower
+    kernel = st.timing == "kernel"
+    dec = ChunkedDecoder() if head.chunked else None
+    remaining = head.content_length
+    data = rest
+    while True:
+        if data:
+            payload = dec.feed(data) if dec is not None else data
+            if payload:
+                if times:
                     k = sc.feed(payload)
                     if k:
                         if k == 1:
                             times.append(t)
                         else:
                             times.extend([t] * k)
+                else:
+                    k, alone = sc.feed_first(payload)
+                    if k:
+                        times.extend([t] * k)
+                        if kernel:
+                            exact = alone and (dec is None or dec.between_chunks)
+                            st.first_bound = 0.0 if exact else max(0.0, t - lower)
+            if dec is not None:
                 if dec.done:
                     st.ended_at = t
                     return head.keep_alive
-            data = recv(_RECV)
-            t = time()
-            if not data:
-                st.ended_at = t
-                if sc.done:  # [DONE] seen; only the terminating chunk is missing
-                    return False
-                raise _Closed(got_bytes=True)
-    remaining = head.content_length
-    data = rest
-    while True:
-        if data:
-            k = sc.feed(data)
-            if k:
-                times.extend([t] * k)
-            if remaining is not None:
+            elif remaining is not None:
                 remaining -= len(data)
                 if remaining <= 0:
                     st.ended_at = t
                     return head.keep_alive
-        data = recv(_RECV)
-        t = time()
+            if len(data) < _RECV:
+                lower = t
+        data, t = read()
         if not data:
             st.ended_at = t
             if sc.done or (remaining is not None and remaining <= 0):
@@ -372,30 +454,30 @@ def _read_stream(recv: Any, head: ResponseHead, rest: bytes, st: _State) -> bool
             raise _Closed(got_bytes=True)
 
 
-def _read_body(recv: Any, head: ResponseHead, rest: bytes) -> bytes:
-    """Read a whole (non-streamed) body."""
+def _read_body(read: Reader, head: ResponseHead, rest: bytes, t: float) -> tuple[bytes, float]:
+    """Read a whole (non-streamed) body: (body, arrival of its last byte)."""
     if head.chunked:
         dec = ChunkedDecoder()
         parts = [dec.feed(rest)] if rest else []
         while not dec.done:
-            data = recv(_RECV)
+            data, t = read()
             if not data:
                 raise _Closed(got_bytes=True)
             parts.append(dec.feed(data))
-        return b"".join(parts)
+        return b"".join(parts), t
     if head.content_length is not None:
         parts = [rest]
         have = len(rest)
         while have < head.content_length:
-            data = recv(_RECV)
+            data, t = read()
             if not data:
                 raise _Closed(got_bytes=True)
             parts.append(data)
             have += len(data)
-        return b"".join(parts)
+        return b"".join(parts), t
     parts = [rest]
     while True:
-        data = recv(_RECV)
+        data, t = read()
         if not data:
-            return b"".join(parts)
+            return b"".join(parts), t
         parts.append(data)

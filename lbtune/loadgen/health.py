@@ -1,56 +1,101 @@
-"""Generator self-health: is the load generator itself keeping up?
+"""Generator self-health: could the load generator have distorted the figures?
 
-Three signals per generator process, sampled every second:
+Response bytes are time-stamped by the kernel (:mod:`lbtune.loadgen.client`), so
+event-loop lag no longer enters TTFT, ITL or E2E by itself. What lag can still
+distort, and what is judged here, per generator process:
 
-* scheduling lateness (open loop): ``sent_at - scheduled_at`` of every request;
-* event-loop lag: a greenlet sleeps 10 ms and measures how late it wakes up —
-  the same delay a response byte waits before it is time-stamped;
-* CPU % of the process (psutil; 100 = one core).
+* **open-loop lateness** — ``sent_at - scheduled_at``: a late send shifts the
+  arrival process (the latency itself is measured from ``sent_at``);
+* **starved closed-loop users** — a user whose next request went out later than
+  the end of its previous one: ``idle = sent_at(next) - ended_at(prev)``. The
+  idle share of the users' time, ``Σ idle / Σ (idle + e2e)``, is how much lower
+  the offered concurrency was than asked;
+* **the TTFT timing-error bound** — a first-token stamp is exact unless later
+  bytes shared its read (then its true arrival lies in a known interval), and a
+  ``loop``-timed record (TLS) may be late by the loop lag (its P99 is used). Each
+  sample's true TTFT lies in ``[m - b, m]``, so each percentile lies in
+  ``[P(m - b), P(m)]``: the bound of a figure is ``P(m) - P(m - b)``, reported
+  beside it;
+* the open-loop in-flight cap (sends held back).
 
-``degraded`` when lateness P99 > 10 ms, loop-lag P99 > 5 ms or CPU P90 > 90 %
-(the first second, which holds start-up work, is left out of the CPU figure).
-The dataclasses here are pure; only :class:`HealthMonitor` needs gevent, and
-imports it when started.
+``degraded`` when open-loop lateness P99 > :data:`LATENESS_P99_LIMIT_S`, the
+closed-loop idle share > :data:`IDLE_SHARE_LIMIT`, the TTFT P50 or P99 bound >
+:data:`BOUND_SHARE_LIMIT` of that figure (and > :data:`BOUND_FLOOR_S`), or the
+in-flight cap was hit. Event-loop lag (a greenlet sleeping 10 ms measures its
+overshoot) and CPU % are still sampled and reported, but do not decide: they
+matter only through the effects above. The dataclasses here are pure; only
+:class:`HealthMonitor` needs gevent, and imports it when started.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from time import perf_counter, time
 from typing import Any
 
+from lbtune.metrics import quantiles
+
 __all__ = [
-    "CPU_LIMIT_PERCENT",
-    "LAG_P99_LIMIT_S",
+    "BOUND_FLOOR_S",
+    "BOUND_SHARE_LIMIT",
+    "IDLE_SHARE_LIMIT",
     "LATENESS_P99_LIMIT_S",
     "GeneratorHealth",
     "HealthMonitor",
     "HealthSample",
+    "TimingBound",
     "WorkerHealth",
     "assess",
     "percentile",
+    "timing_bound",
 ]
 
 LATENESS_P99_LIMIT_S = 0.010
-LAG_P99_LIMIT_S = 0.005
-"""A timestamp taken by a late greenlet is late by the same amount: 5 ms of loop lag is
-the TTFT accuracy lbtune promises at P99 (benchmarks/ttft_accuracy.py)."""
-CPU_LIMIT_PERCENT = 90.0
+"""Open loop: sends later than this (P99) shift the arrival process visibly."""
+IDLE_SHARE_LIMIT = 0.05
+"""Closed loop: users idle more than 5 % of their time offered 5 % less concurrency."""
+BOUND_SHARE_LIMIT = 0.02
+"""A TTFT figure that the generator's timing could overstate by more than 2 %."""
+BOUND_FLOOR_S = 0.001
+"""...and by more than 1 ms (below that, stamps are as good as the clock reads)."""
 _TICK_S = 0.010
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (``q`` in 0..100); ``None`` when empty."""
+    """:func:`lbtune.metrics.quantiles.percentile` (the one estimator); ``None`` when empty."""
     if not values:
         return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    return quantiles.percentile(values, q)
+
+
+@dataclass(frozen=True, slots=True)
+class TimingBound:
+    """A TTFT figure and how much the generator's time stamps could overstate it."""
+
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    bound_p50_s: float | None
+    """``P50(m) - P50(m - b)``: the true P50 lies in [P50 - bound, P50]."""
+    bound_p99_s: float | None
+    inexact_share: float
+    """Share of first-token stamps that are not exact (b > 0)."""
+
+
+def timing_bound(ttfts: Sequence[float], bounds: Sequence[float]) -> TimingBound:
+    """The bound of TTFT P50/P99 from per-request measured TTFTs and stamp bounds."""
+    if not ttfts:
+        return TimingBound(None, None, None, None, 0.0)
+    low = [m - b for m, b in zip(ttfts, bounds, strict=True)]
+    p50, p99 = quantiles.percentile(ttfts, 50), quantiles.percentile(ttfts, 99)
+    return TimingBound(
+        ttft_p50_s=p50,
+        ttft_p99_s=p99,
+        bound_p50_s=max(0.0, p50 - quantiles.percentile(low, 50)),
+        bound_p99_s=max(0.0, p99 - quantiles.percentile(low, 99)),
+        inexact_share=sum(1 for b in bounds if b > 0) / len(bounds),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,19 +115,37 @@ class HealthSample:
 
 
 def assess(
-    lateness: Sequence[float], lag: Sequence[float], cpu: Sequence[float]
+    lateness: Sequence[float],
+    bound: TimingBound | None = None,
+    idle_share: float | None = None,
 ) -> tuple[bool, list[str]]:
-    """(degraded, reasons) from raw lateness/lag samples and per-second CPU %."""
+    """(degraded, reasons) by the rules of this module's docstring."""
     reasons: list[str] = []
     lp = percentile(lateness, 99)
     if lp is not None and lp > LATENESS_P99_LIMIT_S:
-        reasons.append(f"scheduling lateness P99 {lp * 1e3:.1f} ms > 10 ms")
-    gp = percentile(lag, 99)
-    if gp is not None and gp > LAG_P99_LIMIT_S:
-        reasons.append(f"event-loop lag P99 {gp * 1e3:.1f} ms > {LAG_P99_LIMIT_S * 1e3:g} ms")
-    cp = percentile(list(cpu[1:]) if len(cpu) > 1 else list(cpu), 90)
-    if cp is not None and cp > CPU_LIMIT_PERCENT:
-        reasons.append(f"CPU P90 {cp:.0f} % > 90 %")
+        reasons.append(
+            f"open-loop sends late: lateness P99 {lp * 1e3:.1f} ms"
+            f" > {LATENESS_P99_LIMIT_S * 1e3:g} ms"
+        )
+    if idle_share is not None and idle_share > IDLE_SHARE_LIMIT:
+        reasons.append(
+            f"closed-loop users starved: idle {idle_share:.1%} of their time"
+            f" > {IDLE_SHARE_LIMIT:.0%} (offered concurrency that much lower)"
+        )
+    if bound is not None:
+        for name, fig, b in (
+            ("P50", bound.ttft_p50_s, bound.bound_p50_s),
+            ("P99", bound.ttft_p99_s, bound.bound_p99_s),
+        ):
+            if fig is None or b is None:
+                continue
+            limit = max(BOUND_FLOOR_S, BOUND_SHARE_LIMIT * fig)
+            if b > limit:
+                reasons.append(
+                    f"TTFT {name} {fig * 1e3:.1f} ms may be overstated by up to"
+                    f" {b * 1e3:.1f} ms > {limit * 1e3:.1f} ms"
+                    f" ({BOUND_SHARE_LIMIT:.0%}, at least {BOUND_FLOOR_S * 1e3:g} ms)"
+                )
     return bool(reasons), reasons
 
 
@@ -103,6 +166,17 @@ class WorkerHealth:
     degraded: bool
     reasons: tuple[str, ...]
     samples: tuple[HealthSample, ...] = field(default_factory=tuple)
+    timing: str = ""
+    """``kernel``, ``loop`` or ``mixed``: where response stamps came from ("" = none)."""
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    ttft_bound_p50_s: float | None = None
+    """How much TTFT P50 could be overstated by the generator's stamps."""
+    ttft_bound_p99_s: float | None = None
+    inexact_share: float = 0.0
+    idle_share: float | None = None
+    """Closed loop: Σ idle / Σ (idle + e2e) over users' consecutive requests."""
+    idle_max_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,6 +187,11 @@ class WorkerHealth:
         d["reasons"] = tuple(d.get("reasons") or ())
         d["samples"] = tuple(HealthSample(**s) for s in d.get("samples") or ())
         return WorkerHealth(**d)
+
+
+def _worst(values: Sequence[float | None]) -> float | None:
+    vs = [v for v in values if v is not None]
+    return max(vs) if vs else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +208,31 @@ class GeneratorHealth:
     def reasons(self) -> tuple[str, ...]:
         return tuple(f"{w.worker}: {r}" for w in self.workers for r in w.reasons)
 
+    @property
+    def timing(self) -> str:
+        kinds = {w.timing for w in self.workers if w.timing}
+        return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "")
+
+    @property
+    def ttft_bound_p50_s(self) -> float | None:
+        return _worst([w.ttft_bound_p50_s for w in self.workers])
+
+    @property
+    def ttft_bound_p99_s(self) -> float | None:
+        return _worst([w.ttft_bound_p99_s for w in self.workers])
+
+    @property
+    def idle_share(self) -> float | None:
+        return _worst([w.idle_share for w in self.workers])
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "degraded": self.degraded,
             "reasons": list(self.reasons),
+            "timing": self.timing,
+            "ttft_bound_p50_s": self.ttft_bound_p50_s,
+            "ttft_bound_p99_s": self.ttft_bound_p99_s,
+            "idle_share": self.idle_share,
             "workers": [w.to_dict() for w in self.workers],
         }
 
@@ -143,12 +243,24 @@ def summarize(
     lag: Sequence[float],
     samples: Sequence[HealthSample],
     cap_hits: int,
+    *,
+    ttfts: Sequence[tuple[float, float | None]] = (),
+    timings: Sequence[str] = (),
+    idle: Sequence[tuple[float, float]] = (),
 ) -> WorkerHealth:
+    """``ttfts``: (measured TTFT, stamp bound or ``None`` = loop-timed) of streamed ok
+    requests; ``idle``: (idle before, e2e) of closed-loop users' consecutive requests."""
     cpu = [s.cpu_percent for s in samples]
-    degraded, reasons = assess(lateness, lag, cpu)
+    lag_p99 = percentile(lag, 99)
+    loop_b = lag_p99 or 0.0  # a loop-timed stamp may be late by the loop's lag
+    bound = timing_bound([m for m, _ in ttfts], [loop_b if b is None else b for _, b in ttfts])
+    idle_total = sum(i for i, _ in idle)
+    idle_share = idle_total / (idle_total + sum(e for _, e in idle)) if idle else None
+    degraded, reasons = assess(lateness, bound, idle_share)
     if cap_hits:
         reasons.append(f"max in-flight cap hit {cap_hits} times (open-loop sends delayed)")
         degraded = True
+    kinds = set(timings)
     return WorkerHealth(
         worker=worker,
         pid=os.getpid(),
@@ -156,13 +268,21 @@ def summarize(
         lateness_p99_s=percentile(lateness, 99),
         lateness_max_s=max(lateness) if lateness else None,
         loop_lag_p50_s=percentile(lag, 50),
-        loop_lag_p99_s=percentile(lag, 99),
+        loop_lag_p99_s=lag_p99,
         cpu_mean_percent=sum(cpu) / len(cpu) if cpu else None,
         cpu_p90_percent=percentile(cpu[1:] if len(cpu) > 1 else cpu, 90),
         in_flight_cap_hits=cap_hits,
         degraded=degraded,
         reasons=tuple(reasons),
         samples=tuple(samples),
+        timing=kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else ""),
+        ttft_p50_s=bound.ttft_p50_s,
+        ttft_p99_s=bound.ttft_p99_s,
+        ttft_bound_p50_s=bound.bound_p50_s,
+        ttft_bound_p99_s=bound.bound_p99_s,
+        inexact_share=bound.inexact_share,
+        idle_share=idle_share,
+        idle_max_s=max(i for i, _ in idle) if idle else None,
     )
 
 
@@ -181,6 +301,9 @@ class HealthMonitor:
         self._on_sample = on_sample
         self.lateness: list[float] = []
         self.lag: list[float] = []
+        self.ttfts: list[tuple[float, float | None]] = []
+        self.idle: list[tuple[float, float]] = []
+        self.timings: set[str] = set()
         self.samples: list[HealthSample] = []
         self._greenlet: Any = None
         self._lag_mark = 0
@@ -188,6 +311,15 @@ class HealthMonitor:
 
     def note_lateness(self, seconds: float) -> None:
         self.lateness.append(seconds)
+
+    def note_ttft(self, ttft: float, bound: float | None, timing: str) -> None:
+        """A streamed, successful request's TTFT and its stamp's bound (None: loop-timed)."""
+        self.ttfts.append((ttft, bound))
+        self.timings.add(timing)
+
+    def note_idle(self, idle_s: float, e2e_s: float) -> None:
+        """A closed-loop user's gap before a request, and that request's E2E."""
+        self.idle.append((max(0.0, idle_s), e2e_s))
 
     def start(self) -> None:
         import gevent
@@ -239,4 +371,13 @@ class HealthMonitor:
             self._on_sample(s)
 
     def summary(self, cap_hits: int) -> WorkerHealth:
-        return summarize(self.worker, self.lateness, self.lag, self.samples, cap_hits)
+        return summarize(
+            self.worker,
+            self.lateness,
+            self.lag,
+            self.samples,
+            cap_hits,
+            ttfts=self.ttfts,
+            timings=sorted(self.timings),
+            idle=self.idle,
+        )

@@ -169,6 +169,8 @@ def write_parquet(records: Iterable[RequestRecord], path: str | Path) -> Path:
         "prefix_group": pa.int32(),
         "session_id": pa.int64(),
         "worker": pa.string(),
+        "timing": pa.string(),
+        "first_token_bound_s": pa.float64(),
     }
     arrays = {}
     for f in FIELDS:

@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Literal, NamedTuple
 
+Timing = Literal["kernel", "loop"]
+"""Where a record's response time stamps come from: ``kernel`` — the arrival time of the
+bytes (``SO_TIMESTAMPNS``, plain TCP); ``loop`` — ``time.time()`` when the event loop got
+to them (TLS, or no kernel stamps), so event-loop lag is in them."""
+
 Outcome = Literal["ok", "http_error", "broken_stream", "timeout", "connect_error", "cancelled"]
 OUTCOMES: tuple[Outcome, ...] = (
     "ok",
@@ -71,6 +76,11 @@ class RequestRecord:
     prefix_group: int | None = None
     session_id: int | None = None
     worker: str = "local"
+    timing: Timing = "loop"
+    first_token_bound_s: float | None = None
+    """``first_token_at`` is at most this much later than the true arrival of the first
+    content event: 0 when no later byte shared its read (kernel stamps), ``None`` when
+    unknown (``loop`` timing, or no content)."""
 
     @property
     def ttft(self) -> float | None:

@@ -139,7 +139,7 @@ class GeneratorState:
         i: int,
         scheduled_at: float | None = None,
         reserved: bool = False,
-    ) -> None:
+    ) -> RequestRecord:
         """Send request ``i``; emit its record whatever happens (even when killed).
 
         ``reserved``: the caller already counted it in ``in_flight`` (the open-loop
@@ -165,11 +165,16 @@ class GeneratorState:
             self.in_flight -= 1
             self._slot_free.set()
         self.emit(rec)
+        return rec
 
     def emit(self, rec: RequestRecord) -> None:
         self.completed += 1
-        if rec.scheduled_at is not None and self.monitor is not None:
-            self.monitor.note_lateness(rec.sent_at - rec.scheduled_at)
+        mon = self.monitor
+        if mon is not None:
+            if rec.scheduled_at is not None:
+                mon.note_lateness(rec.sent_at - rec.scheduled_at)
+            if rec.stream and rec.outcome == "ok" and rec.first_token_at is not None:
+                mon.note_ttft(rec.first_token_at - rec.sent_at, rec.first_token_bound_s, rec.timing)
         if self.writer is not None:
             self.writer.add(rec)
         for cb in self.on_record:
@@ -227,6 +232,7 @@ class LLMUser(User):
             STATE.load(self.scenario, self.seed, 3600.0, None, None)
         STATE.start(self.environment, self.records_dir)
         self._client = STATE.client(self.host or self.environment.host or "")
+        self._last_end: float | None = None
 
     def on_stop(self) -> None:
         client = getattr(self, "_client", None)
@@ -237,7 +243,11 @@ class LLMUser(User):
     def one_request(self) -> None:
         if STATE.stopping:
             raise StopUser()
-        STATE.send(self._client, STATE.next_index())
+        rec = STATE.send(self._client, STATE.next_index())
+        # Starvation: how long after its previous response ended did this user send?
+        if self._last_end is not None and STATE.monitor is not None:
+            STATE.monitor.note_idle(rec.sent_at - self._last_end, rec.e2e)
+        self._last_end = rec.ended_at
 
 
 class OpenLoopUser(User):

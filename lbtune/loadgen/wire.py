@@ -146,6 +146,11 @@ class ChunkedDecoder:
             self._buf = buf[pos:]
         return out[0] if len(out) == 1 else b"".join(out)
 
+    @property
+    def between_chunks(self) -> bool:
+        """Nothing of a next chunk has been fed (no size line, no payload byte)."""
+        return not self._buf and self._need <= 0
+
 
 class SseScanner:
     """Counts content events in an SSE body without parsing JSON per event.
@@ -203,6 +208,26 @@ class SseScanner:
             self.first_content_seen = True
         return n
 
+    def feed_first(self, payload: bytes) -> tuple[int, bool]:
+        """:meth:`feed`, and whether the first content event it completed was the last
+        thing in ``payload`` (``True``: no later byte shared the read with it).
+
+        Used until the first content event: a read that also holds later bytes gets
+        the arrival time of its *last* byte from the kernel, so the first event's
+        time stamp is then only an upper bound.
+        """
+        data = self._carry + payload if self._carry else payload
+        n = self.feed(payload)
+        if n != 1 or self._carry:
+            return n, False
+        p = min((i for i in (_nonempty_at(data, pat) for pat in _MARKS) if i >= 0), default=-1)
+        if p < 0:
+            return n, False
+        end = data.find(b"\n\n", p)
+        if end < 0:
+            end = data.find(b"\r\n\r\n", p)
+        return n, end >= 0 and not data[end:].strip()
+
     def _parse_usage(self, region: bytes) -> None:
         at = region.find(_USAGE)
         start = region.rfind(b"data:", 0, at)
@@ -218,6 +243,17 @@ class SseScanner:
             self.usage_completion_tokens = usage["completion_tokens"]
         if isinstance(usage.get("prompt_tokens"), int):
             self.usage_prompt_tokens = usage["prompt_tokens"]
+
+
+_MARKS = (b'"content":"', b'"text":"', b'"content": "', b'"text": "')
+
+
+def _nonempty_at(data: bytes, pat: bytes) -> int:
+    """Index of the first ``pat`` followed by a non-empty string, else -1."""
+    i = data.find(pat)
+    while i >= 0 and data[i + len(pat) : i + len(pat) + 1] == b'"':
+        i = data.find(pat, i + 1)
+    return i
 
 
 def parse_json_body(body: bytes) -> tuple[int, int | None, int | None]:

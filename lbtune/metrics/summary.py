@@ -268,6 +268,13 @@ class GeneratorHealth:
     processes: int = 1
     degraded: bool = False
     reasons: tuple[str, ...] = ()
+    timing: str = ""
+    """Response time stamps: ``kernel`` (arrival of the bytes), ``loop`` (TLS), ``mixed``."""
+    ttft_bound_p50_s: float | None = None
+    """How much the generator's time stamps could overstate TTFT P50 (its timing-error bound)."""
+    ttft_bound_p99_s: float | None = None
+    idle_share: float | None = None
+    """Closed loop: share of the users' time spent idle between requests (starvation)."""
 
 
 @dataclass(frozen=True)

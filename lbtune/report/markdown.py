@@ -64,7 +64,9 @@ def render(summary: RunSummary) -> str:
         f"- Generator: {gen.processes} process(es),"
         f" lateness P99 {fmt(frame.ms(gen.lateness_p99_s))} ms,"
         f" loop lag P99 {fmt(frame.ms(gen.loop_lag_p99_s))} ms,"
-        f" CPU max {fmt(gen.cpu_max_percent)} %\n"
+        f" CPU max {fmt(gen.cpu_max_percent)} %; {gen.timing or 'no'} time stamps,"
+        f" TTFT error bound P50 {fmt(frame.ms(gen.ttft_bound_p50_s))} /"
+        f" P99 {fmt(frame.ms(gen.ttft_bound_p99_s))} ms\n"
         f"- lbtune {s.lbtune_version}, summary schema {s.schema_version}\n\n"
     )
     parts.append("## Summary\n\n" + table(frame.headline(s)) + "\n")

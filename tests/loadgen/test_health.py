@@ -1,28 +1,77 @@
-"""Generator self-health thresholds, with hand-computed figures."""
+"""Generator self-health rules, with hand-computed figures."""
 
 from __future__ import annotations
 
-from lbtune.loadgen.health import assess, percentile, summarize
+import pytest
+
+from lbtune.loadgen.health import (
+    GeneratorHealth,
+    assess,
+    percentile,
+    summarize,
+    timing_bound,
+)
+from lbtune.metrics import quantiles
 
 
-def test_percentile_linear() -> None:
+def test_percentile_is_the_one_estimator() -> None:
+    xs = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
+    assert percentile(xs, 99) == quantiles.percentile(xs, 99)
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert percentile([5.0], 99) == 5.0
     assert percentile([], 50) is None
 
 
-def test_healthy_and_degraded() -> None:
-    assert assess([0.001] * 100, [0.0005] * 100, [50.0, 60.0]) == (False, [])
-    degraded, why = assess([0.001] * 98 + [0.05, 0.05], [0.0] * 10, [10.0])
+def test_open_loop_lateness_degrades() -> None:
+    assert assess([0.001] * 100) == (False, [])
+    degraded, why = assess([0.001] * 98 + [0.05, 0.05])
     assert degraded and "lateness" in why[0]
-    degraded, why = assess([], [0.02] * 10, [10.0])
-    assert degraded and "loop lag" in why[0].replace("event-loop", "loop")
-    # The first CPU sample (start-up) does not count.
-    assert assess([], [], [100.0, 50.0, 50.0]) == (False, [])
-    degraded, why = assess([], [], [10.0, 95.0, 95.0])
-    assert degraded and "CPU" in why[0]
 
 
-def test_cap_hits_degrade() -> None:
+def test_starved_closed_loop_users_degrade() -> None:
+    # 10 ms idle before each 1 s request: 1 % idle, healthy.
+    w = summarize("w0", [], [], [], 0, idle=[(0.01, 1.0)] * 50)
+    assert not w.degraded and w.idle_share == pytest.approx(0.01 / 1.01)
+    # 100 ms before each 1 s request: 9 % less concurrency than asked.
+    w = summarize("w0", [], [], [], 0, idle=[(0.1, 1.0)] * 50)
+    assert w.degraded and "starved" in w.reasons[0] and w.idle_max_s == pytest.approx(0.1)
+
+
+def test_timing_bound_is_the_quantile_interval() -> None:
+    # 90 exact stamps at 50 ms, 10 coalesced at 60 ms that may really be 50 ms.
+    ttfts = [0.05] * 90 + [0.06] * 10
+    bounds = [0.0] * 90 + [0.01] * 10
+    b = timing_bound(ttfts, bounds)
+    assert b.ttft_p50_s == pytest.approx(0.05) and b.bound_p50_s == pytest.approx(0.0)
+    assert b.ttft_p99_s == pytest.approx(0.06) and b.bound_p99_s == pytest.approx(0.01)
+    assert b.inexact_share == pytest.approx(0.1)
+    degraded, why = assess([], b)
+    assert degraded and len(why) == 1 and "TTFT P99" in why[0]
+    # All exact: nothing could be overstated, whatever the loop lag was.
+    w = summarize("w0", [], [0.2] * 100, [], 0, ttfts=[(t, 0.0) for t in ttfts], timings=["kernel"])
+    assert not w.degraded and w.ttft_bound_p99_s == 0.0 and w.timing == "kernel"
+
+
+def test_loop_timed_stamps_are_bounded_by_the_loop_lag() -> None:
+    """TLS (loop-timed): a 20 ms loop lag P99 may be in every 100 ms TTFT stamp."""
+    ttfts = [(0.1, None)] * 100
+    w = summarize("w0", [], [0.02] * 100, [], 0, ttfts=ttfts, timings=["loop"])
+    assert w.degraded and w.ttft_bound_p50_s == pytest.approx(0.02) and w.timing == "loop"
+    w = summarize("w0", [], [0.001] * 100, [], 0, ttfts=ttfts, timings=["loop"])
+    assert not w.degraded  # 1 ms of 100 ms
+
+
+def test_small_bounds_below_the_floor_do_not_degrade() -> None:
+    """A 0.5 ms bound on a 5 ms TTFT is 10 % but under the 1 ms floor."""
+    b = timing_bound([0.005] * 100, [0.0005] * 100)
+    assert assess([], b) == (False, [])
+
+
+def test_cap_hits_degrade_and_workers_combine() -> None:
     w = summarize("w0", [0.0], [0.0], [], cap_hits=3)
     assert w.degraded and "in-flight cap" in w.reasons[0]
+    ok = summarize("w1", [], [], [], 0, ttfts=[(0.05, 0.0008)] * 100, timings=["kernel"])
+    g = GeneratorHealth((w, ok))
+    assert g.degraded and g.reasons == ("w0: " + w.reasons[0],)
+    assert g.ttft_bound_p99_s == pytest.approx(0.0008) and g.timing == "kernel"
+    d = g.to_dict()
+    assert d["degraded"] and d["ttft_bound_p99_s"] == pytest.approx(0.0008)
