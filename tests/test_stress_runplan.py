@@ -83,3 +83,87 @@ def test_the_plan_rejects_unknown_fields() -> None:
     data["surprise"] = 1
     with pytest.raises(ValueError, match="surprise"):
         RunPlan.model_validate(data)
+
+
+# -- enough samples, up front ------------------------------------------------------
+
+
+def test_open_loop_estimate_counts_the_planned_sends_in_the_window() -> None:
+    from lbtune.samples import describe_estimate, estimate_window_requests
+
+    plan = plan_run(StressOptions(scenario="ramp", rate=6))
+    lp = plan.load_plan()
+    lo, hi = plan.window_start_s, plan.window_end_s
+    est = estimate_window_requests(plan)
+    assert est is not None
+    assert est.requests == sum(1 for t in lp.arrivals if lo <= t < hi)
+    assert describe_estimate(plan, est).startswith(f"this run will hold ~{round(est.requests)}")
+
+
+def test_too_few_says_so_and_what_to_change() -> None:
+    from lbtune.samples import Estimate, describe_estimate, duration_for
+
+    plan = plan_run(StressOptions(scenario="longctx", duration_s=30))
+    span = plan.window_end_s - plan.window_start_s
+    est = Estimate(37.0, 37.0 / span, "test")
+    line = describe_estimate(plan, est)
+    d = duration_for(plan, 100, est.rate_per_s)
+    assert "~37 requests" in line and "too few for a P99" in line
+    assert f"use --duration {d:g} or --until-samples 100" in line
+    # The suggested duration's window holds the 100 (and 20 % more) at that rate.
+    longer = plan_run(StressOptions(scenario="longctx", duration_s=d))
+    assert (longer.window_end_s - longer.window_start_s) * est.rate_per_s >= 120
+
+
+def test_closed_loop_estimate_from_the_last_indexed_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lbtune.history.store import Entry, HistoryStore, KeyFigures
+    from lbtune.samples import describe_estimate, estimate_window_requests
+
+    monkeypatch.setenv("LBTUNE_HISTORY_DB", str(tmp_path / "h.db"))
+    url = "http://127.0.0.1:8000"
+    plan = plan_run(StressOptions(scenario="longctx", duration_s=30, target_url=url))
+    assert estimate_window_requests(plan, tmp_path) is None
+    assert "--until-samples 100" in describe_estimate(plan, None)
+    # A past 60 s run of longctx (8 users) measured 2 successful requests/s in its window.
+    past_dir = tmp_path / "past"
+    past = plan_run(StressOptions(scenario="longctx", target_url=url))
+    write_run_plan(past_dir, past)
+    span = past.window_end_s - past.window_start_s
+    fig = KeyFigures(completed=int(2 * span), window_start_s=past.window_start_s,
+                     window_end_s=past.window_end_s)  # fmt: skip
+    HistoryStore(tmp_path / "h.db").add(
+        Entry(kind="stress", time=1.0, scenario="longctx", target=url,
+              report_dir=str(past_dir), figures={"run": fig})
+    )  # fmt: skip
+    est = estimate_window_requests(plan, tmp_path)
+    assert est is not None
+    assert est.rate_per_s == pytest.approx(2.0)
+    assert est.requests == pytest.approx(2.0 * (plan.window_end_s - plan.window_start_s))
+    # Half the users, half the rate; another target is not evidence.
+    half = plan_run(StressOptions(scenario="longctx", duration_s=30, users=4, target_url=url))
+    assert estimate_window_requests(half, tmp_path).rate_per_s == pytest.approx(1.0)  # type: ignore[union-attr]
+    other = plan_run(StressOptions(scenario="longctx", target_url="http://127.0.0.1:9"))
+    assert estimate_window_requests(other, tmp_path) is None
+
+
+def test_every_readme_stress_example_plans_enough_for_a_p99_or_holds_until_it() -> None:
+    """README stress lines either run until 100 samples or are open loop with enough sends
+    (closed-loop estimates need a cluster: those are measured in docs, not here)."""
+    import re
+    import shlex
+
+    from lbtune.samples import estimate_window_requests
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    lines = [m.group(1) for m in re.finditer(r"^(lbtune stress [^\n#]*)", readme, re.M)]
+    assert lines
+    assert not any("--scenario longctx --duration 30" in ln for ln in lines)
+    for line in lines:
+        args = shlex.split(line.rstrip(" \\"))
+        if "--rate" in args and "--scenario" in args:
+            sc = args[args.index("--scenario") + 1]
+            rate = float(args[args.index("--rate") + 1])
+            est = estimate_window_requests(plan_run(StressOptions(scenario=sc, rate=rate)))
+            assert est is not None and est.requests >= 100, line
