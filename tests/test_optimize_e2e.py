@@ -131,3 +131,86 @@ def test_study_killed_mid_trial_resumes_confirms_and_rolls_out(tmp_path: Path) -
         data = json.loads((tmp_path / "r2" / "study.json").read_text())
         assert data["counts"]["fail"] >= 1 and data["confirmation"]["verdict"] == c.verdict
         assert took < 150
+
+
+@pytest.mark.timeout(300)
+def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) -> None:
+    """A tiny real study; its report's before/after figures recomputed from the records.
+
+    The live config sends almost everything to the slow L4, so round robin or least-conn
+    beats it and confirmation runs. Every before/after figure (tails, P50 TTFT,
+    throughput, sample counts) is recomputed from the confirmation runs'
+    ``requests.parquet`` and ``run.json`` windows of the rounds the comparison used, and
+    must be exactly equal.
+    """
+    from lbtune.loadgen.recordio import read_records
+    from lbtune.metrics.censor import censored_samples
+    from lbtune.metrics.quantiles import percentile
+    from lbtune.metrics.stats import throughput
+    from lbtune.metrics.summary import Window
+    from lbtune.optimize import OptimizeOptions, run_optimize
+    from lbtune.report.study import before_after, shown_comparison
+    from lbtune.runplan import read_run_plan
+    from lbtune.targets import get_target
+
+    scenario = tmp_path / "quick.yaml"
+    scenario.write_text(SCENARIO)
+    state = tmp_path / "state"
+    out = tmp_path / "r"
+    with running_cluster(state, time_scale=8.0) as endpoints:
+        target = get_target("haproxy", endpoints)
+        skewed = {**target.space().baseline(), "weight.h100-0": 1, "weight.l4-0": 256}
+        target.apply(skewed)
+        res = run_optimize(
+            OptimizeOptions(
+                budget=3, scenario=str(scenario), trial_duration_s=8, study="paired",
+                storage=f"sqlite:///{tmp_path / 's.db'}", state_dir=state, confirm_runs=1,
+                confirm_top=1, confirm_max_rounds=3, apply=False, out_dir=out, seed=5,
+            )
+        )  # fmt: skip
+    c = res.confirmation
+    assert c is not None and c.comparisons, None if c is None else (c.verdict, c.note)
+    comp = shown_comparison(res)
+    assert comp is not None and comp.rounds and c.baseline_trial == 0
+    q = c.quantile
+    name = f"P{q:g}"
+
+    def recompute(arm: str) -> tuple[list[float], list[float], list[float]]:
+        e2e: list[float] = []
+        ttft: list[float] = []
+        rates: list[float] = []
+        for r in c.rounds:
+            if r.arm != arm or not r.measured or r.round not in comp.rounds:
+                continue
+            plan = read_run_plan(out / "runs" / r.label)
+            assert plan.window_start is not None and plan.window_end is not None
+            records = read_records(out / "runs" / r.label / "requests.parquet")
+            cs = censored_samples(records, start=plan.window_start, end=plan.window_end)
+            e2e += cs.e2e
+            ttft += cs.streamed_ttft
+            window = Window(plan.window_start, plan.window_end)
+            rates.append(throughput(records, window, None).requests_per_s)
+        return e2e, ttft, rates
+
+    rows = {row[0]: row for row in before_after(res).rows}
+    printed, same_round = [], []
+    for col, arm in ((1, "A"), (2, comp.arm)):
+        e2e, ttft, rates = recompute(arm)
+        expect = {
+            f"{name} end-to-end latency (ms)": percentile(e2e, q) * 1000.0,
+            f"{name} time to first token (ms)": percentile(ttft, q) * 1000.0,
+            "P50 time to first token (ms)": percentile(ttft, 50) * 1000.0,
+            "throughput (req/s)": sum(rates) / len(rates),
+            "latency samples (requests)": len(e2e),
+        }
+        for key, value in expect.items():
+            assert rows[key][col] == value, (arm, key, rows[key][col], value)
+        printed.append({k: rows[k][col] for k in expect})
+        same_round.append(expect)
+    print("before/after (printed):", printed)
+    print("before/after (same-round recomputation):", same_round)
+    data = json.loads((out / "study.json").read_text())
+    shown = next(x for x in data["confirmation"]["comparisons"] if x["trial"] == comp.trial)
+    e2e, _, _ = recompute("A")
+    assert shown["baseline"]["tail_e2e_s"] == percentile(e2e, q)
+    assert shown["rounds"] == list(comp.rounds)

@@ -407,15 +407,24 @@ def _num(x: float) -> float | None:
 
 
 def _mean_figures(ms: Sequence[Measurement]) -> Figures | None:
+    """The mean of the runs' figures (counts summed; intervals are not averaged: None)."""
     figs = [m.figures for m in ms if m.figures is not None]
     if not figs:
         return None
     out: dict[str, object] = {}
     for k in Figures.__dataclass_fields__:
         vals = [getattr(f, k) for f in figs if getattr(f, k) is not None]
-        out[k] = None if not vals else (sum(vals) / len(vals))
-    out["completed"] = int(sum(f.completed for f in figs))
-    return Figures.from_dict(out)
+        if not vals or not all(isinstance(v, int | float) for v in vals):
+            out[k] = None
+        elif k in _COUNTS:
+            out[k] = int(sum(vals))
+        else:
+            out[k] = sum(vals) / len(vals)
+    return Figures.from_dict({k: v for k, v in out.items() if v is not None or k in _OPTIONAL})
+
+
+_COUNTS = frozenset({"completed", "samples", "censored"})
+_OPTIONAL = frozenset(k for k, f in Figures.__dataclass_fields__.items() if "None" in str(f.type))
 
 
 def _mean_decay(ms: Sequence[Measurement]) -> float:
