@@ -125,13 +125,12 @@ def before_after(result: StudyResult) -> Table:
     row("GPU-util std-dev across replicas", _get(bf, "balance"), _get(wf, "balance"))
     row("failed requests (%)", b.error_rate, w.error_rate, 100.0)
     row("throughput decay", _get(bf, "decay"), _get(wf, "decay"))
-    ci = ""
-    if b.score and math.isfinite(comp.ci_low) and math.isfinite(comp.ci_high):
-        ci = (
-            f" (CI {comp.ci_low / b.score * 100:+.0f} .. {comp.ci_high / b.score * 100:+.0f} %, "
-            f"{comp.level:.1%})"
+    rel = None
+    if math.isfinite(comp.relative):
+        rel = (
+            f"{comp.relative * 100:+.0f} % (diff {comp.diff:+.3f}, "
+            f"{comp.level:.1%} CI {comp.ci_low:+.3f} .. {comp.ci_high:+.3f})"
         )
-    rel = f"{comp.relative * 100:+.0f} %{ci}" if math.isfinite(comp.relative) else None
     rows.append(("composite score (lower is better)", b.score, w.score, rel))
     rows.append(("latency samples (requests)", b.requests, w.requests, None))
     return Table(("figure", base_label, cand_label, change), tuple(rows))
