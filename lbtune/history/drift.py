@@ -19,6 +19,7 @@ else completed requests/s; it has no CI.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from lbtune.errors import ConfigError
 from lbtune.history.store import Entry, KeyFigures
 from lbtune.metrics.bootstrap import percentile_diff_interval
+from lbtune.runplan import read_run_plan
 
 __all__ = [
     "DEFAULT_THRESHOLD",
@@ -174,7 +177,8 @@ def _error_rate(cur: KeyFigures, ref: KeyFigures) -> FigureCheck:
 
 
 def samples(fig: KeyFigures, metric: str) -> Array | None:
-    """Latencies (``e2e`` or ``ttft``, s) of the successful requests sent in the window.
+    """Latencies (``e2e`` or ``ttft``, s) of the successful requests sent in the window
+    (the one ``run.json`` records, see :func:`_window`).
 
     The samples of the summary's latency table: TTFT over streamed requests only
     (:attr:`~lbtune.loadgen.records.RequestRecord.ttft`), E2E over all of them.
@@ -189,17 +193,30 @@ def samples(fig: KeyFigures, metric: str) -> Array | None:
     records = read_records(d)
     if not records:
         return None
-    origin = min(r.sent_at for r in records)
-    lo, hi = fig.window_start_s, fig.window_end_s
+    lo, hi = _window(d, fig, min(r.sent_at for r in records))
     values = [
         v
         for r in records
         if r.outcome == "ok"
-        and (lo is None or hi is None or lo <= r.sent_at - origin < hi)
+        and lo <= r.sent_at < hi
         and (v := (r.e2e if metric == "e2e" else r.ttft)) is not None
     ]
     out: Array = np.asarray(values, dtype=float)
     return out if out.size else None
+
+
+def _window(run_dir: Path, fig: KeyFigures, first_sent: float) -> tuple[float, float]:
+    """The absolute window as the run's ``run.json`` recorded it; for a run from before
+    lbtune recorded its plan, the entry's offsets from its first send; else everything."""
+    try:
+        plan = read_run_plan(run_dir)
+    except ConfigError:
+        plan = None
+    if plan is not None and plan.window_start is not None and plan.window_end is not None:
+        return plan.window_start, plan.window_end
+    if fig.window_start_s is not None and fig.window_end_s is not None:
+        return first_sent + fig.window_start_s, first_sent + fig.window_end_s
+    return -math.inf, math.inf
 
 
 def bootstrap_p99_diff(

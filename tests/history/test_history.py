@@ -147,6 +147,19 @@ def test_samples_keep_the_window_and_successes(tmp_path: Path) -> None:
     assert samples(KeyFigures(records_dir=str(tmp_path / "gone")), "e2e") is None
 
 
+def test_samples_use_the_window_run_json_recorded(tmp_path: Path) -> None:
+    """Not offsets from the first send: the absolute window of the run's plan."""
+    from lbtune.runplan import plan_run, write_run_plan
+    from lbtune.stress import StressOptions
+
+    d = _parquet(tmp_path / "r", np.full(100, 0.5))  # sent 1000.00 .. 1004.95
+    plan = plan_run(StressOptions(scenario="chat", duration_s=30))
+    write_run_plan(d, plan.as_run(999.0, (1002.0, 1004.0)))
+    # The entry's offsets (1 .. 2 s after the first send) would give 20 requests.
+    part = samples(KeyFigures(records_dir=str(d), window_start_s=1.0, window_end_s=2.0), "e2e")
+    assert part is not None and part.size == 40
+
+
 def test_ttft_samples_are_the_streamed_ones(tmp_path: Path) -> None:
     """As in the summary's latency table: a non-streamed response has no TTFT (not its E2E)."""
     d = tmp_path / "r"
