@@ -81,6 +81,7 @@ def site_of(endpoints: Endpoints) -> Site:
         port=url.port or 80,
         replicas=tuple(replicas),
         models=tuple(endpoints.models),
+        replica_header=endpoints.replica_header or DEFAULT_REPLICA_HEADER,
     )
 
 
@@ -145,10 +146,7 @@ class NginxBalancer:
             process.master(site)
         except TargetError as exc:
             return [str(exc)]
-        found = [health_missing(site.url)]
-        stats = getattr(endpoints, "stats_url", "")
-        if stats.endswith("/metrics"):
-            found.append(exporter_missing(stats))
+        found = [health_missing(site.url), exporter_missing(endpoints.balancer_metrics_url)]
         return [p for p in found if p is not None]
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> NginxTarget:
