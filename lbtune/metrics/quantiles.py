@@ -3,7 +3,9 @@
 One method everywhere: numpy's ``method="linear"`` (Hyndman & Fan type 7, the
 numpy and pandas default): for ``n`` sorted samples ``x[0..n-1]`` the q-th
 percentile sits at index ``h = (n - 1) * q / 100`` and is
-``x[floor h] + (h - floor h) * (x[ceil h] - x[floor h])``.
+``x[floor h] + (h - floor h) * (x[ceil h] - x[floor h])``. Every percentile lbtune
+reports over records goes through :func:`percentile`; the bootstrap's weighted form
+(:mod:`lbtune.metrics.bootstrap`) equals it to the last bit. Nearest rank is not used.
 
 A percentile ``q`` is reported only with at least ``1 / (1 - q/100)`` samples
 (:data:`MIN_SAMPLES`: P50 2, P90 10, P95 20, P99 100, P99.9 1000), i.e. when at
@@ -38,16 +40,6 @@ def percentile(values: Sequence[float] | np.ndarray[Any, np.dtype[np.float64]], 
     if len(values) == 0:
         raise ValueError("percentile of no samples")
     return float(np.percentile(np.asarray(values, dtype=float), q, method=METHOD))
-
-
-def percentiles_of_rows(
-    matrix: np.ndarray[tuple[int, int], np.dtype[np.float64]], q: float
-) -> np.ndarray[tuple[int], np.dtype[np.float64]]:
-    """The q-th percentile of every row of ``matrix`` (same method; for resamples)."""
-    out: np.ndarray[tuple[int], np.dtype[np.float64]] = np.percentile(
-        matrix, q, axis=1, method=METHOD
-    )
-    return out
 
 
 def reported_percentile(values: Sequence[float], name: str) -> float | None:
