@@ -167,3 +167,44 @@ def test_every_readme_stress_example_plans_enough_for_a_p99_or_holds_until_it() 
             rate = float(args[args.index("--rate") + 1])
             est = estimate_window_requests(plan_run(StressOptions(scenario=sc, rate=rate)))
             assert est is not None and est.requests >= 100, line
+
+
+# -- the generators take the recorded plan, whole ----------------------------------
+
+PLAN_SCENARIO = """\
+name: planned
+seed: 4
+duration_s: 10
+load: {type: rate, rate: 5}
+models: {plan-model: 1}
+prompt_tokens: {type: fixed, value: 24}
+output_tokens: {type: fixed, value: 8}
+"""
+
+
+def test_generators_build_their_workload_from_run_json_alone(tmp_path: Path) -> None:
+    from lbtune.loadgen.source import resolve
+
+    scenario = tmp_path / "planned.yaml"
+    scenario.write_text(PLAN_SCENARIO)
+    plan = plan_run(StressOptions(scenario=str(scenario), duration_s=8))
+    path = write_run_plan(tmp_path / "run", plan)
+    scenario.unlink()  # the file is gone: only run.json can say what to send
+    # The name and overrides passed beside the plan are not used.
+    workload, load = resolve("chat", 99, 60.0, 3, None, run_plan=str(path))
+    assert load.mode == "open" and load.duration_s == 8
+    assert load.arrivals == plan.load_plan().arrivals and len(load.arrivals) == plan.load.arrivals
+    spec = workload.request(0)
+    assert spec.model == "plan-model" and spec.prompt_tokens == 24 and spec.max_tokens == 8
+
+
+def test_the_recorded_tokenizer_reaches_the_generators(tmp_path: Path) -> None:
+    from lbtune.loadgen.runner import LoadConfig, run_load
+
+    missing = str(tmp_path / "missing-tokenizer.json")
+    plan = plan_run(StressOptions(scenario="chat", tokenizer=missing))
+    path = write_run_plan(tmp_path, plan)
+    cfg = LoadConfig(target_url="http://127.0.0.1:9", scenario="chat", records_dir=tmp_path,
+                     run_plan=str(path))  # fmt: skip
+    with pytest.raises(ConfigError, match="tokenizer"):
+        run_load(cfg)

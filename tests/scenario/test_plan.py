@@ -119,3 +119,21 @@ def test_override_errors() -> None:
     assert short.cooldown_s == pytest.approx(chat.cooldown_s * 10 / chat.duration_s)
     long = plan_load(chat, duration_s=chat.duration_s * 2)  # ... and keep their seconds
     assert (long.warmup_s, long.cooldown_s) == (chat.warmup_s, chat.cooldown_s)
+
+
+def test_a_hold_keeps_the_last_level_until_its_bound() -> None:
+    ramp = _sc({"type": "ramp", "from": 2, "to": 8, "over": 10, "mode": "open"}, duration_s=20,
+               warmup_s=2, cooldown_s=1)  # fmt: skip
+    plain = plan_load(ramp)
+    held = plan_load(ramp, hold_until_s=50)
+    assert held.duration_s == 50 and held.stages[-1].label == "hold"
+    assert held.stages[-1].start_s == 20 and held.stages[-1].rate == pytest.approx(8)
+    assert held.measure_window == (2, 49)  # the cool-down comes at the bound
+    assert held.rate_at(35) == pytest.approx(8) and held.rate_at(5) == plain.rate_at(5)
+    # The shape's own arrivals are unchanged; the hold adds ~8/s after it.
+    assert held.arrivals[: len(plain.arrivals)] == pytest.approx(plain.arrivals)
+    extra = len(held.arrivals) - len(plain.arrivals)
+    assert abs(extra - 240) < 5 * math.sqrt(240)
+    closed = plan_load(_sc({"type": "constant", "users": 4}, duration_s=10), hold_until_s=30)
+    assert closed.users_at(25) == 4 and closed.users_at(30) == 0
+    assert plan_load(ramp, hold_until_s=5) == plain  # a bound inside the test holds nothing
