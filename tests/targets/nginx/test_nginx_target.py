@@ -4,6 +4,7 @@ exporter, and graceful reloads under a steady stream of streamed requests."""
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 from collections import Counter
@@ -214,3 +215,30 @@ def test_everything_launched_is_stopped(
     running.supervisor.stop_all()
     _, alive = psutil.wait_procs(family, timeout=10)
     assert alive == []
+
+
+def _admin(replica: ReplicaAddress, action: str) -> None:
+    conn = http.client.HTTPConnection(replica.host, replica.port, timeout=5)
+    try:
+        conn.request("POST", f"/admin/{action}", b"{}", {"Content-Type": "application/json"})
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+
+
+def test_retry_on_overload_hands_a_refused_request_to_another_replica(
+    nginx: Running, replicas: tuple[ReplicaAddress, ...]
+) -> None:
+    target, h100 = nginx.target, replicas[0]
+    target.apply(target.space().baseline())
+    _admin(h100, "drain")  # h100-0 answers 503 to new requests
+    try:
+        plain = [chat(nginx.url, M8, content=f"p{i}") for i in range(6)]
+        assert 503 in {status for status, _, _ in plain}  # round robin hits the drained one
+        target.apply({"retry_on_overload": True})
+        retried = [chat(nginx.url, M8, content=f"r{i}") for i in range(6)]
+        assert [status for status, _, _ in retried] == [200] * 6
+        assert {h["x-lbtune-replica"] for _, h, _ in retried} == {"l4-0"}
+    finally:
+        _admin(h100, "ready")
+        target.apply(target.space().baseline())
