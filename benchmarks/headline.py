@@ -18,22 +18,20 @@ scenario:
    P99 (over streamed requests: a non-streamed response's first chunk is its whole body;
    TTFT P99 over all requests, as lbtune's summary has it, is shown as an extra row),
    throughput (req/s, output tok/s), GPU-utilisation std-dev across replicas and
-   failed requests, each with a 95 % bootstrap CI; then winner/RR and LC/RR next to the
-   source's ratios, the knobs where the winner differs from RR and the per-replica
+   failed requests, each with a 95 % CI and, beside each P99, the pooled sample count;
+   then winner/RR and LC/RR next to the source's ratios, the rounds (per run: requests,
+   its own P99s, req/s), the knobs where the winner differs from RR and the per-replica
    request share of each config.
 
-Confidence intervals (``--bootstrap`` resamples, percentile method):
-
-* latencies and failures: requests pooled over the repeats (those sent in each run's
-  measurement window, warm-up and cool-down excluded), resampled with replacement;
-* throughput: each run's window is cut into ~2.5 s bins of completed requests / output
-  tokens, and the bins are resampled (resampling requests would keep their count fixed);
-* GPU-util std-dev (and the KV-cache-usage std-dev shown beside it): one value per run
-  from Prometheus, resampled over the repeats (with 3 repeats: a rough interval);
-* ratios: the two configs are resampled independently and the ratio taken per resample;
-* "runs+requests" (ratio table): resample the runs, then the requests (bins) within each
-  drawn run — it carries run-to-run variance, which the request-level interval misses
-  (an A/A comparison showed it; see docs/results.md). "beats source? yes (CI)" uses it.
+Every figure and interval comes from the machinery lbtune's confirmation uses
+(``lbtune.search.paired``; the analysis is in ``benchmarks/_paired.py``): a repeat is a
+round (``RR LC W``, same seed), a config's figures pool its requests over the rounds in
+which every config was measured, percentiles are ``lbtune.metrics.quantiles.percentile``,
+and the CI (``--bootstrap`` replicates) is the paired two-level bootstrap: draw the
+rounds with replacement, the same rounds for every config, then the requests (throughput:
+~2.5 s bins) within each drawn run. Ratios are taken per replicate, so run-to-run
+variance and the pairing are both in them (an A/A comparison showed that a request-level
+interval alone under-covers; see docs/results.md).
 
 The cluster is always brought down at the end (``finally``). Everything is written to
 ``--out`` (default ``/tmp/lbtune-headline-<time>/``): ``results.json``, ``winner.yaml``,
@@ -53,53 +51,24 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+from _paired import CONFIGS, KEYS, LABELS, Run, analyse, render, rounds_table, shares
 
 from lbtune.cluster import api
 from lbtune.cluster.config import PortsConfig, load_config
 from lbtune.loadgen.recordio import read_records
-from lbtune.loadgen.records import RequestRecord
+from lbtune.metrics.quantiles import MIN_SAMPLES, percentile
 from lbtune.scenario import load_scenario
 from lbtune.stress import StressOptions, run_stress
 from lbtune.targets import get_target
 from lbtune.targets.base import ParamSet
 from lbtune.targets.space import ParameterSpace, load_params_file
-
-CONFIGS = ("RR", "LC", "W")
-LABELS = {"RR": "round robin", "LC": "least-conn", "W": "tuned winner"}
-BIN_S = 2.5
-# The source material's figures: (round robin, least-conn or None, tuned).
-SOURCE: dict[str, tuple[float, float | None, float]] = {
-    "p99_e2e": (2140, 1890, 960),
-    "ttft_p50": (120, None, 58),
-    "ttft_p99": (120, None, 58),
-    "rps": (180, None, 252),
-    "tok_s": (180, None, 252),
-    "gpu_sd": (0.42, 0.35, 0.11),
-    "fail": (3.7, 2.1, 0.3),
-}
-NEAR_ZERO_SD = 0.01
-"""Below this, RR's std-dev is ~0 and ratios to it are not shown."""
-EXTRA = frozenset({"ttft_p99_all", "kv_sd"})
-"""Rows shown for context, not compared with the source."""
-# key, row label, unit, display scale, higher is better
-ROWS: tuple[tuple[str, str, str, float, bool], ...] = (
-    ("p99_e2e", "P99 latency (end to end)", "s", 1.0, False),
-    ("ttft_p50", "TTFT P50 (streamed requests)", "ms", 1000.0, False),
-    ("ttft_p99", "TTFT P99 (streamed requests)", "ms", 1000.0, False),
-    ("ttft_p99_all", "  (TTFT P99, all requests, extra)", "ms", 1000.0, False),
-    ("rps", "throughput, requests/s", "req/s", 1.0, True),
-    ("tok_s", "throughput, output tokens/s", "tok/s", 1.0, True),
-    ("gpu_sd", "GPU balance: std-dev of SM activity across replicas", "", 1.0, False),
-    ("kv_sd", "  (KV-cache-usage std-dev, extra)", "", 1.0, False),
-    ("fail", "failed requests", "%", 100.0, False),
-)
 
 
 def say(msg: str) -> None:
@@ -108,38 +77,6 @@ def say(msg: str) -> None:
 
 # ---------------------------------------------------------------------------------------
 # Measurement: one run per (repeat, config), records kept.
-
-
-@dataclass
-class Run:
-    config: str
-    repeat: int
-    window: tuple[float, float]
-    records: list[RequestRecord]
-    gpu_sd: float | None
-    kv_sd: float | None
-    degraded: tuple[str, ...]
-    seconds: float
-
-
-@dataclass
-class Pooled:
-    """One config's data pooled over its runs."""
-
-    e2e: np.ndarray
-    ttft: np.ndarray
-    """Streamed requests only: a non-streamed response's first chunk is the whole body."""
-    ttft_all: np.ndarray
-    failed: np.ndarray
-    """1.0 per failed request, 0.0 per success, over judged requests (cancelled excluded)."""
-    bins_done: np.ndarray
-    bins_tokens: np.ndarray
-    bins_s: np.ndarray
-    gpu_sd: np.ndarray
-    kv_sd: np.ndarray
-    sent: int
-    share: dict[str, float] = field(default_factory=dict)
-    replica_p99: dict[str, float] = field(default_factory=dict)
 
 
 def measure(config: str, repeat: int, args: argparse.Namespace, state: Path, out: Path) -> Run:
@@ -169,327 +106,6 @@ def measure(config: str, repeat: int, args: argparse.Namespace, state: Path, out
         degraded=tuple(s.generator.reasons) if s.generator.degraded else (),
         seconds=time.monotonic() - t0,
     )
-
-
-def pool(runs: Sequence[Run]) -> Pooled:
-    e2e: list[float] = []
-    ttft: list[float] = []
-    ttft_all: list[float] = []
-    failed: list[float] = []
-    done: list[float] = []
-    tokens: list[float] = []
-    secs: list[float] = []
-    sent_by: dict[str, int] = {}
-    e2e_by: dict[str, list[float]] = {}
-    sent = 0
-    for run in runs:
-        start, end = run.window
-        edges = np.linspace(start, end, max(1, round((end - start) / BIN_S)) + 1)
-        d = np.zeros(len(edges) - 1)
-        tk = np.zeros(len(edges) - 1)
-        for r in run.records:
-            if r.outcome == "ok" and start <= r.ended_at < end:
-                i = min(int(np.searchsorted(edges, r.ended_at, side="right")) - 1, len(d) - 1)
-                d[i] += 1
-                tk[i] += r.output_tokens or 0
-            if not start <= r.sent_at < end:
-                continue
-            sent += 1
-            name = r.replica or "unknown"
-            sent_by[name] = sent_by.get(name, 0) + 1
-            if r.outcome == "cancelled":  # cut off by the test's end: no verdict
-                continue
-            failed.append(0.0 if r.outcome == "ok" else 1.0)
-            if r.outcome == "ok":
-                e2e.append(r.e2e)
-                e2e_by.setdefault(name, []).append(r.e2e)
-                if r.ttft is not None:
-                    ttft_all.append(r.ttft)
-                    if r.stream:
-                        ttft.append(r.ttft)
-        done += list(d)
-        tokens += list(tk)
-        secs += list(np.diff(edges))
-    return Pooled(
-        e2e=np.array(e2e),
-        ttft=np.array(ttft),
-        ttft_all=np.array(ttft_all),
-        failed=np.array(failed),
-        bins_done=np.array(done),
-        bins_tokens=np.array(tokens),
-        bins_s=np.array(secs),
-        gpu_sd=np.array([r.gpu_sd for r in runs if r.gpu_sd is not None]),
-        kv_sd=np.array([r.kv_sd for r in runs if r.kv_sd is not None]),
-        sent=sent,
-        share={k: v / sent for k, v in sorted(sent_by.items())} if sent else {},
-        replica_p99={k: float(np.percentile(v, 99)) for k, v in sorted(e2e_by.items())},
-    )
-
-
-# ---------------------------------------------------------------------------------------
-# Statistics: point value and bootstrap distribution of every figure.
-
-Stat = Callable[[np.ndarray], np.ndarray]  # (B, n) resampled values -> (B,) statistics
-
-
-def _resample(values: np.ndarray, stat: Stat, b: int, rng: np.random.Generator) -> np.ndarray:
-    n = len(values)
-    if n == 0:
-        return np.full(b, np.nan)
-    out = np.empty(b)
-    step = max(1, 4_000_000 // n)  # keep each (chunk, n) matrix small
-    for lo in range(0, b, step):
-        hi = min(b, lo + step)
-        out[lo:hi] = stat(values[rng.integers(0, n, size=(hi - lo, n))])
-    return out
-
-
-def per_run(values: np.ndarray, b: int, rng: np.random.Generator) -> np.ndarray:
-    """Bootstrap of the mean over runs; no interval (NaN) from a single run."""
-    if len(values) < 2:
-        return np.full(b, np.nan)
-    return _resample(values, lambda m: np.asarray(m.mean(axis=1)), b, rng)
-
-
-def figures(p: Pooled, b: int, rng: np.random.Generator) -> dict[str, tuple[float, np.ndarray]]:
-    """``{key: (point value, bootstrap draws)}``; NaN where there is nothing to compute."""
-
-    def pct(q: float) -> Stat:
-        return lambda m: np.percentile(m, q, axis=1)
-
-    def mean(m: np.ndarray) -> np.ndarray:
-        return np.asarray(m.mean(axis=1))
-
-    def point(values: np.ndarray, fn: Callable[[np.ndarray], float]) -> float:
-        return fn(values) if len(values) else math.nan
-
-    out: dict[str, tuple[float, np.ndarray]] = {
-        "p99_e2e": (point(p.e2e, lambda v: float(np.percentile(v, 99))),
-                    _resample(p.e2e, pct(99), b, rng)),
-        "ttft_p50": (point(p.ttft, lambda v: float(np.percentile(v, 50))),
-                     _resample(p.ttft, pct(50), b, rng)),
-        "ttft_p99": (point(p.ttft, lambda v: float(np.percentile(v, 99))),
-                     _resample(p.ttft, pct(99), b, rng)),
-        "ttft_p99_all": (point(p.ttft_all, lambda v: float(np.percentile(v, 99))),
-                         _resample(p.ttft_all, pct(99), b, rng)),
-        "fail": (point(p.failed, lambda v: float(v.mean())), _resample(p.failed, mean, b, rng)),
-        "gpu_sd": (point(p.gpu_sd, lambda v: float(v.mean())), per_run(p.gpu_sd, b, rng)),
-        "kv_sd": (point(p.kv_sd, lambda v: float(v.mean())), per_run(p.kv_sd, b, rng)),
-    }  # fmt: skip
-    # Throughput: resample time bins (rows of [completed, tokens, seconds]) together.
-    n = len(p.bins_s)
-    if n:
-        idx = rng.integers(0, n, size=(b, n))
-        secs = p.bins_s[idx].sum(axis=1)
-        total = p.bins_s.sum()
-        out["rps"] = (float(p.bins_done.sum() / total), p.bins_done[idx].sum(axis=1) / secs)
-        out["tok_s"] = (float(p.bins_tokens.sum() / total), p.bins_tokens[idx].sum(axis=1) / secs)
-    else:
-        out["rps"] = out["tok_s"] = (math.nan, np.full(b, np.nan))
-    return out
-
-
-def two_level(runs: Sequence[Pooled], b: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Bootstrap draws that also carry run-to-run variance: resample the runs, then the
-    requests (or throughput bins) within each drawn run, and pool."""
-    keys = ("p99_e2e", "ttft_p50", "ttft_p99", "ttft_p99_all", "fail", "rps", "tok_s")
-    out = {k: np.full(b, np.nan) for k in keys}
-    k = len(runs)
-    if k == 0:
-        return out
-
-    def draw(a: np.ndarray) -> np.ndarray:
-        return a[rng.integers(0, len(a), len(a))] if len(a) else a
-
-    for i in range(b):
-        chosen = [runs[j] for j in rng.integers(0, k, k)]
-        e2e = np.concatenate([draw(r.e2e) for r in chosen])
-        ttft = np.concatenate([draw(r.ttft) for r in chosen])
-        ttft_all = np.concatenate([draw(r.ttft_all) for r in chosen])
-        failed = np.concatenate([draw(r.failed) for r in chosen])
-        done = tokens = secs = 0.0
-        for r in chosen:
-            if len(r.bins_s):
-                j = rng.integers(0, len(r.bins_s), len(r.bins_s))
-                done += r.bins_done[j].sum()
-                tokens += r.bins_tokens[j].sum()
-                secs += r.bins_s[j].sum()
-        if len(e2e):
-            out["p99_e2e"][i] = np.percentile(e2e, 99)
-        if len(ttft):
-            out["ttft_p50"][i], out["ttft_p99"][i] = np.percentile(ttft, [50, 99])
-        if len(ttft_all):
-            out["ttft_p99_all"][i] = np.percentile(ttft_all, 99)
-        if len(failed):
-            out["fail"][i] = failed.mean()
-        if secs:
-            out["rps"][i], out["tok_s"][i] = done / secs, tokens / secs
-    return out
-
-
-def ci(draws: np.ndarray) -> tuple[float, float]:
-    ok = draws[np.isfinite(draws)]
-    if len(ok) == 0:
-        return math.nan, math.nan
-    lo, hi = np.percentile(ok, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def ratio(
-    num: tuple[float, np.ndarray], den: tuple[float, np.ndarray]
-) -> tuple[float, float, float]:
-    """(point ratio, CI low, CI high); NaN when the denominator is 0 or missing."""
-    if not den[0] or not math.isfinite(den[0]) or not math.isfinite(num[0]):
-        return math.nan, math.nan, math.nan
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lo, hi = ci(num[1] / den[1])
-    return num[0] / den[0], lo, hi
-
-
-# ---------------------------------------------------------------------------------------
-# Rendering.
-
-
-def fmt(value: float, scale: float, unit: str) -> str:
-    if not math.isfinite(value):
-        return "n/a"
-    v = value * scale
-    if unit == "s":
-        return f"{v:.2f} s"
-    if unit == "ms":
-        return f"{v:.0f} ms"
-    if unit == "%":
-        return f"{v:.1f} %"
-    if unit in ("req/s", "tok/s"):
-        return f"{v:.2f}" if v < 100 else f"{v:.0f}"
-    return f"{v:.3f}"
-
-
-def fmt_ci(lo: float, hi: float, scale: float, unit: str) -> str:
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return ""
-    return f"[{fmt(lo, scale, unit).split()[0]}, {fmt(hi, scale, unit).split()[0]}]"
-
-
-def pct_change(r: float) -> str:
-    return "n/a" if not math.isfinite(r) else f"{(r - 1) * 100:+.0f} %"
-
-
-def source_ratio(key: str, which: int) -> float:
-    rr, lc, tuned = SOURCE[key]
-    other = lc if which == 1 else tuned
-    return math.nan if other is None else other / rr
-
-
-def band(r: float, lo: float, hi: float) -> str:
-    if not (math.isfinite(r) and math.isfinite(lo) and math.isfinite(hi)):
-        return ""
-    return f"[{(lo - 1) * 100:+.0f}, {(hi - 1) * 100:+.0f}]"
-
-
-def verdict(r: float, hi: float, lo: float, src: float, higher_better: bool) -> str:
-    if not (math.isfinite(r) and math.isfinite(src)):
-        return "n/a"
-    if higher_better:
-        beats, sure = r > src, math.isfinite(lo) and lo > src
-    else:
-        beats, sure = r < src, math.isfinite(hi) and hi < src
-    return "yes (CI)" if sure else ("yes (point)" if beats else "no")
-
-
-def render(
-    figs: dict[str, dict[str, tuple[float, np.ndarray]]],
-    figs2: dict[str, dict[str, np.ndarray]],
-    pooled: dict[str, Pooled],
-    runs: Sequence[Run],
-    args: argparse.Namespace,
-    same_params: bool,
-) -> list[str]:
-    lines = []
-    n_rep = len({r.repeat for r in runs})
-    lines.append(
-        f"## Round robin vs least-conn vs tuned winner — {args.cluster} / {args.scenario}, "
-        f"{n_rep} x {args.duration:g} s per config, seed {args.seed}"
-    )
-    lines.append("")
-    head = (
-        "| figure | "
-        + " | ".join(f"{LABELS[c]} (n={len(pooled[c].e2e)})" for c in CONFIGS)
-        + " | source RR → tuned |"
-    )
-    lines += [head, "|---|" + "---|" * (len(CONFIGS) + 1)]
-    for key, label, unit, scale, _hb in ROWS:
-        cells = []
-        for c in CONFIGS:
-            v, draws = figs[c][key]
-            lo, hi = ci(draws)
-            cells.append(f"{fmt(v, scale, unit)} {fmt_ci(lo, hi, scale, unit)}".strip())
-        src = SOURCE.get(key)
-        src_txt = ""
-        if src is not None:
-            su = {"p99_e2e": " ms", "ttft_p50": " ms", "ttft_p99": " ms", "fail": " %"}.get(key, "")
-            src_txt = f"{src[0]:g}{su} → {src[2]:g}{su}"
-            if key in ("rps", "tok_s"):
-                src_txt = f"{src[0]:g} → {src[2]:g} req/s"
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {src_txt} |")
-    lines.append("")
-    lines.append(
-        "| figure | winner / RR | CI: requests | CI: runs+requests | source tuned / RR "
-        "| beats source? | LC / RR | CI: requests | CI: runs+requests | source LC / RR |"
-    )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
-    for key, label, _unit, _scale, hb in ROWS:
-        if key in EXTRA:
-            continue
-        cells = []
-        for c in ("W", "LC"):
-            r, lo, hi = ratio(figs[c][key], figs["RR"][key])
-            two = figs2[c].get(key)
-            r2, lo2, hi2 = (
-                (r, lo, hi)
-                if two is None
-                else ratio((figs[c][key][0], two), (figs["RR"][key][0], figs2["RR"][key]))
-            )
-            src_r = source_ratio(key, 2 if c == "W" else 1)
-            rr_v = figs["RR"][key][0]
-            if key == "gpu_sd" and math.isfinite(rr_v) and rr_v < NEAR_ZERO_SD:
-                r = math.nan  # a ratio to a std-dev of ~0 says nothing
-            if not math.isfinite(r):
-                why = "n/a (RR is 0)" if rr_v == 0 else "n/a (RR ≈ 0)" if key == "gpu_sd" else "n/a"
-                cells += [why, "", ""]
-            else:
-                cells += [pct_change(r), band(r, lo, hi), band(r2, lo2, hi2)]
-            cells.append(pct_change(src_r))
-            if c == "W":
-                cells.append(verdict(r, hi2, lo2, src_r, hb))
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append(
-        "CIs are 95 % percentile bootstraps: 'requests' resamples the pooled requests (bins "
-        "for throughput, runs for the std-devs); 'runs+requests' resamples the runs first, so "
-        "it also carries run-to-run variance. 'beats source? yes (CI)' needs the "
-        "runs+requests interval to lie beyond the source's ratio."
-    )
-    if same_params:
-        lines.append(
-            "The winner's parameters equal round robin's: its column is an A/A test of the "
-            "noise; any CI there that excludes 0 % is noise the interval did not cover."
-        )
-    for c in CONFIGS:
-        n = len(pooled[c].failed)
-        if n and not pooled[c].failed.any():
-            lines.append(
-                f"{LABELS[c]}: 0 failures in {n} requests; the bootstrap CI of a zero count is "
-                f"degenerate, the rule-of-three 95 % upper bound is {3 / n:.1%}."
-            )
-    lines.append(
-        "Source TTFT and throughput come from another study with no least-conn column; its "
-        "TTFT percentile is not stated (compared with both P50 and P99 here). TTFT rows count "
-        "streamed requests only: for a non-streamed response (10 % of `mixed`) the first "
-        "content chunk is the whole body, so its 'TTFT' is its end-to-end time; the extra row "
-        "shows TTFT P99 over all requests, as lbtune's run summary computes it."
-    )
-    return lines
 
 
 def knob_diff(space: ParameterSpace, rr: ParamSet, w: ParamSet) -> tuple[list[str], int]:
@@ -689,11 +305,12 @@ def run_all(args: argparse.Namespace, out: Path) -> Outcome:
             runs.append(run)
             lo, hi = run.window
             ok = [r.e2e for r in run.records if r.outcome == "ok" and lo <= r.sent_at < hi]
-            p99 = float(np.percentile(ok, 99)) if ok else math.nan
+            p99 = percentile(ok, 99) if len(ok) >= MIN_SAMPLES["p99"] else math.nan
             gpu = math.nan if run.gpu_sd is None else run.gpu_sd
             say(
                 f"run {rep + 1}/{args.repeats} {c}: applied in {applied.seconds * 1000:.0f} ms"
-                f"{' (reload)' if applied.reloaded else ''}; {len(ok)} ok, P99 e2e {p99:.2f} s, "
+                f"{' (reload)' if applied.reloaded else ''}; {len(ok)} ok, P99 e2e {p99:.2f} s "
+                f"(n={len(ok)}), "
                 f"GPU sd {gpu:.3f} ({run.seconds:.0f} s)"
                 + (f"; GENERATOR BEHIND: {run.degraded}" if run.degraded else "")
             )
@@ -754,11 +371,7 @@ def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
 
     space = ParameterSpace.load(args.space or SPACE_FILE, replicas=o.replicas)
     rr, w = o.params["RR"], o.params["W"]
-    rng = np.random.default_rng(20261129)
-    pooled = {c: pool([r for r in o.runs if r.config == c]) for c in CONFIGS}
-    figs = {c: figures(pooled[c], args.bootstrap, rng) for c in CONFIGS}
-    per_run_pools = {c: [pool([r]) for r in o.runs if r.config == c] for c in CONFIGS}
-    figs2 = {c: two_level(per_run_pools[c], args.bootstrap, rng) for c in CONFIGS}
+    a = analyse(o.runs, args.bootstrap)
 
     if o.study is not None:
         print_study(o.study)
@@ -770,18 +383,23 @@ def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
         print(f"  + {agent} agent.* knobs, inert here (no feedback agent runs in this benchmark)")
     print(f"weight shares: RR {weight_shares(rr, o.replicas)}; W {weight_shares(w, o.replicas)}")
     print()
-    lines = render(figs, figs2, pooled, o.runs, args, same_params=(w == rr))
+    lines = render(a, o.runs, args.cluster, args.scenario, args.duration, args.seed,
+                   same_params=(w == rr))  # fmt: skip
     print("\n".join(lines))
     print()
+    rounds = rounds_table(a, o.runs)
+    print("\n".join(rounds))
+    print()
+    per_replica = {c: shares(a, c) for c in CONFIGS}
     print("## Per-replica share of the requests sent (and P99 e2e of each replica, s)")
     print("| replica | " + " | ".join(LABELS[c] for c in CONFIGS) + " |")
     print("|---|" + "---|" * len(CONFIGS))
-    for name in sorted({k for p in pooled.values() for k in p.share}):
+    for name in sorted({k for share, _ in per_replica.values() for k in share}):
         cells = []
         for c in CONFIGS:
-            share = pooled[c].share.get(name, 0.0)
-            p = pooled[c].replica_p99.get(name)
-            cells.append(f"{share:.1%}" + (f" ({p:.1f} s)" if p is not None else ""))
+            share, p99s = per_replica[c]
+            p = p99s.get(name)
+            cells.append(f"{share.get(name, 0.0):.1%}" + (f" ({p:.1f} s)" if p is not None else ""))
         print(f"| {name} | " + " | ".join(cells) + " |")
     degraded = [f"{r.repeat + 1}-{r.config}: {'; '.join(r.degraded)}" for r in o.runs if r.degraded]
     n_rep = len({r.repeat for r in o.runs})
@@ -804,15 +422,18 @@ def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
         "winner_source": o.source,
         "params": o.params,
         "study": o.study,
+        "paired_rounds": [i + 1 for i in a.rounds],
         "figures": {
-            c: {
-                k: {"value": v, "ci95": list(ci(d)), "ci95_runs": list(ci(figs2[c].get(k, d)))}
-                for k, (v, d) in figs[c].items()
-            }
+            c: {k: {"value": a.value(c, k), "ci95": list(a.spread(c, k))} for k in KEYS}
             for c in CONFIGS
         },
-        "share": {c: pooled[c].share for c in CONFIGS},
-        "replica_p99_e2e_s": {c: pooled[c].replica_p99 for c in CONFIGS},
+        "ratios_vs_rr": {
+            c: {k: dict(zip(("value", "lo", "hi"), a.ratio(c, k), strict=True)) for k in KEYS}
+            for c in ("LC", "W")
+        },
+        "samples": {c: {s: a.count(c, s) for s in ("e2e", "ttft", "ttft_all")} for c in CONFIGS},
+        "share": {c: per_replica[c][0] for c in CONFIGS},
+        "replica_p99_e2e_s": {c: per_replica[c][1] for c in CONFIGS},
         "runs": [
             {
                 "config": r.config,
@@ -826,7 +447,7 @@ def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
             }
             for r in o.runs
         ],
-        "table_md": lines,
+        "table_md": [*lines, "", *rounds],
         "wall_s": o.wall_s,
     }
     (out / "results.json").write_text(json.dumps(clean(doc), indent=2), encoding="utf-8")
