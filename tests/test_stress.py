@@ -146,6 +146,8 @@ def test_ctrl_c_stops_cleanly_and_writes_a_partial_report(cluster: Any, tmp_path
         (["--target", "http://example.invalid:8000"], "--allow-remote"),
         (["--scenario", "no-such-scenario"], "no-such-scenario"),
         (["--slo", "ttft=fast"], "--slo"),
+        (["--max-duration", "60"], "--max-duration"),
+        (["--until-samples", "0"], "--until-samples"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:

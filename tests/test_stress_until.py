@@ -86,6 +86,7 @@ def test_run_json_holds_the_plan_as_run(run: tuple[StressResult, Path, Path]) ->
     )
     assert recorded.target.url == result.target.url
     assert recorded.target.name == "haproxy"
+    assert recorded.target.params  # the balancer config live during the run
 
 
 def test_the_generators_ran_the_recorded_plan(run: tuple[StressResult, Path, Path]) -> None:

@@ -89,23 +89,23 @@ def _hash(params: dict[str, Any]) -> str:
 
 
 def live_config(ep: Endpoints) -> tuple[dict[str, Any] | None, str | None]:
-    """The embedded cluster's balancer config (params, sha256): its last known good, else
-    what is live now; ``(None, None)`` when it cannot be read. ``run_stress`` records it in
-    the run's plan (``run.json``) before the load starts."""
+    """The embedded cluster's balancer config (params, sha256): what is live now (a study's
+    trial config during its trial), else its last known good; ``(None, None)`` when neither
+    can be read. ``run_stress`` records it in the run's plan (``run.json``) before the load."""
     from lbtune.apply.lkg import LkgStore, params_hash
 
     balancer = getattr(ep, "balancer", "haproxy")
-    lkg = LkgStore(ep.state_dir, balancer).get()
-    if lkg is not None:
-        return dict(lkg.params), lkg.sha256
     try:
         from lbtune.targets import get_target
 
         live = dict(get_target(balancer, ep).read_live())
+        return live, params_hash(live)
     except Exception as exc:
         log.debug("history: live config not read (%s)", exc)
-        return None, None
-    return live, params_hash(live)
+    lkg = LkgStore(ep.state_dir, balancer).get()
+    if lkg is not None:
+        return dict(lkg.params), lkg.sha256
+    return None, None
 
 
 def study_entry(opts: OptimizeOptions, result: StudyResult) -> Entry:
