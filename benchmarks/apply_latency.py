@@ -7,10 +7,13 @@ Starts a mini2 cluster in a temp state dir and times, ``--repeats`` times each (
   (b)  ``lbtune apply`` through ansible-runner, weights only
   (c)  a structural change with a hitless reload: direct, and through ansible-runner
 
+With ``--envoy``, the same rows for the Envoy target (mini2-envoy): weights through EDS
+files, structure through CDS/RDS files after ``envoy --mode validate`` (docs/envoy.md).
+
 and, to say where the Ansible time goes: an empty play (runner + ansible-playbook
 start-up), the same play with fact gathering on, and a play with one no-op task.
 
-    .venv/bin/python benchmarks/apply_latency.py [--repeats 5] [--json]
+    .venv/bin/python benchmarks/apply_latency.py [--repeats 5] [--json] [--envoy]
 """
 
 from __future__ import annotations
@@ -45,12 +48,65 @@ def median_s(fn: Callable[[int], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+def envoy_rows(n: int) -> dict[str, float]:
+    """Envoy (mini2-envoy): weights through EDS files, structure through CDS/RDS files
+    (after ``envoy --mode validate``), direct and through ansible-runner."""
+    from lbtune.targets import get_target
+    from lbtune.targets.envoy import deploy
+
+    res: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="lbt-bench-") as tmp:
+        state = Path(tmp)
+        ep = api.up(load_config("mini2-envoy")[0], state)
+        try:
+            t = get_target("envoy", ep)
+            t.apply(t.space().baseline())
+            servers = [r.name for r in ep.replicas]
+            policies = ["LEAST_REQUEST", "ROUND_ROBIN"]
+            res["(a') direct apply, weights (EDS)"] = median_s(
+                lambda i: t.apply({f"weight.{s}": 60 + i for s in servers}), n * 4
+            )
+            res["(b) ansible apply, weights (EDS)"] = median_s(
+                lambda i: apply_params(
+                    t, {f"weight.{s}": 90 + i for s in servers}, via="ansible", record=False
+                ),
+                n,
+            )
+            layout = deploy.read_layout(state)
+            res["envoy --mode validate alone"] = median_s(
+                lambda i: deploy.validate(layout, t.read_live()), n
+            )
+            res["(c) direct apply, structural (CDS+RDS)"] = median_s(
+                lambda i: t.apply({"lb_policy": policies[i % 2]}), n * 2
+            )
+            res["(c) ansible apply, structural (CDS+RDS)"] = median_s(
+                lambda i: apply_params(
+                    t, {"lb_policy": policies[i % 2]}, via="ansible", record=False
+                ),
+                n,
+            )
+        finally:
+            api.down(state)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--envoy", action="store_true", help="measure the Envoy target instead")
     args = ap.parse_args()
     n = args.repeats
+    if args.envoy:
+        rows = envoy_rows(n)
+        first = next(iter(rows.values()))
+        if args.json:
+            print(json.dumps({k: {"median_s": v, "ratio": v / first} for k, v in rows.items()}))
+            return
+        print(f"{'what':45} {'median':>12} {'x (a)':>10}")
+        for k, v in rows.items():
+            print(f"{k:45} {v * 1000:10.2f}ms {v / first:10.1f}")
+        return
     with tempfile.TemporaryDirectory(prefix="lbt-bench-") as tmp:
         state = Path(tmp)
         ep = api.up(load_config("mini2")[0], state)

@@ -3,15 +3,15 @@
 Files in the config dir (``<state>/envoy/``), each a ``DiscoveryResponse`` Envoy watches
 and re-reads when it is replaced by rename:
 
-- ``bootstrap.yaml`` — static: admin on loopback, the listener (OpenAI routes through a
+- ``bootstrap.json`` — static: admin on loopback, the listener (OpenAI routes through a
   Lua filter that reads the body's ``model``), ``dynamic_resources`` pointing at CDS;
   never changes while Envoy runs;
-- ``cds.yaml`` — one cluster per model (``model_<name>``: the replicas serving it) and
+- ``cds.json`` — one cluster per model (``model_<name>``: the replicas serving it) and
   ``all`` (every replica: ``/health`` and anything that is not a generate call); the
   structural knobs of the clusters (lb policy, circuit breakers, outlier detection,
   slow start) live here;
-- ``eds-<cluster>.yaml`` — each cluster's endpoints and weights (the live knobs);
-- ``rds.yaml`` — the routes: model affinity, retries, the consistent-hash key.
+- ``eds-<cluster>.json`` — each cluster's endpoints and weights (the live knobs);
+- ``rds.json`` — the routes: model affinity, retries, the consistent-hash key.
 
 Model affinity works like HAProxy's ``use_backend`` on the body's model: the Lua filter
 buffers a POST body, copies ``"model"`` into the ``x-lbtune-model`` header (and, when a
@@ -31,8 +31,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from lbtune.targets.base import ParamValue, ReplicaAddress
 
@@ -123,7 +121,7 @@ class Layout:
 
     @property
     def bootstrap_path(self) -> Path:
-        return self.config_dir / "bootstrap.yaml"
+        return self.config_dir / "bootstrap.json"
 
     def path(self, name: str) -> Path:
         return self.config_dir / name
@@ -201,7 +199,7 @@ def _listener(layout: Layout, route_config: dict[str, Any] | None) -> dict[str, 
     if route_config is None:
         hcm["rds"] = {
             "route_config_name": ROUTE_CONFIG,
-            "config_source": _path_source(layout.path("rds.yaml")),
+            "config_source": _path_source(layout.path("rds.json")),
         }
     else:
         hcm["route_config"] = route_config
@@ -229,7 +227,7 @@ def _base_bootstrap(layout: Layout) -> dict[str, Any]:
 def bootstrap(layout: Layout) -> dict[str, Any]:
     """The bootstrap Envoy starts with: CDS and RDS from files in the config dir."""
     doc = _base_bootstrap(layout)
-    doc["dynamic_resources"] = {"cds_config": _path_source(layout.path("cds.yaml"))}
+    doc["dynamic_resources"] = {"cds_config": _path_source(layout.path("cds.json"))}
     doc["static_resources"] = {"listeners": [_listener(layout, None)]}
     return doc
 
@@ -249,7 +247,7 @@ def _cluster(name: str, layout: Layout, p: Mapping[str, ParamValue]) -> dict[str
         "type": "EDS",
         "connect_timeout": "5s",
         "lb_policy": policy,
-        "eds_cluster_config": {"eds_config": _path_source(layout.path(f"eds-{name}.yaml"))},
+        "eds_cluster_config": {"eds_config": _path_source(layout.path(f"eds-{name}.json"))},
         "health_checks": [
             {
                 "timeout": "2s",
@@ -447,15 +445,15 @@ def route_config(layout: Layout, p: Mapping[str, ParamValue]) -> dict[str, Any]:
 
 
 def render(layout: Layout, params: Mapping[str, ParamValue]) -> dict[str, str]:
-    """File name → text of every dynamic file (``cds.yaml``, ``rds.yaml``, ``eds-*.yaml``)."""
+    """File name → text of every dynamic file (``cds.json``, ``rds.json``, ``eds-*.json``)."""
     pools = members(layout)
     weights = weights_of(params, layout)
     files = {
-        "cds.yaml": dump(_response("cluster", [_cluster(n, layout, params) for n in pools])),
-        "rds.yaml": dump(_response("routes", [route_config(layout, params)])),
+        "cds.json": dump(_response("cluster", [_cluster(n, layout, params) for n in pools])),
+        "rds.json": dump(_response("routes", [route_config(layout, params)])),
     }
     for name, reps in pools.items():
-        files[f"eds-{name}.yaml"] = dump(_response("endpoints", [_assignment(name, reps, weights)]))
+        files[f"eds-{name}.json"] = dump(_response("endpoints", [_assignment(name, reps, weights)]))
     return files
 
 
@@ -480,4 +478,5 @@ def validation_bootstrap(layout: Layout, params: Mapping[str, ParamValue]) -> di
 
 
 def dump(doc: Mapping[str, Any]) -> str:
-    return yaml.safe_dump(dict(doc), sort_keys=False, width=100)
+    """JSON (Envoy reads ``.json`` files natively; ~10x faster to write than YAML)."""
+    return json.dumps(doc, indent=1) + "\n"

@@ -1,9 +1,9 @@
 """The Envoy config dir on disk: layout, files replaced by rename, validation, readiness.
 
 ``<state>/envoy/`` holds ``layout.json`` (where Envoy listens and what it fronts, written
-at launch: every later process builds the target from it), ``bootstrap.yaml``, the xDS
+at launch: every later process builds the target from it), ``bootstrap.json``, the xDS
 files of :func:`lbtune.targets.envoy.config.render`, ``params.json`` (what lbtune last
-applied) and ``validate.yaml`` (the last config checked with ``envoy --mode validate``).
+applied) and ``validate.json`` (the last config checked with ``envoy --mode validate``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ __all__ = [
 CONFIG_DIR = "envoy"
 LAYOUT = "layout.json"
 RECORD = "params.json"
-STRUCTURAL_FILES = ("cds.yaml", "rds.yaml")
+STRUCTURAL_FILES = ("cds.json", "rds.json")
 """Files whose change is structural (Envoy builds a new cluster or route table)."""
 _LAYOUT_ADAPTER = TypeAdapter(Layout)
 
@@ -90,7 +90,7 @@ def write_files(layout: Layout, files: Mapping[str, str]) -> list[str]:
     the names written. A new cluster reads its endpoints file when it is built, so the
     endpoints are in place before the clusters that use them."""
     current = current_files(layout, list(files))
-    order = sorted(files, key=lambda n: (n in STRUCTURAL_FILES, n == "rds.yaml", n))
+    order = sorted(files, key=lambda n: (n in STRUCTURAL_FILES, n == "rds.json", n))
     written = []
     for name in order:
         if files[name] != current[name]:
@@ -128,7 +128,7 @@ def read_record(layout: Layout) -> ParamSet | None:
 def validate(layout: Layout, params: Mapping[str, ParamValue]) -> None:
     """``envoy --mode validate`` on one static config holding everything ``params`` renders;
     RejectedBeforeApply (nothing touched) with Envoy's reason."""
-    side = layout.path("validate.yaml")
+    side = layout.path("validate.json")
     write_atomic(side, config.dump(config.validation_bootstrap(layout, params)))
     problem = binary.validate_file(side)
     if problem is not None:

@@ -4,11 +4,11 @@ accepts, and reads back (from the rendered clusters and routes) as the knobs it 
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from lbtune.errors import ConfigError, DependencyError
 from lbtune.targets.base import ParamSet, ReplicaAddress
@@ -75,8 +75,8 @@ def active(params: ParamSet) -> ParamSet:
 
 def rendered(lay: Layout, params: ParamSet) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     files = config.render(lay, params)
-    clusters = [r for r in yaml.safe_load(files["cds.yaml"])["resources"]]
-    routes = yaml.safe_load(files["rds.yaml"])["resources"][0]
+    clusters = [r for r in json.loads(files["cds.json"])["resources"]]
+    routes = json.loads(files["rds.json"])["resources"][0]
     return clusters, routes
 
 
@@ -105,23 +105,23 @@ def test_the_bootstrap_passes_envoy_validate(tmp_path: Path) -> None:
     files = config.render(lay, full({}))
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    (tmp_path / "bootstrap.yaml").write_text(config.dump(config.bootstrap(lay)))
-    assert binary.validate_file(tmp_path / "bootstrap.yaml") is None
+    (tmp_path / "bootstrap.json").write_text(config.dump(config.bootstrap(lay)))
+    assert binary.validate_file(tmp_path / "bootstrap.json") is None
 
 
 def test_a_cluster_per_model_holds_only_the_replicas_serving_it(tmp_path: Path) -> None:
     files = config.render(layout(tmp_path), full({"weight.l4-0": 0, "weight.h100-0": 30}))
     assert sorted(files) == [
-        "cds.yaml",
-        "eds-all.yaml",
-        "eds-model_llama-3.1-70b-instruct-awq.yaml",
-        "eds-model_llama-3.1-8b-instruct.yaml",
-        "rds.yaml",
+        "cds.json",
+        "eds-all.json",
+        "eds-model_llama-3.1-70b-instruct-awq.json",
+        "eds-model_llama-3.1-8b-instruct.json",
+        "rds.json",
     ]
-    eds = yaml.safe_load(files["eds-model_llama-3.1-70b-instruct-awq.yaml"])["resources"][0]
+    eds = json.loads(files["eds-model_llama-3.1-70b-instruct-awq.json"])["resources"][0]
     hosts = [e["endpoint"]["hostname"] for e in eds["endpoints"][0]["lb_endpoints"]]
     assert hosts == ["h100-0"]
-    eds_all = yaml.safe_load(files["eds-all.yaml"])["resources"][0]["endpoints"][0]["lb_endpoints"]
+    eds_all = json.loads(files["eds-all.json"])["resources"][0]["endpoints"][0]["lb_endpoints"]
     by_name = {e["endpoint"]["hostname"]: e for e in eds_all}
     assert by_name["h100-0"]["load_balancing_weight"] == 30
     assert by_name["l4-0"]["health_status"] == "DRAINING"  # weight 0
@@ -141,7 +141,7 @@ def test_bad_launch_params_are_a_config_error_naming_the_knob(tmp_path: Path) ->
 
     with pytest.raises(ConfigError, match="lb_policy"):
         prepare(layout(tmp_path), {"lb_policy": "FASTEST"})
-    assert not (tmp_path / "cds.yaml").exists()
+    assert not (tmp_path / "cds.json").exists()
 
 
 def test_a_missing_binary_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

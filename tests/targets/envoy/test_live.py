@@ -51,7 +51,7 @@ def test_weights_change_live_without_a_restart(envoy: RunningEnvoy) -> None:
     target = envoy.target()
     admin = EnvoyAdmin(envoy.layout.admin_url)
     target.apply({"weight.h100-0": 100, "weight.l4-0": 100, "lb_policy": "ROUND_ROBIN"})
-    pid, structural_before = envoy.pid, deploy.current_files(envoy.layout, ["cds.yaml", "rds.yaml"])
+    pid, structural_before = envoy.pid, deploy.current_files(envoy.layout, ["cds.json", "rds.json"])
     result = target.apply({"weight.h100-0": 200, "weight.l4-0": 0})
     assert result.changed and not result.reloaded
     assert result.diff["weight.l4-0"] == (100, 0)
@@ -61,7 +61,7 @@ def test_weights_change_live_without_a_restart(envoy: RunningEnvoy) -> None:
     assert weights[("model_llama-3.1-8b-instruct", "l4-0")][1] is True
     assert served_by(envoy, M8, 5) == {"h100-0": 5}
     assert envoy.proc.poll() is None and envoy.pid == pid
-    assert deploy.current_files(envoy.layout, ["cds.yaml", "rds.yaml"]) == structural_before
+    assert deploy.current_files(envoy.layout, ["cds.json", "rds.json"]) == structural_before
     assert target.read_live()["weight.l4-0"] == 0
     target.apply({"weight.l4-0": 100, "weight.h100-0": 100})
     assert set(served_by(envoy, M8, 6)) == {"h100-0", "l4-0"}
@@ -106,7 +106,7 @@ def test_structural_changes_go_through_cds_and_rds_and_read_back(envoy: RunningE
 def test_check_mode_touches_nothing(envoy: RunningEnvoy) -> None:
     target = envoy.target()
     target.apply(target.space().baseline())
-    files = deploy.current_files(envoy.layout, ["cds.yaml", "rds.yaml", "eds-all.yaml"])
+    files = deploy.current_files(envoy.layout, ["cds.json", "rds.json", "eds-all.json"])
     result = target.apply({"lb_policy": "RANDOM", "weight.l4-0": 7}, check=True)
     assert result.check and result.changed and result.reloaded
     assert result.diff == {"lb_policy": ("ROUND_ROBIN", "RANDOM"), "weight.l4-0": (100, 7)}
@@ -120,7 +120,7 @@ def test_bad_params_are_refused_and_leave_envoy_untouched(
     target = envoy.target()
     target.apply(target.space().baseline())
     before = target.read_live()
-    files = deploy.current_files(envoy.layout, ["cds.yaml", "rds.yaml", "eds-all.yaml"])
+    files = deploy.current_files(envoy.layout, ["cds.json", "rds.json", "eds-all.json"])
     with pytest.raises(ConfigError, match="max_requests"):
         target.apply({"max_requests": 0})
     with pytest.raises(ConfigError, match="unknown knob"):
