@@ -5,10 +5,19 @@
 once, then ``max_tokens`` content chunks (first after ``ttft``, then every
 ``itl``; ``--one-write`` sends the whole stream in one write), an empty finish
 chunk, a usage chunk and ``[DONE]``. It records its own wall-clock ground truth
-per request (``t_recv`` after the body is read, ``t_first`` right before the
-first content write, ``t_last``), served at ``GET /debug/requests`` (all) and
-``GET /debug/requests/{id}``. No framework: asyncio streams and byte templates,
-so that the server is cheap next to the generator it measures.
+per request, served at ``GET /debug/requests`` (all) and
+``GET /debug/requests/{id}``:
+
+* ``t_recv`` — when the request's last byte *arrived*: the kernel's receive time
+  stamp of the read that completed it (``SO_TIMESTAMPNS``), so the server's own
+  event-loop lag does not enter it (``time.time()`` where the kernel gives none);
+* ``t_first`` — ``time.time()`` right before the first content chunk is written
+  (a causal lower bound of its arrival at the client: loopback adds ~20 µs);
+* ``t_last`` — after the last write.
+
+No framework: an asyncio loop for readiness and timers over non-blocking raw
+sockets, and byte templates, so that the server is cheap next to the generator
+it measures.
 
 Special models provoke failures (for tests): ``x-http-500``, ``x-break`` (close
 after two content chunks), ``x-hang`` (stop after one chunk, keep the socket).
@@ -21,7 +30,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
+import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["EchoServer", "main"]
@@ -30,11 +42,105 @@ _ROLE = b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}'
 _TOKEN = b'{"choices":[{"index":0,"delta":{"content":"tok "},"finish_reason":null}]}'
 _TEXT = b'{"choices":[{"index":0,"text":"tok ","finish_reason":null}]}'
 _FINISH = b'{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}'
+_SO_TIMESTAMPNS = 35  # SO_TIMESTAMPNS_OLD (asm-generic); see lbtune.loadgen.client
+_TIMESPEC = struct.Struct("@ll")
+_ANC = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
 def _chunk(event: bytes) -> bytes:
     data = b"data: " + event + b"\n\n"
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class _Conn:
+    """One client connection: a read buffer, pending output, and its closed state."""
+
+    __slots__ = ("buf", "closed", "fd", "loop", "out", "sock", "srv")
+
+    def __init__(self, srv: EchoServer, sock: socket.socket, loop: asyncio.AbstractEventLoop):
+        self.srv = srv
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.loop = loop
+        self.buf = b""
+        self.out = b""
+        self.closed = False
+        loop.add_reader(self.fd, self.on_read)
+
+    def on_read(self) -> None:
+        try:
+            data, anc, _flags, _addr = self.sock.recvmsg(65536, _ANC)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.close()
+            return
+        if not data:
+            self.close()
+            return
+        t = time.time()
+        if anc and len(anc[0][2]) == _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack(anc[0][2])
+            t = sec + nsec * 1e-9
+        self.buf += data
+        while not self.closed:
+            i = self.buf.find(b"\r\n\r\n")
+            if i < 0:
+                return
+            head = self.buf[:i].decode("latin-1")
+            lines = head.split("\r\n")
+            hdrs = {}
+            for ln in lines[1:]:
+                k, _, v = ln.partition(":")
+                hdrs[k.strip().lower()] = v.strip()
+            n = int(hdrs.get("content-length", "0"))
+            if len(self.buf) < i + 4 + n:
+                return
+            body = self.buf[i + 4 : i + 4 + n]
+            self.buf = self.buf[i + 4 + n :]
+            try:
+                method, path, _ = lines[0].split(" ", 2)
+                self.srv.respond(self, method, path, hdrs, body, t)
+            except (ValueError, KeyError):
+                self.close()
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.out:
+            self.out += data
+            return
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self.close()
+            return
+        if sent < len(data):
+            self.out = data[sent:]
+            self.loop.add_writer(self.fd, self.on_write)
+
+    def on_write(self) -> None:
+        try:
+            sent = self.sock.send(self.out)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.close()
+            return
+        self.out = self.out[sent:]
+        if not self.out:
+            self.loop.remove_writer(self.fd)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.loop.remove_reader(self.fd)
+        if self.out:
+            self.loop.remove_writer(self.fd)
+        self.sock.close()
 
 
 class EchoServer:
@@ -55,37 +161,56 @@ class EchoServer:
         self.requests = 0
         self._tok = {True: _chunk(_TOKEN), False: _chunk(_TEXT)}
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            import socket
+    def respond(
+        self, c: _Conn, method: str, path: str, hdrs: dict[str, str], body: bytes, t_recv: float
+    ) -> None:
+        if method == "GET":
+            self._debug(c, path)
+            return
+        self.requests += 1
+        rid = hdrs.get("x-request-id", "")
+        req = json.loads(body or b"{}")
+        model = str(req.get("model", ""))
+        if model == "x-http-500":
+            msg = b'{"error":"boom"}'
+            c.write(
+                b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(msg), msg)
+            )
+            return
+        n = int(req.get("max_tokens", 16))
+        chat = path.endswith("/chat/completions")
+        tok = self._tok[chat]
+        if not req.get("stream"):
+            doc = json.dumps(
+                {
+                    "choices": [{"index": 0, "message": {"content": "tok " * n}, "text": "x"}],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": n},
+                }
+            ).encode()
+            t = time.time()
+            c.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                b"X-Lbtune-Replica: %s\r\n\r\n%s" % (len(doc), self.replica, doc)
+            )
+            self._truth(rid, t_recv, t, t)
+            return
+        head = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\nX-Lbtune-Replica: %s\r\nx-request-id: %s\r\n\r\n"
+            % (self.replica, rid.encode())
+        )
+        usage = b'{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":%d}}' % n
+        tail = _chunk(_FINISH) + _chunk(usage) + _chunk(b"[DONE]") + b"0\r\n\r\n"
+        if self.one_write and not model.startswith("x-"):
+            t = time.time()
+            c.write(head + _chunk(_ROLE) + tok * n + tail)
+            self._truth(rid, t_recv, t, t)
+            return
+        c.write(head + _chunk(_ROLE))
+        _Stream(self, c, rid, t_recv, n, tok, tail, model).schedule(self.ttft)
 
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, path, _ = lines[0].split(" ", 2)
-                hdrs = {}
-                for ln in lines[1:]:
-                    k, _, v = ln.partition(":")
-                    hdrs[k.strip().lower()] = v.strip()
-                n = int(hdrs.get("content-length", "0"))
-                body = await reader.readexactly(n) if n else b""
-                t_recv = time.time()
-                rid = hdrs.get("x-request-id", "")
-                if method == "GET":
-                    self._debug(writer, path)
-                    continue
-                self.requests += 1
-                if not await self._complete(writer, path, body, rid, t_recv):
-                    return
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-            pass
-        finally:
-            writer.close()
-
-    def _debug(self, writer: asyncio.StreamWriter, path: str) -> None:
+    def _debug(self, c: _Conn, path: str) -> None:
         if path.startswith("/debug/requests/"):
             doc: Any = self.truth.get(path.rsplit("/", 1)[1])
         elif path.startswith("/debug/requests"):
@@ -94,87 +219,101 @@ class EchoServer:
             doc = {"requests": self.requests}
         out = json.dumps(doc).encode()
         status = b"200 OK" if doc is not None else b"404 Not Found"
-        writer.write(
+        c.write(
             b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
             % (status, len(out), out)
         )
-
-    async def _complete(
-        self, writer: asyncio.StreamWriter, path: str, body: bytes, rid: str, t_recv: float
-    ) -> bool:
-        req = json.loads(body or b"{}")
-        model = str(req.get("model", ""))
-        if model == "x-http-500":
-            msg = b'{"error":"boom"}'
-            writer.write(
-                b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\n\r\n%s" % (len(msg), msg)
-            )
-            return True
-        n = int(req.get("max_tokens", 16))
-        chat = path.endswith("/chat/completions")
-        tok = self._tok[chat]
-        head = (
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Transfer-Encoding: chunked\r\nX-Lbtune-Replica: %s\r\nx-request-id: %s\r\n\r\n"
-            % (self.replica, rid.encode())
-        )
-        usage = b'{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":%d}}' % n
-        tail = _chunk(_FINISH) + _chunk(usage) + _chunk(b"[DONE]") + b"0\r\n\r\n"
-        if not req.get("stream"):
-            doc = json.dumps(
-                {
-                    "choices": [{"index": 0, "message": {"content": "tok " * n}, "text": "x"}],
-                    "usage": {"prompt_tokens": 7, "completion_tokens": n},
-                }
-            ).encode()
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                b"X-Lbtune-Replica: %s\r\n\r\n%s" % (len(doc), self.replica, doc)
-            )
-            t = time.time()
-            self._truth(rid, t_recv, t, t)
-            return True
-        if self.one_write and not model.startswith("x-"):
-            writer.write(head + _chunk(_ROLE) + tok * n + tail)
-            t = time.time()
-            self._truth(rid, t_recv, t, t)
-            return True
-        writer.write(head + _chunk(_ROLE))
-        await self._sleep(self.ttft)
-        t_first = 0.0
-        for i in range(n):
-            if i:
-                await self._sleep(self.itl)
-            if writer.is_closing():
-                return False  # the client went away
-            if i == 0:
-                t_first = time.time()  # just before the bytes leave: a causal lower bound
-            writer.write(tok)
-            if model == "x-break" and i == 1:
-                await writer.drain()
-                return False
-            if model == "x-hang":
-                await writer.drain()
-                await asyncio.sleep(3600)
-        writer.write(tail)
-        self._truth(rid, t_recv, t_first, time.time())
-        return True
-
-    @staticmethod
-    async def _sleep(s: float) -> None:
-        await asyncio.sleep(s)
 
     def _truth(self, rid: str, t_recv: float, t_first: float, t_last: float) -> None:
         if self.keep_truth and rid:
             self.truth[rid] = {"t_recv": t_recv, "t_first": t_first, "t_last": t_last}
 
-    async def serve(self, host: str, port: int, ready: Any = None) -> None:
-        srv = await asyncio.start_server(self.handle, host, port, backlog=4096, limit=1 << 20)
+    async def serve(self, host: str, port: int, ready: Callable[[int], Any] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind((host, port))
+        ls.listen(4096)
+        ls.setblocking(False)
+        conns: set[_Conn] = set()
+
+        def accept() -> None:
+            while True:
+                try:
+                    sock, _ = ls.accept()
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError:
+                    return
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                conns.add(_Conn(self, sock, loop))
+                if len(conns) > 256:  # forget closed ones now and then
+                    conns.difference_update([x for x in conns if x.closed])
+
+        loop.add_reader(ls.fileno(), accept)
         if ready is not None:
-            ready(srv.sockets[0].getsockname()[1])
-        async with srv:
-            await srv.serve_forever()
+            ready(ls.getsockname()[1])
+        try:
+            await loop.create_future()
+        finally:
+            loop.remove_reader(ls.fileno())
+            ls.close()
+            for x in list(conns):
+                x.close()
+
+
+class _Stream:
+    """The timed content chunks of one streamed response (asyncio timers, no coroutine)."""
+
+    __slots__ = ("c", "i", "model", "n", "rid", "srv", "t_first", "t_recv", "tail", "tok")
+
+    def __init__(
+        self,
+        srv: EchoServer,
+        c: _Conn,
+        rid: str,
+        t_recv: float,
+        n: int,
+        tok: bytes,
+        tail: bytes,
+        model: str,
+    ) -> None:
+        self.srv, self.c, self.rid, self.t_recv = srv, c, rid, t_recv
+        self.n, self.tok, self.tail, self.model = n, tok, tail, model
+        self.i = 0
+        self.t_first = 0.0
+
+    def schedule(self, delay: float) -> None:
+        if delay > 0:
+            self.c.loop.call_later(delay, self.step)
+        else:
+            self.c.loop.call_soon(self.step)
+
+    def step(self) -> None:
+        c = self.c
+        if c.closed:
+            return  # the client went away
+        i = self.i
+        if i >= self.n:
+            c.write(self.tail)
+            self.srv._truth(self.rid, self.t_recv, self.t_first, time.time())
+            return
+        if i == 0:
+            self.t_first = time.time()  # just before the bytes leave: a causal lower bound
+        c.write(self.tok)
+        self.i = i + 1
+        if self.model == "x-break" and i == 1:
+            c.close()
+            return
+        if self.model == "x-hang":
+            return  # one chunk, then silence on an open socket
+        if self.i < self.n:
+            self.schedule(self.srv.itl)
+        else:
+            self.step()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,129 @@
+"""Kernel time stamps keep event-loop lag out of TTFT.
+
+A scripted server (a thread with plain blocking sockets) sends the first content
+chunk while the test blocks the gevent loop with a busy loop; the order of events
+is forced with threading events, not sleeps. With kernel stamps the recorded first
+token is the chunk's arrival; with loop stamps it is the end of the block.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import gevent
+import pytest
+
+from lbtune.loadgen.client import KERNEL_TIMESTAMPS, StreamClient
+from lbtune.loadgen.records import RequestRecord
+from lbtune.loadgen.source import FixedWorkload
+
+pytestmark = pytest.mark.skipif(not KERNEL_TIMESTAMPS, reason="kernel stamps are Linux-only")
+
+BLOCK_AFTER_S = 0.15
+"""The loop stays blocked at least this long after the first chunk was sent."""
+
+
+def _chunk(event: bytes) -> bytes:
+    data = b"data: " + event + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+ROLE = _chunk(b'{"choices":[{"delta":{"role":"assistant","content":""}}]}')
+TOK = _chunk(b'{"choices":[{"delta":{"content":"tok "}}]}')
+TAIL = _chunk(b'{"choices":[],"usage":{"completion_tokens":3}}') + _chunk(b"[DONE]") + b"0\r\n\r\n"
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+class Scripted:
+    """One request: head + role at once; token 1 (and, if ``coalesce``, token 2) while
+    the loop is blocked; the rest after the block."""
+
+    def __init__(self, coalesce: bool) -> None:
+        self.coalesce = coalesce
+        self.answered = threading.Event()
+        self.blocking = threading.Event()
+        self.sent_first = threading.Event()
+        self.unblocked = threading.Event()
+        self.t_first = 0.0
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(1)
+        self.url = f"http://127.0.0.1:{self.srv.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.srv.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += conn.recv(65536)
+            conn.sendall(HEAD + ROLE)
+            self.answered.set()
+            if not self.blocking.wait(10):
+                return
+            time.sleep(0.02)  # well inside the block (which waits for sent_first)
+            self.t_first = time.time()
+            conn.sendall(TOK)
+            if self.coalesce:
+                time.sleep(0.03)
+                conn.sendall(TOK)
+            self.sent_first.set()
+            if not self.unblocked.wait(10):
+                return
+            conn.sendall(TOK if self.coalesce else TOK + TOK)
+            conn.sendall(TAIL)
+            conn.recv(1)  # until the client closes
+
+
+def measure(coalesce: bool, kernel: bool) -> tuple[RequestRecord, Scripted, float]:
+    srv = Scripted(coalesce)
+    client = StreamClient(srv.url, kernel_timestamps=kernel)
+    g = gevent.spawn(client.send, FixedWorkload(output_tokens=3).request(0))
+    deadline = time.monotonic() + 10
+    while not srv.answered.is_set() and time.monotonic() < deadline:
+        gevent.sleep(0.005)  # the loop runs: g connects, sends, and reads the head
+    gevent.sleep(0.02)
+    srv.blocking.set()
+    assert srv.sent_first.wait(10)  # from here on the gevent loop is blocked
+    t_sent = time.time()
+    end = time.perf_counter() + BLOCK_AFTER_S
+    while time.perf_counter() < end:  # the busy loop: no greenlet runs meanwhile
+        pass
+    srv.unblocked.set()
+    rec = g.get(timeout=10)
+    client.close()
+    srv.thread.join(5)
+    srv.srv.close()
+    return rec, srv, t_sent
+
+
+def test_first_token_is_its_arrival_not_the_end_of_the_block() -> None:
+    rec, srv, t_sent = measure(coalesce=False, kernel=True)
+    assert rec.outcome == "ok" and rec.timing == "kernel"
+    assert rec.first_token_at is not None and rec.first_token_bound_s == 0.0
+    # Arrival is microseconds after the server's stamp; the block ended >= 150 ms later.
+    assert srv.t_first <= rec.first_token_at < srv.t_first + BLOCK_AFTER_S / 3
+    assert rec.first_token_at <= t_sent
+
+
+def test_without_kernel_stamps_the_block_is_in_the_ttft() -> None:
+    """The control: the same script with loop stamps fails the assertion above."""
+    rec, srv, _ = measure(coalesce=False, kernel=False)
+    assert rec.outcome == "ok" and rec.timing == "loop" and rec.first_token_bound_s is None
+    assert rec.first_token_at is not None
+    assert rec.first_token_at >= srv.t_first + BLOCK_AFTER_S
+
+
+def test_a_coalesced_first_token_is_bounded() -> None:
+    """Token 2 arrived before the loop read token 1: one stamp (token 2's arrival),
+    and a bound whose interval holds token 1's true arrival."""
+    rec, srv, _ = measure(coalesce=True, kernel=True)
+    assert rec.outcome == "ok" and rec.first_token_at is not None
+    b = rec.first_token_bound_s
+    assert b is not None and b > 0
+    assert rec.first_token_at - b <= srv.t_first <= rec.first_token_at
+    assert rec.chunk_times[0] == rec.chunk_times[1]  # both tokens share the read
