@@ -155,3 +155,17 @@ def describe_estimate(plan: RunPlan, est: Estimate | None, need: int = P99_SAMPL
         f"this run will hold ~{n} requests in its {span:.0f} s window: too few for a P99 "
         f"({need} needed; estimate from {est.basis}); use {hint}"
     )
+
+
+def after_run_hint(plan: RunPlan, ok: int, window_s: float, need: int = P99_SAMPLES) -> str | None:
+    """After a run whose window held ``ok`` < ``need`` successful requests: what to pass
+    next time, sized from the rate this run measured (``None`` when it held enough)."""
+    if ok >= need:
+        return None
+    hint = f"--until-samples {need}"
+    if ok > 0 and window_s > 0 and plan.load.until_samples is None:
+        hint = f"--duration {duration_for(plan, need, ok / window_s):g} or {hint}"
+    return (
+        f"the window held {ok} successful requests: too few for a P99 ({need} needed); "
+        f"next time use {hint}"
+    )

@@ -349,6 +349,7 @@ def _summarize(
     from lbtune.metrics.serverside import collect
     from lbtune.metrics.stats import summarize
     from lbtune.metrics.summary import GeneratorHealth, Window
+    from lbtune.samples import after_run_hint
 
     records = read_records(load.records_path)
     run_start = load.started_at
@@ -365,6 +366,10 @@ def _summarize(
         notes.append("the run was stopped early: figures cover only what was measured")
     if plan.load.until_samples is not None:
         notes.append(_until_note(plan, reached_at, run_start))
+    ok = sum(1 for r in records if r.outcome == "ok" and window.contains(r.sent_at))
+    hint = after_run_hint(plan, ok, window.duration)
+    if hint is not None:
+        notes.append(hint)
     server = None
     if isinstance(prom, PromClient):
         # Let the last scrape of the window land before asking for it.

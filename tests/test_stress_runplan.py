@@ -208,3 +208,18 @@ def test_the_recorded_tokenizer_reaches_the_generators(tmp_path: Path) -> None:
                      run_plan=str(path))  # fmt: skip
     with pytest.raises(ConfigError, match="tokenizer"):
         run_load(cfg)
+
+
+def test_after_a_run_with_too_few_the_hint_is_sized_from_its_rate() -> None:
+    from lbtune.samples import after_run_hint, duration_for
+
+    plan = plan_run(StressOptions(scenario="longctx", duration_s=30))
+    span = plan.window_end_s - plan.window_start_s
+    assert after_run_hint(plan, 100, span) is None
+    hint = after_run_hint(plan, 22, span)
+    assert hint is not None and "held 22 successful requests" in hint
+    assert f"--duration {duration_for(plan, 100, 22 / span):g} or --until-samples 100" in hint
+    assert after_run_hint(plan, 0, span) == (
+        "the window held 0 successful requests: too few for a P99 (100 needed); "
+        "next time use --until-samples 100"
+    )

@@ -175,6 +175,9 @@ def stress_command(
         elif not stdout.is_terminal:
             stdout = Console(width=140)
         _print_summary(stdout, summary)
+    for note in summary.notes:
+        if "too few for a P99" in note:
+            err.print(f"note: {note}", markup=False)
     report_dir = None if result.report is None else str(result.report.directory)
     if report_dir is not None:
         err.print(f"report: {report_dir}", markup=False)
