@@ -298,7 +298,7 @@ def confirm(
     return Confirmation(
         verdict="improved" if winner is not None else "no significant improvement",
         baseline_trial=baseline.trial,
-        baseline_figures=_mean_figures(base_ms),
+        baseline_figures=_pooled_figures(base_ms),
         comparisons=tuple(comparisons),
         winner=winner,
         runs_per_arm=k,
@@ -392,18 +392,39 @@ def _compare(
         relative=diff / base.score if base.score else math.nan,
         feasible=ok,
         significant=bool(ok and math.isfinite(hi) and hi < 0),
-        figures=_mean_figures(cand_ms),
+        figures=_pooled_figures(cand_ms),
         arm=arm.label,
         rounds=rounds,
         candidate=cand,
         baseline=base,
-        baseline_figures=_mean_figures(base_ms),
+        baseline_figures=_pooled_figures(base_ms),
         level=level,
     )
 
 
 def _num(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def _pooled_figures(ms: Sequence[Measurement]) -> Figures | None:
+    """The runs' figures with their requests pooled: P99s and P50 TTFT of all their
+    samples, errors over all sent; the rest (rates, goodput, balance, decay) averaged."""
+    mean = _mean_figures(ms)
+    samples = [m.samples for m in ms if m.samples is not None]
+    if mean is None or not samples:
+        return mean
+    e2e, ttft, p50 = _figures_of(samples, 99.0)
+    sent = sum(s.sent for s in samples)
+    return replace(
+        mean,
+        p99_e2e_s=e2e,
+        p99_ttft_s=ttft,
+        p50_ttft_s=_num(p50),
+        error_rate=sum(s.errors for s in samples) / sent if sent else mean.error_rate,
+        samples=sum(int(s.e2e.size) for s in samples),
+        p99_e2e_ci=None,
+        p99_ttft_ci=None,
+    )
 
 
 def _mean_figures(ms: Sequence[Measurement]) -> Figures | None:

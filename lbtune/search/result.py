@@ -155,7 +155,8 @@ class Comparison:
     significant: bool
     """The CI lies entirely below zero and the candidate met the constraints."""
     figures: Figures | None = None
-    """Mean of the candidate's run figures (goodput, balance, decay for the report)."""
+    """The candidate's figures over :attr:`rounds`, requests pooled (P99s, P50 TTFT, error
+    rate); rates, goodput, balance and decay are the runs' means."""
     arm: str = ""
     rounds: tuple[int, ...] = ()
     """The rounds both arms were measured in: the only ones this comparison uses."""
@@ -163,7 +164,7 @@ class Comparison:
     baseline: Pooled | None = None
     """The baseline over the same rounds."""
     baseline_figures: Figures | None = None
-    """Mean of the baseline's run figures over the same rounds."""
+    """The baseline's figures over the same rounds, pooled like :attr:`figures`."""
     level: float = 0.95
 
     def to_dict(self) -> dict[str, Any]:

@@ -117,6 +117,10 @@ def test_before_after_compares_the_same_rounds_and_never_the_search_run() -> Non
     assert rows["P50 time to first token (ms)"][1] == percentile(list(a_ttft), 50) * 1000.0
     assert rows["P99 end-to-end latency (ms)"][1] != search_live.p99_e2e_s * 1000.0
     assert rows["latency samples (requests)"][1:3] == (600, 600)
+    # Downstream consumers (history, compare, JUnit) get the same pooled figures.
+    assert comp.figures is not None and comp.baseline_figures is not None
+    assert comp.figures.p99_e2e_s == percentile(list(b_e2e), 99)
+    assert comp.baseline_figures.p99_e2e_s == percentile(list(a_e2e), 99)
     assert "rounds 1, 3" in table.columns[1] and "same rounds" in table.columns[3]
     # The candidate is 3.96x faster in every round (quality 1.0 vs 3.96): the change
     # says so (-75 %) although the drift between the rounds used is 4x.
