@@ -84,3 +84,26 @@ def test_warnings_come_first_and_name_the_problem() -> None:
     w = frame.warnings(bad)
     assert w[0].startswith("DEGRADED") and "lateness P99 25 ms" in w[0]
     assert w[1].startswith("INCOMPLETE")
+
+
+def test_cross_check_warning_names_the_figure_both_values_and_the_tolerance() -> None:
+    from lbtune.metrics.summary import CountCheck, CrossCheck, QuantileCheck
+
+    q = QuantileCheck(
+        "ttft_p99", 0.06, 0.3, 0.05, False,
+        "records 60.0 ms, Prometheus 300.0 ms, tolerance 25.0 ms to 250.0 ms", 0.025, 0.25,
+    )  # fmt: skip
+    cc = CrossCheck(
+        counts=(CountCheck("ok", 100, 60.0, 11.0, False), CountCheck("timeout", 3, 3.0, 1.6, True)),
+        quantiles=(q,),
+        agree=False,
+    )
+    s = dataclasses.replace(data.summary(), cross_check=cc)
+    (w,) = [x for x in frame.warnings(s) if x.startswith("CROSS-CHECK")]
+    assert w == (
+        "CROSS-CHECK: records and Prometheus disagree: requests ok: records 100, "
+        "Prometheus 60 (tolerance ±11.0); ttft_p99: records 60.0 ms, Prometheus 300.0 ms, "
+        "tolerance 25.0 ms to 250.0 ms."
+    )
+    tol = {row[0]: row[3] for row in frame.crosscheck_table(s).rows}
+    assert tol["ttft_p99 (ms)"] == "25.0 to 250.0 ms"
