@@ -166,7 +166,7 @@ def missing(layout: Layout, admin: EnvoyAdmin | None = None) -> str | None:
     have = {(h.cluster, h.hostname) for h in hosts if h.healthy}
     lacking = sorted(want - have)
     if lacking:
-        return "endpoints not healthy yet: " + ", ".join(f"{c}/{r}" for c, r in lacking[:6])
+        return "endpoints not healthy: " + ", ".join(f"{c}/{r}" for c, r in lacking[:6])
     try:
         with urlopen(layout.url + "/health", timeout=1.0) as resp:
             if resp.status == 200:
