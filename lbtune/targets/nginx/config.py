@@ -12,6 +12,7 @@ import importlib.resources
 import os
 import pwd
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,15 @@ def _server_opts(name: str, params: Mapping[str, ParamValue]) -> str:
     return opts + (" down" if weight == 0 else "")
 
 
+def _address(host: str) -> str:
+    """The IPv4 address nginx will show in ``$upstream_addr`` for ``host`` (it resolves
+    names once, at load); ``host`` itself when it is an address or does not resolve."""
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
 def _run_as() -> str:
     """``user`` directive value when nginx starts as root (workers would otherwise become
     ``nobody`` and could not reach the state dir); empty otherwise."""
@@ -148,7 +158,7 @@ def template_context(
             "address": r.host,
             "port": r.port,
             "models": list(r.models),
-            "addr_regex": re.escape(f"{r.host}:{r.port}"),
+            "addr_regex": re.escape(f"{_address(r.host)}:{r.port}"),
             "opts": _server_opts(r.name, params),
         }
         for r in site.replicas

@@ -242,3 +242,13 @@ def test_retry_on_overload_hands_a_refused_request_to_another_replica(
     finally:
         _admin(h100, "ready")
         target.apply(target.space().baseline())
+
+
+def test_the_replica_header_map_matches_what_nginx_reports_for_a_host_name(
+    tmp_path: Path,
+) -> None:
+    named = (ReplicaAddress("h100-0", "localhost", 18301, (M8, M70)),)
+    text = render_config(Site(tmp_path, "127.0.0.1", 18310, named, MODELS), _space().baseline())
+    # $upstream_addr holds the address nginx resolved, not the name in the server line.
+    assert '"~(^|\\s)127\\.0\\.0\\.1:18301$" h100-0;' in text
+    assert "server localhost:18301 " in text
