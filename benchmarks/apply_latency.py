@@ -9,11 +9,13 @@ Starts a mini2 cluster in a temp state dir and times, ``--repeats`` times each (
 
 With ``--envoy``, the same rows for the Envoy target (mini2-envoy): weights through EDS
 files, structure through CDS/RDS files after ``envoy --mode validate`` (docs/envoy.md).
+With ``--nginx``, the rows for the nginx target (mini2-nginx): no runtime API, so weights
+and structure alike render nginx.conf, pass ``nginx -t`` and reload gracefully (docs/nginx.md).
 
 and, to say where the Ansible time goes: an empty play (runner + ansible-playbook
 start-up), the same play with fact gathering on, and a play with one no-op task.
 
-    .venv/bin/python benchmarks/apply_latency.py [--repeats 5] [--json] [--envoy]
+    .venv/bin/python benchmarks/apply_latency.py [--repeats 5] [--json] [--envoy | --nginx]
 """
 
 from __future__ import annotations
@@ -90,15 +92,53 @@ def envoy_rows(n: int) -> dict[str, float]:
     return res
 
 
+def nginx_rows(n: int) -> dict[str, float]:
+    """nginx (mini2-nginx): every change renders nginx.conf, passes ``nginx -t`` and
+    reloads gracefully (no runtime API), direct and through ansible-runner."""
+    from lbtune.targets.nginx import process
+    from lbtune.targets.nginx.balancer import BALANCER
+
+    res: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="lbt-bench-") as tmp:
+        state = Path(tmp)
+        ep = api.up(load_config("mini2-nginx")[0], state)
+        try:
+            t = BALANCER.target(ep)
+            t.apply(t.space().baseline())
+            servers = [r.name for r in ep.replicas]
+            algos = ["least_conn", "round_robin"]
+            res["(a') direct apply, weights (reload)"] = median_s(
+                lambda i: t.apply({f"weight.{s}": 20 + i for s in servers}), n * 4
+            )
+            res["(b) ansible apply, weights (reload)"] = median_s(
+                lambda i: apply_params(
+                    t, {f"weight.{s}": 60 + i for s in servers}, via="ansible", record=False
+                ),
+                n,
+            )
+            res["nginx -t alone"] = median_s(lambda i: process.test_config(t.site, t.site.conf), n)
+            res["(c) direct apply, structural (reload)"] = median_s(
+                lambda i: t.apply({"algorithm": algos[i % 2]}), n * 2
+            )
+            res["(c) ansible apply, structural (reload)"] = median_s(
+                lambda i: apply_params(t, {"algorithm": algos[i % 2]}, via="ansible", record=False),
+                n,
+            )
+        finally:
+            api.down(state)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--envoy", action="store_true", help="measure the Envoy target instead")
+    ap.add_argument("--nginx", action="store_true", help="measure the nginx target instead")
     args = ap.parse_args()
     n = args.repeats
-    if args.envoy:
-        rows = envoy_rows(n)
+    if args.envoy or args.nginx:
+        rows = envoy_rows(n) if args.envoy else nginx_rows(n)
         first = next(iter(rows.values()))
         if args.json:
             print(json.dumps({k: {"median_s": v, "ratio": v / first} for k, v in rows.items()}))
