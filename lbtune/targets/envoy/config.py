@@ -154,7 +154,8 @@ def weights_of(params: Mapping[str, ParamValue], layout: Layout) -> dict[str, in
 
 
 def _seconds(value: float) -> str:
-    return f"{value:g}s"
+    """A protobuf Duration (nanosecond resolution)."""
+    return f"{value:.9f}".rstrip("0").rstrip(".") + "s"
 
 
 def _address(host: str, port: int) -> dict[str, Any]:

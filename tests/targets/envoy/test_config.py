@@ -43,7 +43,7 @@ EXTRAS: list[dict[str, Any]] = [
 ]
 PER_POLICY: dict[str, list[dict[str, Any]]] = {
     "ROUND_ROBIN": [{"slow_start_s": 30}],
-    "LEAST_REQUEST": [{"choice_count": 5, "active_request_bias": 0.3, "slow_start_s": 10}],
+    "LEAST_REQUEST": [{"choice_count": 5, "active_request_bias": 0.25, "slow_start_s": 10}],
     "RANDOM": [{}],
     "RING_HASH": [{"hash_key": "session", "hash_bytes": 1024, "hash_balance_factor": 300}],
     "MAGLEV": [{"hash_key": "prefix", "hash_bytes": 32, "hash_balance_factor": 100}],
