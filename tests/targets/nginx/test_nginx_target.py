@@ -191,7 +191,8 @@ def test_ten_reloads_under_streamed_load_drop_nothing(nginx: Running) -> None:
             time.sleep(0.15)  # let streams get going on the current workers
             with lock:
                 open_at_reloads += open_now[0]
-            result = target.apply({"weight.l4-0": 10 + 5 * (i + 1)})
+            algorithm = sorted(ALGORITHMS)[i % len(ALGORITHMS)]
+            result = target.apply({"weight.l4-0": 10 + 5 * (i + 1), "algorithm": algorithm})
             reloads += int(result.reloaded)
     finally:
         stop.set()
