@@ -75,7 +75,8 @@ def test_disagreement_is_flagged_with_the_figure_both_values_and_the_tolerance()
     assert (q["ttft_p99"].low, q["ttft_p99"].high) == pytest.approx((0.025, 0.25))
     assert (
         "ttft_p99: records 60.0 ms, Prometheus 300.0 ms, tolerance 25.0 ms to 250.0 ms "
-        "(histogram buckets around the exact value; its bucket is 50.0 ms wide)"
+        "(the histogram buckets around the exact value, its own 50.0 ms wide, and of the "
+        "requests ranked within 11 of Prometheus' rank)"
     ) in cc.notes
     assert q["e2e_p50"].agree is None and q["e2e_p50"].detail == "no histogram in Prometheus"
 
@@ -125,3 +126,24 @@ def test_no_exporter_series() -> None:
     cc = _check(_records(), Window(T0, T0 + 20), PromClientSide())
     assert cc.counts == () and cc.agree is None
     assert "no lbtune_requests_total series" in cc.notes[0]
+
+
+def test_a_thin_tail_reaches_the_buckets_of_requests_from_before_the_window() -> None:
+    """A real run: 107 TTFTs up to 34.3 ms ended in the window, one of 56.4 ms just before.
+
+    ``increase()`` extrapolated the (0.05, 0.06] bucket's counter, which held that earlier
+    request, a little further than the one below: Prometheus' P99 came out at 50.03 ms.
+    """
+    bounds = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125)
+    ttfts = [0.02 + 0.0001 * i for i in range(101)] + [0.033, 0.0335, 0.0336, 0.0338, 0.034,
+                                                        0.0343]  # fmt: skip
+    window = Window(T0, T0 + 11)
+    inside = [rec(i, sent=T0 + i * 0.09, ttft=t, e2e=0.1) for i, t in enumerate(ttfts)]
+    early = rec(500, sent=T0 - 0.5, ttft=0.0564, e2e=0.2)  # ended before the window
+    prom = PromClientSide(ttft_p99=0.05003, ttft_buckets=bounds)
+    q = {x.name: x for x in _check([early, *inside], window, prom).quantiles}["ttft_p99"]
+    assert q.exact == pytest.approx(0.0343, abs=0.001) and q.agree is True
+    assert (q.low, q.high) == pytest.approx((0.025, 0.06))
+    # Without a request that could explain it, 50.03 ms is a disagreement.
+    q = {x.name: x for x in _check(inside, window, prom).quantiles}["ttft_p99"]
+    assert q.agree is False and q.high == pytest.approx(0.05)
