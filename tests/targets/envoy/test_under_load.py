@@ -41,6 +41,8 @@ class Load:
         self.lock = threading.Lock()
         self.ok = 0
         self.errors: list[str] = []
+        self.streams: list[tuple[float, float]] = []
+        """(start, end) of every stream that completed."""
         self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(CLIENTS)]
 
     def sent(self) -> int:
@@ -56,10 +58,11 @@ class Load:
             body: dict[str, Any] = {
                 "model": M70 if n % 5 == 0 else M8,
                 "messages": [{"role": "user", "content": f"client {i} request {n}"}],
-                "max_tokens": 8,
+                "max_tokens": 48 if stream else 8,
                 "stream": stream,
             }
             problem = None
+            started = time.monotonic()
             try:
                 resp = session.post(
                     f"{self.url}/v1/chat/completions", json=body, stream=stream, timeout=30
@@ -77,6 +80,8 @@ class Load:
             with self.lock:
                 if problem is None:
                     self.ok += 1
+                    if stream:
+                        self.streams.append((started, time.monotonic()))
                 else:
                     self.errors.append(problem)
 
@@ -99,8 +104,11 @@ def test_ten_structural_applies_under_load_drop_no_request(envoy: RunningEnvoy) 
         deadline = time.monotonic() + 10
         while load.sent() < 20 and time.monotonic() < deadline:  # the stream is flowing
             time.sleep(0.01)
+        applies: list[tuple[float, float]] = []
         for params in STRUCTURAL:
+            t0 = time.monotonic()
             result = target.apply(params)
+            applies.append((t0, time.monotonic()))
             assert result.reloaded, params
             before = load.sent()
             deadline = time.monotonic() + 10
@@ -108,7 +116,13 @@ def test_ten_structural_applies_under_load_drop_no_request(envoy: RunningEnvoy) 
                 time.sleep(0.01)  # requests flow through the new clusters before the next one
     assert envoy.proc.poll() is None and envoy.pid == pid
     failed = len(load.errors)
-    print(f"envoy: {len(STRUCTURAL)} structural applies, {load.sent()} requests, {failed} failed")
+    # Streams that were open through a whole apply (started before it, ended after it).
+    across = sum(any(s < a and e > b for a, b in applies) for s, e in load.streams)
+    print(
+        f"envoy: {len(STRUCTURAL)} structural applies, {load.sent()} requests "
+        f"({across} streams open across an apply), {failed} failed"
+    )
+    assert across > 0
     assert load.sent() > 100
     assert load.errors == [], f"{len(load.errors)} of {load.sent()} failed: {load.errors[:3]}"
     target.apply(target.space().baseline())
