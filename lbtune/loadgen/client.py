@@ -47,11 +47,13 @@ from gevent import socket as gsocket
 
 from lbtune.loadgen.records import OpenRequest, Outcome, RequestRecord, Timing
 from lbtune.loadgen.wire import (
+    MARKS,
     ChunkedDecoder,
     ProtocolError,
     ResponseHead,
     SseScanner,
     build_request,
+    nonempty_at,
     parse_head,
     parse_json_body,
 )
@@ -327,7 +329,8 @@ class StreamClient:
             else:
                 st.error_body = body[:160].decode("utf-8", "replace")
             return head.keep_alive
-        return _read_stream(read, head, rest, st)
+        peek = _Peek(sock) if st.timing == "kernel" else None
+        return _read_stream(read, head, rest, st, peek)
 
 
 def _kernel_reader(sock: Any) -> Reader:
@@ -346,6 +349,53 @@ def _kernel_reader(sock: Any) -> Reader:
         return data, time()  # EOF, or a segment the kernel did not stamp
 
     return read
+
+
+class _Peek:
+    """Reads that leave the bytes queued (``MSG_PEEK``), for the first content event.
+
+    The kernel stamps a read with the arrival of the last segment it touched, so a
+    peek of ``n`` bytes tells when byte ``n - 1`` arrived. That recovers the first
+    event's own arrival when later bytes were already queued behind it, as long as
+    the kernel kept them in separate segments (it merges some).
+    """
+
+    __slots__ = ("_recv", "_recvmsg")
+
+    def __init__(self, sock: Any) -> None:
+        self._recvmsg = sock.recvmsg
+        self._recv = sock.recv
+
+    def peek(self, n: int) -> tuple[bytes, float]:
+        data, anc, _flags, _addr = self._recvmsg(n, _ANC, socket.MSG_PEEK)
+        if anc and len(anc[0][2]) == _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack(anc[0][2])
+            return data, sec + nsec * 1e-9
+        return data, time()
+
+    def consume(self, n: int) -> None:
+        while n > 0:  # the bytes are queued: this never waits
+            got = len(self._recv(n))
+            if not got:
+                return
+            n -= got
+
+    def first_event_arrival(self, data: bytes, t: float) -> tuple[float, bool]:
+        """(arrival, exact) of the first content event in the peeked ``data``."""
+        p = min((i for i in (nonempty_at(data, m) for m in MARKS) if i >= 0), default=-1)
+        end = data.find(b"\n\n", p) if p >= 0 else -1
+        if end < 0:
+            return t, False
+        end += 2
+        if data[end : end + 2] == b"\r\n":  # the HTTP chunk's own end, same write
+            end += 2
+        if end >= len(data):
+            return t, False
+        d1, t1 = self.peek(end)  # stamp of the segment holding the event's last byte
+        d2, t2 = self.peek(end + 1)  # ... and of the next byte's
+        if len(d1) < end or len(d2) < end + 1:
+            return t, False
+        return t1, t1 != t2  # different segments: nothing later was merged into it
 
 
 def _loop_reader(sock: Any) -> Reader:
@@ -402,12 +452,16 @@ class _State:
         self.usage_out: int | None = None
 
 
-def _read_stream(read: Reader, head: ResponseHead, rest: bytes, st: _State) -> bool:
+def _read_stream(
+    read: Reader, head: ResponseHead, rest: bytes, st: _State, peek: _Peek | None = None
+) -> bool:
     """Read an SSE body, stamping content chunks; True = connection reusable.
 
-    Until the first content event, each read's lower time bound (the previous read's
-    stamp, once that read drained the socket) is kept: when the first event shared its
-    read with later bytes, its arrival lies in (lower, stamp].
+    Until the first content event, reads are peeks (``peek``, kernel stamps only), so
+    that when the first event shares a read with later bytes its own segment's stamp
+    can still be had; each read's lower time bound (the previous read's stamp, once
+    that read drained the socket) is kept: a stamp that is not exact lies in
+    (lower, stamp], and ``st.first_bound`` says how wide that is.
     """
     sc = st.scanner = SseScanner()
     times = st.times
@@ -417,6 +471,7 @@ def _read_stream(read: Reader, head: ResponseHead, rest: bytes, st: _State) -> b
     dec = ChunkedDecoder() if head.chunked else None
     remaining = head.content_length
     data = rest
+    peeked = False
     while True:
         if data:
             payload = dec.feed(data) if dec is not None else data
@@ -431,10 +486,19 @@ def _read_stream(read: Reader, head: ResponseHead, rest: bytes, st: _State) -> b
                 else:
                     k, alone = sc.feed_first(payload)
                     if k:
-                        times.extend([t] * k)
+                        t1, exact = t, alone and (dec is None or dec.between_chunks)
+                        if peeked and not exact:
+                            assert peek is not None
+                            t1, exact = peek.first_event_arrival(data, t)
+                        times.append(t1)
+                        if k > 1:
+                            times.extend([t] * (k - 1))
                         if kernel:
-                            exact = alone and (dec is None or dec.between_chunks)
-                            st.first_bound = 0.0 if exact else max(0.0, t - lower)
+                            st.first_bound = 0.0 if exact else max(0.0, t1 - lower)
+            if peeked:
+                assert peek is not None
+                peek.consume(len(data))
+                peeked = False
             if dec is not None:
                 if dec.done:
                     st.ended_at = t
@@ -446,7 +510,11 @@ def _read_stream(read: Reader, head: ResponseHead, rest: bytes, st: _State) -> b
                     return head.keep_alive
             if len(data) < _RECV:
                 lower = t
-        data, t = read()
+        if peek is not None and not times:
+            data, t = peek.peek(_RECV)
+            peeked = True
+        else:
+            data, t = read()
         if not data:
             st.ended_at = t
             if sc.done or (remaining is not None and remaining <= 0):

@@ -5,8 +5,8 @@
 once, then ``max_tokens`` content chunks (first after ``ttft``, then every
 ``itl``; ``--one-write`` sends the whole stream in one write), an empty finish
 chunk, a usage chunk and ``[DONE]``. It records its own wall-clock ground truth
-per request, served at ``GET /debug/requests`` (all) and
-``GET /debug/requests/{id}``:
+per request, served at ``GET /debug/requests`` (all; ``?clear=1`` also forgets
+them) and ``GET /debug/requests/{id}``:
 
 * ``t_recv`` — when the request's last byte *arrived*: the kernel's receive time
   stamp of the read that completed it (``SO_TIMESTAMPNS``), so the server's own
@@ -215,6 +215,8 @@ class EchoServer:
             doc: Any = self.truth.get(path.rsplit("/", 1)[1])
         elif path.startswith("/debug/requests"):
             doc = self.truth
+            if path.endswith("?clear=1"):  # hand over and forget (long benchmarks)
+                self.truth = {}
         else:
             doc = {"requests": self.requests}
         out = json.dumps(doc).encode()

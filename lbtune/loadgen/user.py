@@ -131,6 +131,9 @@ class GeneratorState:
             worker=self.worker,
             id_prefix=f"lbt-{self.run_id}-",
             open_set=self.open,
+            # A diagnostic knob (benchmarks/ttft_accuracy.py --loop-stamps): stamp reads
+            # with time.time() as before kernel stamps, to compare the two.
+            kernel_timestamps=os.environ.get("LBTUNE_TIMESTAMPS", "kernel") != "loop",
         )
 
     def send(

@@ -220,7 +220,7 @@ class SseScanner:
         n = self.feed(payload)
         if n != 1 or self._carry:
             return n, False
-        p = min((i for i in (_nonempty_at(data, pat) for pat in _MARKS) if i >= 0), default=-1)
+        p = min((i for i in (nonempty_at(data, pat) for pat in MARKS) if i >= 0), default=-1)
         if p < 0:
             return n, False
         end = data.find(b"\n\n", p)
@@ -245,10 +245,10 @@ class SseScanner:
             self.usage_prompt_tokens = usage["prompt_tokens"]
 
 
-_MARKS = (b'"content":"', b'"text":"', b'"content": "', b'"text": "')
+MARKS = (b'"content":"', b'"text":"', b'"content": "', b'"text": "')
 
 
-def _nonempty_at(data: bytes, pat: bytes) -> int:
+def nonempty_at(data: bytes, pat: bytes) -> int:
     """Index of the first ``pat`` followed by a non-empty string, else -1."""
     i = data.find(pat)
     while i >= 0 and data[i + len(pat) : i + len(pat) + 1] == b'"':
