@@ -127,3 +127,21 @@ def test_summarize_reports_recovery_and_knee() -> None:
         target="t", slo=Slo(ttft_s=0.05), stages=stages,
     )  # fmt: skip
     assert never.recovery_s is None and never.recovered is False
+
+
+def test_stage_ttft_is_over_streamed_requests_only() -> None:
+    """As in the latency table: a non-streamed response's E2E is no TTFT."""
+    import dataclasses
+
+    streamed = _stage_records(0, 100, 0.1)
+    whole = [
+        dataclasses.replace(r, stream=False, first_token_at=None, chunk_times=())
+        for r in _stage_records(0, 20, 0.1, first=500)
+    ]  # E2E 0.5 s each
+    (st,) = stage_stats(streamed + whole, STEPS[:1], run_start=T0, slo=Slo(ttft_s=0.2))
+    assert st.ttft_p99 == pytest.approx(0.1) and st.e2e_p99 == pytest.approx(0.5)
+    assert st.meets_slo is True
+    # A stage with no streamed request does not judge TTFT (E2E still is).
+    (only,) = stage_stats(whole, STEPS[:1], run_start=T0, slo=Slo(ttft_s=0.2, e2e_s=1.0))
+    assert only.ttft_p99 is None and only.meets_slo is True
+    assert "no streamed request: TTFT not judged" in only.notes
