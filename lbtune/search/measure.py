@@ -97,26 +97,34 @@ class StressMeasure:
     interrupt: threading.Event = field(default_factory=threading.Event)
     """Set by Ctrl-C: stops the running measurement."""
     say: object = None
+    _planned: StressOptions | None = field(default=None, init=False, repr=False)
+
+    def plan_options(self) -> StressOptions:
+        """``options`` with the run plan made once (:func:`lbtune.runplan.plan_run`): every
+        trial runs exactly that plan, and the scenario file is read only the first time."""
+        if self._planned is None:
+            from lbtune.runplan import plan_run
+
+            self._planned = replace(self.options, plan=plan_run(self.options))
+        return self._planned
 
     def __call__(self, label: str, on_window: WindowHook | None = None) -> Measurement:
         from lbtune.loadgen.recordio import read_records
         from lbtune.metrics.censor import censored_samples
-        from lbtune.scenario import load_scenario, plan_load
         from lbtune.stress import run_stress
 
-        opts = self.options
-        scenario = load_scenario(opts.scenario)
-        plan = plan_load(scenario, opts.duration_s, opts.users, opts.rate, opts.seed)
-        warm, end = plan.measure_window
+        opts = self.plan_options()
+        assert opts.plan is not None
+        warm, end = opts.plan.window_start_s, opts.plan.window_end_s
         out_dir = self.runs_dir / label
         out_dir.mkdir(parents=True, exist_ok=True)
         stop = threading.Event()
         records: list[RequestRecord] = []
-        state: dict[str, float] = {"t0": 0.0, "step": 1}
+        step = 1
         tail = None
 
         def on_progress(p: Progress) -> None:
-            nonlocal tail
+            nonlocal tail, step
             if self.interrupt.is_set():
                 stop.set()
                 return
@@ -126,18 +134,18 @@ class StressMeasure:
                 from lbtune.loadgen.collect import RecordTail
 
                 tail = RecordTail(out_dir, on_record=records.append)
-                state["t0"] = p.now - p.elapsed_s
             tail.poll()
-            step = int(state["step"])
             measured = p.elapsed_s - warm
             if measured < step * self.window_s or p.elapsed_s >= end:
                 return
-            state["step"] = step + 1
-            t0 = state["t0"]
+            # The run's start, as the runner counts elapsed time (the generators' start
+            # once they reported it): this snapshot was taken just now.
+            t0 = time.time() - p.elapsed_s
             fig = partial_figures(
                 records, t0 + warm, t0 + end, now=p.now, open_requests=p.open_requests
             )
-            if fig is not None and on_window(step, fig):
+            this, step = step, step + 1
+            if fig is not None and on_window(this, fig):
                 stop.set()
 
         t_start = time.monotonic()

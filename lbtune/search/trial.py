@@ -3,8 +3,9 @@
 The measurement is a callable (:class:`Measure`) so that the study loop can be
 tested with a fake and run for real with :class:`lbtune.search.measure.StressMeasure`.
 A trial that cannot be measured raises :class:`~lbtune.errors.TrialFailed` with a
-reason; the study records it and goes on. A generator that fell behind raises
-:class:`GeneratorBehind` (a TrialFailed the study re-runs once).
+reason; the study records it and goes on. A measurement the generator marked degraded
+raises :class:`GeneratorBehind` (a TrialFailed that the study re-measures once, in the
+same trial, see :func:`lbtune.search.study.run_loop`).
 """
 
 from __future__ import annotations
