@@ -1,4 +1,5 @@
-"""10 structural applies (CDS and RDS replaced) during a steady stream of requests drop none."""
+"""10 structural applies (CDS and RDS replaced), and 10 live ones (EDS weights, draining
+included), during a steady stream of requests drop none."""
 
 from __future__ import annotations
 
@@ -96,7 +97,18 @@ class Load:
             t.join(MAX_SECONDS + 35)
 
 
-def test_ten_structural_applies_under_load_drop_no_request(envoy: RunningEnvoy) -> None:
+LIVE: list[dict[str, object]] = [
+    {"weight.h100-0": w1, "weight.l4-0": w2}
+    for w1, w2 in [(200, 50), (0, 100), (100, 0), (30, 256), (100, 100)] * 2
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "changes"), [("structural", STRUCTURAL), ("live", LIVE)], ids=["cds-rds", "eds"]
+)
+def test_ten_applies_under_load_drop_no_request(
+    envoy: RunningEnvoy, kind: str, changes: list[dict[str, object]]
+) -> None:
     target = envoy.target()
     target.apply(target.space().baseline())
     pid = envoy.pid
@@ -105,21 +117,21 @@ def test_ten_structural_applies_under_load_drop_no_request(envoy: RunningEnvoy) 
         while load.sent() < 20 and time.monotonic() < deadline:  # the stream is flowing
             time.sleep(0.01)
         applies: list[tuple[float, float]] = []
-        for params in STRUCTURAL:
+        for params in changes:
             t0 = time.monotonic()
             result = target.apply(params)
             applies.append((t0, time.monotonic()))
-            assert result.reloaded, params
+            assert result.reloaded == (kind == "structural"), params
             before = load.sent()
             deadline = time.monotonic() + 10
             while load.sent() < before + 10 and time.monotonic() < deadline:
-                time.sleep(0.01)  # requests flow through the new clusters before the next one
+                time.sleep(0.01)  # requests flow through the new config before the next one
     assert envoy.proc.poll() is None and envoy.pid == pid
     failed = len(load.errors)
     # Streams that were open through a whole apply (started before it, ended after it).
     across = sum(any(s < a and e > b for a, b in applies) for s, e in load.streams)
     print(
-        f"envoy: {len(STRUCTURAL)} structural applies, {load.sent()} requests "
+        f"envoy: {len(changes)} {kind} applies, {load.sent()} requests "
         f"({across} streams open across an apply), {failed} failed"
     )
     assert across > 0
