@@ -22,7 +22,7 @@ from lbtune.targets.nginx.target import SPACE_FILE, NginxTarget
 from lbtune.targets.space import ParameterSpace
 from tests.targets.nginx.conftest import M8, M70, MODELS, Running, chat, launch, needs_nginx
 
-pytestmark = [needs_nginx]
+pytestmark = [needs_nginx, pytest.mark.integration]
 
 REPLICAS = (
     ReplicaAddress("h100-0", "127.0.0.1", 18301, (M8, M70)),
@@ -158,7 +158,6 @@ def test_a_config_nginx_rejects_leaves_the_live_one_running(nginx: Running) -> N
     assert chat(nginx.url, M8)[0] == 200
 
 
-@pytest.mark.integration
 def test_ten_reloads_under_streamed_load_drop_nothing(nginx: Running) -> None:
     """Streams in flight finish on the old workers; nothing is refused meanwhile."""
     target = nginx.target
@@ -205,7 +204,6 @@ def test_ten_reloads_under_streamed_load_drop_nothing(nginx: Running) -> None:
     target.apply(target.space().baseline())
 
 
-@pytest.mark.integration
 def test_everything_launched_is_stopped(
     replicas: tuple[ReplicaAddress, ...], tmp_path: Path
 ) -> None:
