@@ -287,7 +287,11 @@ def main() -> int:
             if not over:
                 print(f"{tag}: aim P50 <= {p50:g} / P99 <= {p99:g} ms MET")
             else:
-                flagged = "flagged DEGRADED" if r["degraded"] else "NOT flagged"
+                flagged = (
+                    "lbtune flagged the run DEGRADED"
+                    if r["degraded"]
+                    else "not flagged: the bound on its TTFT figures stayed within the limit"
+                )
                 print(f"{tag}: aim MISSED on this machine: {'; '.join(over)} ({flagged})")
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(results, indent=1))
