@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import collections
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
 from lbtune.errors import ConfigError
-from lbtune.targets.base import RejectedBeforeApply
+from lbtune.targets.base import RejectedBeforeApply, ReplicaAddress
 from lbtune.targets.envoy import deploy
 from lbtune.targets.envoy.admin import EnvoyAdmin
 from tests.targets.envoy.conftest import M8, M70, RunningEnvoy, chat
@@ -100,6 +102,55 @@ def test_structural_changes_go_through_cds_and_rds_and_read_back(envoy: RunningE
     assert len(seen) == 1
     assert envoy.proc.poll() is None and envoy.pid == pid
     assert not target.apply(target.read_live()).changed
+    target.apply(target.space().baseline())
+
+
+def retry_count(envoy: RunningEnvoy) -> int:
+    text = EnvoyAdmin(envoy.layout.admin_url).get("/stats?filter=upstream_rq_retry$")
+    return sum(int(line.rsplit(": ", 1)[1]) for line in text.splitlines() if ": " in line)
+
+
+def test_retries_send_a_503_to_another_replica(
+    envoy: RunningEnvoy, replicas: tuple[ReplicaAddress, ...]
+) -> None:
+    target = envoy.target()
+    target.apply({**target.space().baseline(), "retries": 2})
+    l4 = next(r for r in replicas if r.name == "l4-0")
+    before = retry_count(envoy)
+    requests.post(l4.url + "/admin/drain", timeout=5).raise_for_status()
+    try:
+        # Round robin sends every other request to l4-0, which answers 503 now; each is
+        # retried on h100-0 (before the health check, 3 s, takes l4-0 out).
+        assert served_by(envoy, M8, 6) == {"h100-0": 6}
+        assert retry_count(envoy) > before
+    finally:
+        requests.post(l4.url + "/admin/ready", timeout=5).raise_for_status()
+        target.apply(target.space().baseline())
+        deadline = time.monotonic() + 15
+        while deploy.missing(envoy.layout) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert deploy.missing(envoy.layout) is None
+
+
+def test_a_session_header_pins_a_session_to_one_replica(envoy: RunningEnvoy) -> None:
+    target = envoy.target()
+    target.apply({"lb_policy": "RING_HASH", "hash_key": "session"})
+    seen: collections.Counter[str] = collections.Counter()
+    for i in range(6):
+        body: dict[str, Any] = {
+            "model": M8,
+            "messages": [{"role": "user", "content": f"turn {i}"}],
+            "max_tokens": 2,
+        }
+        resp = requests.post(
+            envoy.layout.url + "/v1/chat/completions",
+            json=body,
+            headers={"x-session-id": "s-1"},
+            timeout=30,
+        )
+        assert resp.status_code == 200
+        seen[resp.headers["x-lbtune-replica"]] += 1
+    assert len(seen) == 1
     target.apply(target.space().baseline())
 
 
