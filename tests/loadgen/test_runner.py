@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from lbtune.loadgen.client import KERNEL_TIMESTAMPS
 from lbtune.loadgen.collect import Progress
 from lbtune.loadgen.recordio import read_records
 from lbtune.loadgen.runner import LoadConfig, LoadResult, run_load
@@ -62,7 +63,12 @@ def test_closed_loop_counts_and_progress(echo_url: str, tmp_path: Path) -> None:
     )
     accounted(res)
     assert res.outcomes["ok"] == res.sent
-    assert not res.health.degraded, res.health.reasons
+    # Whether this short run counts as degraded depends on the machine's load (the rules
+    # are unit-tested in test_health.py); what must hold is that they were evaluated.
+    h = res.health
+    assert h.timing == ("kernel" if KERNEL_TIMESTAMPS else "loop")
+    assert h.ttft_bound_p99_s is not None and h.idle_share is not None
+    assert h.degraded == bool(h.reasons)
     assert seen and max(p.completed for p in seen) > 0
     opened = [p for p in seen if p.open_requests]
     assert opened, "4 closed-loop users, 45 ms requests: some must be open at a snapshot"
