@@ -31,6 +31,7 @@ from lbtune.agent.config import AgentConfig
 from lbtune.agent.loop import AgentThread
 from lbtune.cluster.state import Endpoints
 from lbtune.errors import TargetError
+from lbtune.targets.haproxy.files import HaproxyFiles, backend_names
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
 
 __all__ = ["SlowdownReport", "slowdown_check"]
@@ -153,16 +154,17 @@ def slowdown_check(
         if not shared:
             raise TargetError("slowdown_check needs a model served by two replicas or more")
         model = shared[0]
-    backend = ep.backends[model]
+    backend = backend_names(ep.models)[model]
     members = [r for r in ep.replicas if model in r.models]
     target = next((r for r in members if r.name == (replica or members[-1].name)), None)
     if target is None:
         raise TargetError(f"replica {replica!r} does not serve {model}")
-    rt = HaproxyRuntime(ep.runtime_socket)
+    socket_path = HaproxyFiles.of(ep).runtime_socket
+    rt = HaproxyRuntime(socket_path)
     saved = {(s.backend, s.server): s.weight for s in rt.servers_state()}
     cfg = config or AgentConfig(
         prometheus_url=ep.prometheus_url,
-        runtime_socket=ep.runtime_socket,
+        runtime_socket=socket_path,
         interval_s=1.0,
         metrics_port=None,
         ttft_window_s=4.0,

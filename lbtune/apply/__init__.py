@@ -3,7 +3,10 @@ the last known good — and roll back to it when anything fails after the balanc
 
 The optimizer's per-trial path is ``target.apply(params)`` (direct, ~ms, no LKG record) or
 ``apply_params(target, params, via="direct", record=False)`` (adds the lock and the
-automatic rollback); ``lbtune apply`` uses ``via="ansible"``.
+automatic rollback); ``lbtune apply`` uses ``via="ansible"``: ``playbooks/target-apply.yml``
+with the target's own module (:attr:`~lbtune.targets.base.Balancer.ansible_module`), the
+same for every balancer. A rollback (``lbtune rollback``, or after a failed apply) is
+:meth:`Target.rollback` — directly, or through the same playbook with ``lbtune_rollback``.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from lbtune.apply.lkg import Lkg, LkgStore, params_hash
 from lbtune.apply.lock import apply_lock
 from lbtune.apply.runner import LOCAL_INVENTORY, HostResult, run_playbook
 from lbtune.errors import ApplyError
+from lbtune.targets import balancer
 from lbtune.targets.base import ApplyResult, ParamSet, RejectedBeforeApply, Target
 
 __all__ = ["ApplyOutcome", "HostResult", "apply_params", "rollback"]
 
 log = logging.getLogger(__name__)
 Via = Literal["ansible", "direct"]
+PLAYBOOK = "target-apply.yml"
 
 
 @dataclass(frozen=True)
@@ -34,13 +39,6 @@ class ApplyOutcome:
     lkg: Lkg | None = None
     """The last known good after this apply."""
     log_path: Path | None = None
-
-
-def _owned_elsewhere(target: Target) -> frozenset[str]:
-    """Knobs the target says another controller sets (e.g. HAProxy weights while the
-    cluster's feedback agent runs): live values the read-back cannot hold to a value."""
-    hook = getattr(target, "owned_elsewhere", None)
-    return frozenset(hook()) if callable(hook) else frozenset()
 
 
 def _is_local(inventory: str | Path | None) -> bool:
@@ -54,29 +52,34 @@ def _run(
     via: Via,
     check: bool,
     inventory: str | Path | None,
-    playbook: str,
-    extravars: Mapping[str, Any] | None,
+    rollback: bool = False,
+    extravars: Mapping[str, Any] | None = None,
 ) -> tuple[ApplyResult, list[HostResult], Path | None]:
     if via == "direct":
-        result = target.apply(params, check=check)
+        result = target.rollback(check=check) if rollback else target.apply(params, check=check)
         return result, [HostResult("local", "changed" if result.changed else "ok")], None
     run = run_playbook(
-        playbook,
+        PLAYBOOK,
         state_dir=target.state_dir,
         inventory=inventory,
         check=check,
         diff=check,
         extravars={
             "lbtune_target": target.name,
+            "lbtune_module": balancer(target.name).ansible_module,
             "lbtune_state_dir": str(target.state_dir),
             "lbtune_params": dict(params),
+            "lbtune_rollback": rollback,
             **dict(extravars or {}),
         },
     )
     if not run.ok:
         rejected = any("RejectedBeforeApply" in h.msg for h in run.hosts)
         exc_type = RejectedBeforeApply if rejected else ApplyError
-        raise exc_type(f"ansible-playbook {playbook} failed: {run.failure()}")
+        what = "rollback" if rollback else "apply"
+        raise exc_type(
+            f"ansible-playbook {PLAYBOOK} ({target.name} {what}) failed: {run.failure()}"
+        )
     first = next((h.result for h in run.hosts if h.result), {})
     diff = {k: (v[0], v[1]) for k, v in (first.get("diff") or {}).items()}
     result = ApplyResult(
@@ -109,7 +112,8 @@ def apply_params(
     is live as the last known good (source ``baseline``).
     """
     space = target.space()
-    checked = space.validate(params, source=source)
+    checked = space.validate(params, source=source)  # errors name the source
+    target.validate(checked)  # the balancer's own refusals, before the lock
     say = progress or log.info
     with apply_lock(target.state_dir):
         store = LkgStore(target.state_dir, target.name)
@@ -121,11 +125,11 @@ def apply_params(
         try:
             result, hosts, log_path = _run(
                 target, checked, via=via, check=check, inventory=inventory,
-                playbook=f"{target.name}-apply.yml", extravars=extravars,
+                extravars=extravars,
             )  # fmt: skip
             if not check and expected is not None:
                 live = target.read_live()
-                others = _owned_elsewhere(target)
+                others = target.owned_elsewhere()
                 bad = [k for k, v in expected.items() if live.get(k) != v and k not in others]
                 if bad:
                     shown = ", ".join(
@@ -139,10 +143,7 @@ def apply_params(
                 raise
             say(f"apply failed ({exc}); rolling back to the last known good {lkg.describe()}")
             try:
-                _run(
-                    target, lkg.params, via=via, check=False, inventory=inventory,
-                    playbook=f"{target.name}-rollback.yml", extravars=None,
-                )  # fmt: skip
+                _run(target, lkg.params, via=via, check=False, inventory=inventory, rollback=True)
             except ApplyError as exc2:
                 raise ApplyError(f"{exc}; the rollback failed too: {exc2}") from None
             raise ApplyError(
@@ -154,9 +155,14 @@ def apply_params(
 
 
 def rollback(
-    target: Target, *, via: Via = "ansible", inventory: str | Path | None = None
+    target: Target,
+    *,
+    via: Via = "ansible",
+    inventory: str | Path | None = None,
+    check: bool = False,
 ) -> ApplyOutcome:
-    """Re-apply the last known good (ApplyError when none was recorded)."""
+    """:meth:`Target.rollback` on every host (ApplyError when no last known good was
+    recorded); ``check``: only the diff."""
     with apply_lock(target.state_dir):
         lkg = LkgStore(target.state_dir, target.name).get()
         if lkg is None:
@@ -165,7 +171,6 @@ def rollback(
                 "applied through lbtune yet"
             )
         result, hosts, log_path = _run(
-            target, lkg.params, via=via, check=False, inventory=inventory,
-            playbook=f"{target.name}-rollback.yml", extravars=None,
-        )  # fmt: skip
+            target, lkg.params, via=via, check=check, inventory=inventory, rollback=True
+        )
         return ApplyOutcome(result=result, hosts=hosts, via=via, lkg=lkg, log_path=log_path)

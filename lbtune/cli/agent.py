@@ -40,7 +40,10 @@ def _cluster_defaults(state_dir: Path | None) -> dict[str, Any]:
         return {}
     if ep is None:
         return {}
-    return {"prometheus_url": ep.prometheus_url, "runtime_socket": ep.runtime_socket}
+    return {
+        "prometheus_url": ep.prometheus_url,
+        "runtime_socket": ep.balancer_details.get("runtime_socket", ""),
+    }
 
 
 def _rows(result: StepResult) -> list[dict[str, Any]]:

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     help=(
-        "Run the embedded default cluster: simulated vLLM replicas behind HAProxy, "
-        "scraped by Prometheus (all on 127.0.0.1)."
+        "Run the embedded default cluster: simulated vLLM replicas behind a balancer "
+        "(HAProxy by default), scraped by Prometheus (all on 127.0.0.1)."
     ),
     no_args_is_help=True,
 )
@@ -60,9 +60,9 @@ def _endpoints_table(ep: Endpoints, health: dict[str, str] | None = None) -> Non
         table.add_column(col, no_wrap=col in ("URL", "health"))
     health = health or {}
     ok = "[green]up[/green]"
-    table.add_row("balancer (HAProxy)", ep.balancer_url, "", ", ".join(ep.models), ok)
-    table.add_row("HAProxy stats", ep.stats_url, "", "", ok)
-    table.add_row("HAProxy metrics", ep.haproxy_metrics_url, "", "", ok)
+    table.add_row(f"balancer ({ep.balancer})", ep.balancer_url, "", ", ".join(ep.models), ok)
+    table.add_row(f"{ep.balancer} stats", ep.stats_url, "", "", ok)
+    table.add_row(f"{ep.balancer} metrics", ep.balancer_metrics_url, "", "", ok)
     table.add_row("Prometheus", ep.prometheus_url, "", "", ok)
     table.add_row("lbtune exporter", ep.exporter_url, "", "", "reserved")
     if ep.agent_metrics_url is not None:
@@ -72,7 +72,8 @@ def _endpoints_table(ep: Endpoints, health: dict[str, str] | None = None) -> Non
         table.add_row(r.name, r.url, gpu, ", ".join(r.models), health.get(r.name, ok))
     console = _console()
     console.print(table)
-    console.print(f"runtime API: {ep.runtime_socket}    master CLI: {ep.master_socket}")
+    for key, value in sorted(ep.balancer_details.items()):
+        console.print(f"{key}: {value}")
     if ep.agent_config is not None:
         console.print(f"agent settings: {ep.agent_config}  (re-read on SIGHUP)")
 
@@ -99,7 +100,7 @@ def _status_tables(st: ClusterStatus) -> None:
         procs.add_row(c.name, str(c.pid), "yes" if c.running else "[red]no[/red]", c.log)
     console.print(procs)
     load = Table(title="replica load")
-    for col in ("replica", "GPU", "running", "waiting", "KV usage", "HAProxy", "sessions"):
+    for col in ("replica", "GPU", "running", "waiting", "KV usage"):
         load.add_column(col, justify="right" if col in ("running", "waiting") else "left")
     for r in st.replicas:
         load.add_row(
@@ -108,8 +109,6 @@ def _status_tables(st: ClusterStatus) -> None:
             num(r.running),
             num(r.waiting),
             "-" if r.kv_usage is None else f"{100 * r.kv_usage:.1f} %",
-            r.haproxy_status or "-",
-            "-" if r.sessions is None else str(r.sessions),
         )
     console.print(load)
     verdict = "[green]healthy[/green]" if st.healthy else "[red]unhealthy[/red]"
@@ -133,7 +132,7 @@ def up(
         bool, typer.Option("--json", help="Print the endpoints as JSON to stdout only.")
     ] = False,
 ) -> None:
-    """Start the replicas, HAProxy and Prometheus; wait until all are healthy.
+    """Start the replicas, the balancer and Prometheus; wait until all are healthy.
 
     Idempotent: if the same cluster is already running and healthy, report it.
     On any failure everything this command started is stopped again.
@@ -171,7 +170,7 @@ def status(
         bool, typer.Option("--json", help="Print endpoints, health and load as JSON (for scripts).")
     ] = False,
 ) -> None:
-    """Show health and per-replica load (running/waiting requests, KV usage, HAProxy state).
+    """Show health and per-replica load (running/waiting requests, KV usage).
 
     Exits 0 when healthy, 1 when not running or unhealthy.
     """

@@ -31,12 +31,12 @@ TTFT_CEILING_S = 1.0
 """AgentConfig's default ceiling in the replicas' own seconds; divided by the time scale."""
 
 
-def settings(cluster: ResolvedCluster, paths: StatePaths) -> dict[str, Any]:
+def settings(cluster: ResolvedCluster, ep: Endpoints) -> dict[str, Any]:
     """The contents of ``agent.yaml``: the cluster's wiring, then ``agent.settings``."""
     cfg = cluster.config
     out: dict[str, Any] = {
         "prometheus_url": f"http://{LOOPBACK}:{cluster.ports.prometheus}",
-        "runtime_socket": str(paths.runtime_socket),
+        "runtime_socket": ep.balancer_details.get("runtime_socket", ""),
         "metrics_port": cluster.ports.agent,
         "interval_s": INTERVAL_S,
         # The sim reports times divided by its time scale: so must the ceiling be.
@@ -46,9 +46,9 @@ def settings(cluster: ResolvedCluster, paths: StatePaths) -> dict[str, Any]:
     return out
 
 
-def write_config(cluster: ResolvedCluster, paths: StatePaths) -> None:
+def write_config(cluster: ResolvedCluster, paths: StatePaths, ep: Endpoints) -> None:
     try:
-        write_agent_file(paths.agent_config, settings(cluster, paths))
+        write_agent_file(paths.agent_config, settings(cluster, ep))
     except ConfigError as exc:  # e.g. settings that clash with the cluster's defaults
         raise ConfigError(f"cluster {cluster.config.name!r}: agent.settings: {exc}") from None
 

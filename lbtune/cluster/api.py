@@ -1,13 +1,14 @@
 """``up()``, ``down()``, ``status()``: the embedded cluster as a library.
 
 The CLI (``lbtune cluster ...``) and the ``stress``/``optimize`` commands call these.
-``up`` starts the sim host, HAProxy and Prometheus (in that order, each only once the
-previous one is ready), waits until every replica is healthy, every HAProxy server is
-UP and Prometheus has scraped every replica, then, when the cluster YAML enables it,
-starts the feedback agent (:mod:`lbtune.cluster.agent`), and writes ``endpoints.json``.
-If any step fails, everything this ``up`` started is stopped again; ``down`` stops the
-agent first. With ``balancer: vllm-router`` the router (:mod:`lbtune.cluster.router`)
-takes HAProxy's place.
+``up`` starts the sim host and Prometheus, waits until every replica is healthy, asks
+the cluster YAML's balancer (``balancer:``, a name of :data:`lbtune.targets.TARGETS`) to
+launch itself (:meth:`~lbtune.targets.base.Balancer.launch`: render, validate, start
+under the supervisor, wait healthy), waits until Prometheus scrapes every replica and
+the balancer's jobs, writes ``endpoints.json`` and then, when the cluster YAML enables
+it, starts the feedback agent (:mod:`lbtune.cluster.agent`). If any step fails,
+everything this ``up`` started is stopped again; ``down`` stops every recorded process
+in reverse start order (the agent first). The cluster never names a balancer.
 """
 
 from __future__ import annotations
@@ -21,19 +22,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lbtune.cluster import agent, health, probes, render, router, supervisor
+from lbtune import targets
+from lbtune.cluster import agent, health, probes, render, supervisor
 from lbtune.cluster.config import (
     DEFAULT_PRESET,
     LOOPBACK,
     ClusterConfig,
     ResolvedCluster,
+    free_port,
     load_config,
     resolve,
 )
 from lbtune.cluster.health import ClusterStatus, ComponentStatus, ReplicaStatus
 from lbtune.cluster.state import (
-    AGENT,
-    COMPONENTS,
+    PROMETHEUS,
+    SIM,
     Endpoints,
     ReplicaEndpoint,
     StatePaths,
@@ -44,15 +47,15 @@ from lbtune.cluster.state import (
     write_endpoints,
     write_json_atomic,
 )
-from lbtune.cluster.supervisor import ProcessRecord
+from lbtune.cluster.supervisor import ClusterSupervisor, ProcessRecord
 from lbtune.errors import ClusterError
+from lbtune.targets.base import Balancer, BalancerLaunch, LaunchSpec, ReplicaAddress
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 
 SIM_TIMEOUT = 30.0
-HAPROXY_TIMEOUT = 15.0
 PROMETHEUS_TIMEOUT = 20.0
 _GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
@@ -83,15 +86,12 @@ def _locked(paths: StatePaths) -> Iterator[None]:
 
 
 def _records(paths: StatePaths) -> list[ProcessRecord]:
-    names = (*COMPONENTS, router.COMPONENT, AGENT)  # down stops them in reverse: agent first
-    return [r for n in names if (r := supervisor.read_record(paths, n)) is not None]
+    """Every process of the state dir, in start order (``down`` stops them in reverse)."""
+    return supervisor.records(paths)
 
 
-def _problems(ep: Endpoints, paths: StatePaths, records: list[ProcessRecord]) -> list[str]:
-    simulated = any(not r.external for r in ep.replicas)
-    if supervisor.read_record(paths, router.COMPONENT) is not None:
-        return router.problems(ep, records, simulated)
-    return health.problems(ep, records, simulated)
+def _problems(ep: Endpoints, records: list[ProcessRecord]) -> list[str]:
+    return health.problems(ep, records, targets.balancer(ep.balancer).problems)
 
 
 def find_state_dir(state_dir: str | Path | None = None) -> Path:
@@ -122,26 +122,58 @@ def _load(config: str | Path | ClusterConfig | None) -> tuple[ClusterConfig, str
     return cfg, str(path.resolve())
 
 
-def _endpoints(cluster: ResolvedCluster, paths: StatePaths, source: str) -> Endpoints:
+def launch_spec(cluster: ResolvedCluster, paths: StatePaths, entry: Balancer) -> LaunchSpec:
+    """What the balancer is told at launch (its extra ports picked free now)."""
+    taken = {cluster.ports.balancer, cluster.ports.stats, *(r.port for r in cluster.replicas)}
+    extra: dict[str, int] = {}
+    for name in entry.extra_ports:
+        port = free_port()
+        while port in taken:
+            port = free_port()
+        taken.add(port)
+        extra[name] = port
+    return LaunchSpec(
+        cluster_name=cluster.config.name,
+        state_dir=paths.root,
+        host=LOOPBACK,
+        port=cluster.ports.balancer,
+        metrics_port=cluster.ports.stats,
+        extra_ports=extra,
+        replicas=tuple(
+            ReplicaAddress(r.name, r.host, r.port, tuple(r.models), r.gpu) for r in cluster.replicas
+        ),
+        models=tuple(cluster.models),
+        params=dict(cluster.config.params),
+        time_scale=cluster.config.time_scale,
+        agent_settings=paths.agent_config if cluster.ports.agent is not None else None,
+    )
+
+
+def _endpoints(
+    cluster: ResolvedCluster,
+    paths: StatePaths,
+    source: str,
+    entry: Balancer,
+    spec: LaunchSpec,
+    launched: BalancerLaunch,
+) -> Endpoints:
     p = cluster.ports
-    stats = f"http://{LOOPBACK}:{p.stats}"
     return Endpoints(
         config_name=cluster.config.name,
         config_path=source,
         state_dir=str(paths.root),
+        balancer=entry.name,
         balancer_url=f"http://{LOOPBACK}:{p.balancer}",
-        stats_url=f"{stats}/{'metrics' if cluster.config.balancer == 'vllm-router' else 'stats'}",
-        haproxy_metrics_url=f"{stats}/metrics",
+        stats_url=launched.stats_url,
+        balancer_metrics_url=launched.metrics_url,
+        balancer_components=list(launched.components),
+        balancer_jobs=[j.job_name for j in entry.scrape_jobs(spec)],
+        balancer_details=dict(launched.details),
+        replica_header=entry.replica_header,
         prometheus_url=f"http://{LOOPBACK}:{p.prometheus}",
         exporter_port=p.exporter,
         exporter_url=f"http://{LOOPBACK}:{p.exporter}/metrics",
-        runtime_socket=str(paths.runtime_socket),
-        master_socket=str(paths.master_socket),
-        server_state_file=str(paths.server_state),
-        haproxy_cfg=str(paths.haproxy_cfg),
         prometheus_yml=str(paths.prometheus_yml),
-        backends=render.backend_names(cluster.models),
-        all_backend=render.ALL_BACKEND,
         replicas=[
             ReplicaEndpoint(
                 name=r.name, url=r.url, models=list(r.models), gpu=r.gpu, external=r.external
@@ -150,7 +182,6 @@ def _endpoints(cluster: ResolvedCluster, paths: StatePaths, source: str) -> Endp
         ],
         time_scale=cluster.config.time_scale,
         ground_truth_path=str(paths.ground_truth) if cluster.simulated else None,
-        balancer=cluster.config.balancer,
         agent_config=str(paths.agent_config) if p.agent is not None else None,
         agent_metrics_url=f"http://{LOOPBACK}:{p.agent}/metrics" if p.agent is not None else None,
     )
@@ -180,17 +211,15 @@ def up(
             return _already_up(cfg, paths, running)
         for rec in _records(paths):  # stale PID files from a crash or a reboot
             supervisor.stop(rec, paths)
-        use_router = cfg.balancer == "vllm-router"
-        haproxy = "" if use_router else render.require("haproxy")
+        entry = targets.balancer(cfg.balancer)
         prometheus = render.require("prometheus")
         cluster = resolve(cfg)
         _check_ports(cluster, source)
-        ep = _endpoints(cluster, paths, source)
-        _write_configs(cluster, paths)
+        spec = launch_spec(cluster, paths, entry)
+        _write_configs(cluster, paths, entry, spec)
         started: list[ProcessRecord] = []
         try:
-            _start_all(cluster, paths, ep, haproxy, prometheus, started, progress)
-            write_endpoints(paths, ep)
+            ep = _start_all(cluster, paths, source, entry, spec, prometheus, started, progress)
         except BaseException:
             _say(progress, "start failed: stopping what was started")
             for rec in reversed(started):
@@ -211,7 +240,7 @@ def _already_up(cfg: ClusterConfig, paths: StatePaths, running: list[ProcessReco
     ep = read_endpoints(paths)
     problems = ["endpoints.json is missing"] if ep is None else []
     if ep is not None:
-        problems = _problems(ep, paths, _records(paths))
+        problems = _problems(ep, _records(paths))
     if problems or ep is None:
         raise ClusterError(
             f"Cluster {cfg.name} in {paths.root} is running but unhealthy "
@@ -244,50 +273,46 @@ def _check_ports(cluster: ResolvedCluster, source: str) -> None:
             )
 
 
-def _write_configs(cluster: ResolvedCluster, paths: StatePaths) -> None:
+def _write_configs(
+    cluster: ResolvedCluster, paths: StatePaths, entry: Balancer, spec: LaunchSpec
+) -> None:
     write_json_atomic(paths.config, cluster.config.model_dump_json(indent=2) + "\n")
-    if cluster.config.balancer == "vllm-router":
-        paths.prometheus_yml.write_text(router.render_prometheus(cluster), encoding="utf-8")
-    else:
-        paths.haproxy_cfg.write_text(render.render_haproxy(cluster, paths), encoding="utf-8")
-        render.validate_haproxy(paths.haproxy_cfg)
-        paths.prometheus_yml.write_text(render.render_prometheus(cluster), encoding="utf-8")
-    # A fresh start is untuned and has no history: no saved weights, no old series.
-    paths.server_state.unlink(missing_ok=True)
+    jobs = entry.scrape_jobs(spec)
+    paths.prometheus_yml.write_text(render.render_prometheus(cluster, jobs), encoding="utf-8")
+    # A fresh start is untuned and has no history: no old series, no agent settings.
     paths.ground_truth.unlink(missing_ok=True)
     paths.agent_config.unlink(missing_ok=True)
     # ... and no last known good: the one of an earlier incarnation describes a balancer
     # that no longer runs (its history file stays, for the record).
     for current in (paths.root / "lkg").glob("*.json"):
         current.unlink(missing_ok=True)
-    if cluster.ports.agent is not None:
-        agent.write_config(cluster, paths)
     shutil.rmtree(paths.prometheus_data, ignore_errors=True)
     paths.prometheus_data.mkdir(parents=True, exist_ok=True)
     if cluster.simulated:
-        spec = render.sim_spec(cluster, paths)
-        write_json_atomic(paths.sim_spec, spec.model_dump_json(indent=2) + "\n")
+        spec_doc = render.sim_spec(cluster, paths)
+        write_json_atomic(paths.sim_spec, spec_doc.model_dump_json(indent=2) + "\n")
 
 
 def _start_all(
     cluster: ResolvedCluster,
     paths: StatePaths,
-    ep: Endpoints,
-    haproxy: str,
+    source: str,
+    entry: Balancer,
+    spec: LaunchSpec,
     prometheus: str,
     started: list[ProcessRecord],
     progress: Progress | None,
-) -> None:
+) -> Endpoints:
     urls = {r.name: r.url for r in cluster.replicas}
     n = len(cluster.replicas)
     sim: list[ProcessRecord] = []
     if cluster.simulated:
         _say(progress, f"starting {n} simulated replicas")
         cmd = [sys.executable, "-m", "lbtune.sim", "--spec", str(paths.sim_spec)]
-        sim.append(supervisor.start("sim", cmd, paths, env={"PYTHONUNBUFFERED": "1"}))
+        sim.append(supervisor.start(SIM, cmd, paths, env={"PYTHONUNBUFFERED": "1"}))
         started += sim
     # Prometheus applies its first target set only after ~5 s: start it early so that
-    # this delay overlaps the replicas' and HAProxy's start-up.
+    # this delay overlaps the replicas' and the balancer's start-up.
     _say(progress, "starting Prometheus")
     prom_cmd = [
         prometheus,
@@ -296,39 +321,28 @@ def _start_all(
         f"--web.listen-address={LOOPBACK}:{cluster.ports.prometheus}",
         "--web.enable-lifecycle",
     ]
-    prom = supervisor.start("prometheus", prom_cmd, paths)
+    prom = supervisor.start(PROMETHEUS, prom_cmd, paths)
     started.append(prom)
     what = "the replicas' /health" if sim else "the external replicas' /health"
     supervisor.wait_until(lambda: health.replicas_missing(urls), SIM_TIMEOUT, what, [*sim, prom])
-    if cluster.config.balancer == "vllm-router":
-        _say(progress, "starting vllm-router")
-        started.append(router.start(paths, router.cluster_command(cluster), watch=sim))
-        _say(progress, "waiting for Prometheus to scrape every replica")
-        supervisor.wait_until(
-            lambda: router.prometheus_missing(ep),
-            PROMETHEUS_TIMEOUT,
-            "Prometheus scrapes",
-            [*sim, started[-1], prom],
-        )
-        return
-    _say(progress, "starting HAProxy")
-    hap_cmd = [haproxy, "-W", "-S", str(paths.master_socket), "-f", str(paths.haproxy_cfg)]
-    hap = supervisor.start("haproxy", hap_cmd, paths)
-    started.append(hap)
+    _say(progress, f"starting {entry.name}")
+    mine: list[ProcessRecord] = []
+    try:
+        launched = entry.launch(spec, ClusterSupervisor(paths, mine, watch=[*sim, prom]))
+    finally:
+        started += mine
+    ep = _endpoints(cluster, paths, source, entry, spec, launched)
+    _say(progress, "waiting for Prometheus to scrape every replica and the balancer")
     supervisor.wait_until(
-        lambda: health.haproxy_missing(ep), HAPROXY_TIMEOUT, "HAProxy servers UP", [*sim, hap]
+        lambda: health.prometheus_missing(ep), PROMETHEUS_TIMEOUT, "Prometheus scrapes", started
     )
-    _say(progress, "waiting for Prometheus to scrape every replica")
-    supervisor.wait_until(
-        lambda: health.prometheus_missing(ep),
-        PROMETHEUS_TIMEOUT,
-        "Prometheus scrapes",
-        [*sim, hap, prom],
-    )
+    write_endpoints(paths, ep)
     if ep.agent_config is not None:
         _say(progress, "starting the feedback agent")
+        agent.write_config(cluster, paths, ep)
         started.append(agent.start(paths))
-        agent.wait_ready(ep, [*sim, hap, prom, started[-1]])
+        agent.wait_ready(ep, list(started))
+    return ep
 
 
 def down(
@@ -350,8 +364,6 @@ def down(
                 _say(progress, f"stopped {rec.name} (pid {rec.pid})")
                 stopped[rec.name] = pids
         paths.endpoints.unlink(missing_ok=True)
-        for sock in (paths.runtime_socket, paths.master_socket):
-            sock.unlink(missing_ok=True)
     return stopped
 
 
@@ -376,16 +388,10 @@ def status(state_dir: str | Path | None = None) -> ClusterStatus:
             replicas=[],
             problems=problems,
         )
-    problems = _problems(ep, paths, records)
-    try:
-        servers = probes.haproxy_servers(ep.runtime_socket)
-    except OSError:
-        servers = []
+    problems = _problems(ep, records)
     replicas = []
     for r in ep.replicas:
         g = probes.scrape_gauges(r.url, _GAUGES, timeout=1.0)
-        mine = [s for s in servers if s.server == r.name]
-        in_all = [s for s in mine if s.backend == ep.all_backend]
         replicas.append(
             ReplicaStatus(
                 name=r.name,
@@ -396,8 +402,6 @@ def status(state_dir: str | Path | None = None) -> ClusterStatus:
                 running=g.get(_GAUGES[0]),
                 waiting=g.get(_GAUGES[1]),
                 kv_usage=g.get(_GAUGES[2]),
-                haproxy_status=in_all[0].status if in_all else None,
-                sessions=sum(s.sessions for s in mine) if mine else None,
             )
         )
     return ClusterStatus(

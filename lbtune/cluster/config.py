@@ -21,7 +21,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import lbtune
+from lbtune import targets
 from lbtune.errors import ConfigError
+from lbtune.targets.base import ClusterShape
 
 CLUSTERS_DIR = Path(lbtune.__file__).resolve().parent.parent / "clusters"
 DEFAULT_PRESET = "hetero4"
@@ -77,7 +79,7 @@ class PortsConfig(BaseModel):
         default=8404,
         ge=0,
         le=65535,
-        description="HAProxy stats + /metrics; with vllm-router, its Prometheus metrics.",
+        description="The balancer's own stats/metrics page (e.g. HAProxy's stats + /metrics).",
     )
     prometheus: int = Field(default=9490, ge=0, le=65535, description="Prometheus web/API.")
     exporter: int = Field(
@@ -186,24 +188,9 @@ class ExternalReplica(BaseModel):
         return f"http://{parts.netloc}"
 
 
-class RouterSettings(BaseModel):
-    """vllm-router's policy and cache-aware thresholds (its own defaults: untuned)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    policy: Literal["round_robin", "random", "power_of_two", "cache_aware", "consistent_hash"] = (
-        "cache_aware"
-    )
-    cache_threshold: float = Field(default=0.3, ge=0.0, le=1.0)
-    balance_abs_threshold: int = Field(default=64, ge=0)
-    balance_rel_threshold: float = Field(default=1.5, ge=1.0)
-    eviction_interval_secs: int = Field(default=120, ge=1)
-    max_tree_size: int = Field(default=33554432, ge=1)
-
-
 AGENT_RESERVED = {
     "prometheus_url": "the cluster's Prometheus",
-    "runtime_socket": "the cluster's HAProxy runtime socket",
+    "runtime_socket": "the cluster's balancer",
     "metrics_port": "ports.agent",
 }
 """AgentConfig fields the cluster sets itself (and what sets them)."""
@@ -237,8 +224,11 @@ class ClusterConfig(BaseModel):
     name: str
     time_scale: float = Field(default=1.0, gt=0, description="Sim speed-up: 4 = 4x real time.")
     seed: int = 0
-    balancer: Literal["haproxy", "vllm-router"] = "haproxy"
-    router: RouterSettings = RouterSettings()
+    balancer: str = Field(default="haproxy", description="A balancer of lbtune.targets.TARGETS.")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The balancer's initial knob values (its space's baseline otherwise).",
+    )
     agent: AgentSection = AgentSection()
     ports: PortsConfig = PortsConfig()
     replicas: list[ReplicaGroup] = Field(default_factory=list)
@@ -248,6 +238,13 @@ class ClusterConfig(BaseModel):
     @classmethod
     def _valid_name(cls, v: str) -> str:
         return _check_name(v, "cluster name")
+
+    @field_validator("balancer")
+    @classmethod
+    def _known_balancer(cls, v: str) -> str:
+        if v not in targets.TARGETS:
+            raise ValueError(f"Unknown balancer {v!r}. Available: {', '.join(targets.TARGETS)}")
+        return v
 
     @field_validator("ports", mode="before")
     @classmethod
@@ -268,18 +265,19 @@ class ClusterConfig(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"Duplicate replica names: {', '.join(dupes)}")
-        served = {frozenset(g.models) for g in self.replicas} | {
-            frozenset(e.models) for e in self.external
-        }
-        if self.balancer == "vllm-router" and self.agent.enabled:
+        entry = targets.balancer(self.balancer)
+        if self.agent.enabled and not entry.live_weights:
+            live = [n for n in targets.TARGETS if targets.balancer(n).live_weights]
             raise ValueError(
-                "The feedback agent sets HAProxy weights: 'agent.enabled' needs 'balancer: haproxy'"
+                f"The feedback agent sets live weights, which {self.balancer} does not take: "
+                f"'agent.enabled' needs a balancer with live weights ({', '.join(live)})"
             )
-        if self.balancer == "vllm-router" and len(served) > 1:
-            raise ValueError(
-                "vllm-router does not route by model: with 'balancer: vllm-router' every "
-                "replica must serve the same models"
-            )
+        models = [tuple(g.models) for g in self.replicas for _ in range(g.count)]
+        models += [tuple(e.models) for e in self.external]
+        shape = ClusterShape(tuple(models), self.agent.enabled, dict(self.params))
+        problem = entry.check_cluster(shape)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
 

@@ -6,10 +6,12 @@ is still missing (used in timeouts and in ``lbtune cluster status``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pydantic import BaseModel, ConfigDict
 
 from lbtune.cluster import probes, supervisor
-from lbtune.cluster.state import Endpoints
+from lbtune.cluster.state import AGENT, PROMETHEUS, SIM, Endpoints
 from lbtune.cluster.supervisor import ProcessRecord
 
 # ---------------------------------------------------------------------------------------
@@ -26,7 +28,7 @@ class ComponentStatus(BaseModel):
 
 
 class ReplicaStatus(BaseModel):
-    """Health and load of one replica: its own ``/metrics`` and HAProxy's view."""
+    """Health and load of one replica (its own ``/health`` and ``/metrics``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -39,9 +41,6 @@ class ReplicaStatus(BaseModel):
     waiting: float | None = None
     kv_usage: float | None = None
     """``vllm:kv_cache_usage_perc`` (0-1)."""
-    haproxy_status: str | None = None
-    sessions: int | None = None
-    """HAProxy's current sessions to this server, over every backend."""
 
 
 class ClusterStatus(BaseModel):
@@ -51,7 +50,7 @@ class ClusterStatus(BaseModel):
     running: bool
     """At least one of the cluster's processes is alive."""
     healthy: bool
-    """Everything is up: processes, replicas, HAProxy servers, Prometheus."""
+    """Everything is up: processes, replicas, the balancer, Prometheus."""
     endpoints: Endpoints | None
     components: list[ComponentStatus]
     replicas: list[ReplicaStatus]
@@ -67,40 +66,19 @@ def replicas_missing(urls: dict[str, str]) -> str | None:
     return f"/health not 200 on {', '.join(bad)}" if bad else None
 
 
-def haproxy_missing(ep: Endpoints) -> str | None:
-    try:
-        servers = probes.haproxy_servers(ep.runtime_socket)
-    except OSError as exc:
-        return f"runtime API {ep.runtime_socket} not answering ({exc.strerror or exc})"
-    names = {r.name for r in ep.replicas}
-    up = {
-        s.server
-        for s in servers
-        if s.backend == ep.all_backend and s.status == "UP" and s.check_status.startswith("L7OK")
-    }
-    if names - up:
-        return f"servers not UP yet: {', '.join(sorted(names - up))}"
-    if probes.http_get(ep.balancer_url + "/health", timeout=1.0)[0] != 200:
-        return f"{ep.balancer_url}/health not 200"
-    return None
-
-
 def prometheus_missing(ep: Endpoints) -> str | None:
+    """``None`` once Prometheus scrapes every replica and every balancer job."""
     targets = probes.prometheus_targets(ep.prometheus_url)
     if not targets:
         return f"{ep.prometheus_url}/api/v1/targets not answering"
-    up = {
-        t.get("labels", {}).get("replica")
-        for t in targets
-        if t.get("labels", {}).get("job") == "replicas" and t.get("health") == "up"
-    }
-    missing = sorted({r.name for r in ep.replicas} - up)
-    haproxy_up = any(
-        t.get("labels", {}).get("job") == "haproxy" and t.get("health") == "up" for t in targets
-    )
+    up = [t.get("labels", {}) for t in targets if t.get("health") == "up"]
+    scraped = {lb.get("replica") for lb in up if lb.get("job") == "replicas"}
+    missing = sorted({r.name for r in ep.replicas} - scraped)
     if missing:
         return f"replica targets not scraped yet: {', '.join(missing)}"
-    return None if haproxy_up else "haproxy target not scraped yet"
+    jobs = {lb.get("job") for lb in up}
+    late = [j for j in ep.balancer_jobs if j not in jobs]
+    return f"{', '.join(late)} target not scraped yet" if late else None
 
 
 AGENT_JOB = "lbtune-agent"
@@ -120,17 +98,25 @@ def agent_missing(ep: Endpoints) -> str | None:
     return None
 
 
-def problems(ep: Endpoints, records: list[ProcessRecord], simulated: bool) -> list[str]:
-    expected = ["sim", "haproxy", "prometheus"] if simulated else ["haproxy", "prometheus"]
+def problems(
+    ep: Endpoints,
+    records: list[ProcessRecord],
+    balancer_problems: Callable[[Endpoints], list[str]],
+) -> list[str]:
+    """What is wrong with a running cluster (empty when healthy): every process it should
+    run, the replicas, the balancer (its own :meth:`~lbtune.targets.base.Balancer.problems`),
+    Prometheus' scrapes and the agent."""
+    simulated = any(not r.external for r in ep.replicas)
+    expected = [*([SIM] if simulated else []), PROMETHEUS, *ep.balancer_components]
     if ep.agent_config is not None:
-        expected.append("agent")
+        expected.append(AGENT)
     alive = {r.name for r in records if supervisor.alive(r)}
     found: list[str | None] = [f"{name} is not running" for name in expected if name not in alive]
     found.append(replicas_missing({r.name: r.url for r in ep.replicas}))
-    if "haproxy" in alive:
-        found.append(haproxy_missing(ep))
-    if "prometheus" in alive:
+    if all(c in alive for c in ep.balancer_components):
+        found += balancer_problems(ep)
+    if PROMETHEUS in alive:
         found.append(prometheus_missing(ep))
-    if "agent" in alive and "prometheus" in alive:
+    if AGENT in alive and PROMETHEUS in alive:
         found.append(agent_missing(ep))
     return [p for p in found if p is not None]

@@ -1,4 +1,4 @@
-"""Small, bounded probes of the cluster's parts: HTTP, HAProxy's runtime API, Prometheus.
+"""Small, bounded probes of the cluster's parts: HTTP, ports, Prometheus.
 
 Standard library only (``urllib``, ``socket``), with short timeouts, and never through
 an HTTP proxy from the environment: every address here is loopback or a replica URL.
@@ -6,14 +6,11 @@ an HTTP proxy from the environment: every address here is loopback or a replica 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import re
 import socket
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from typing import Any
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -44,59 +41,6 @@ def port_busy(host: str, port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def haproxy_command(sock_path: str, command: str, timeout: float = 2.0) -> str:
-    """Send one command (or several, ``;``-separated) to HAProxy's runtime API."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        s.connect(sock_path)
-        s.sendall(command.encode() + b"\n")
-        chunks: list[bytes] = []
-        while True:
-            data = s.recv(65536)
-            if not data:
-                break
-            chunks.append(data)
-    return b"".join(chunks).decode(errors="replace")
-
-
-@dataclass(frozen=True, slots=True)
-class ServerStat:
-    """One server row of HAProxy's ``show stat``."""
-
-    backend: str
-    server: str
-    status: str
-    """``UP``, ``DOWN``, ``MAINT``, ``DRAIN``, ``no check``..."""
-    check_status: str
-    sessions: int
-    queued: int
-    weight: int
-
-
-def haproxy_servers(sock_path: str) -> list[ServerStat]:
-    """Every server of every backend, from ``show stat`` (CSV)."""
-    text = haproxy_command(sock_path, "show stat")
-    text = text.lstrip("# ")
-    rows = csv.DictReader(io.StringIO(text))
-    out: list[ServerStat] = []
-    for row in rows:
-        name = row.get("svname") or ""
-        if not name or name in ("FRONTEND", "BACKEND"):
-            continue
-        out.append(
-            ServerStat(
-                backend=row.get("pxname") or "",
-                server=name,
-                status=row.get("status") or "",
-                check_status=row.get("check_status") or "",
-                sessions=int(row.get("scur") or 0),
-                queued=int(row.get("qcur") or 0),
-                weight=int(row.get("weight") or 0),
-            )
-        )
-    return out
 
 
 def prometheus_targets(prometheus_url: str, timeout: float = 1.0) -> list[dict[str, Any]]:

@@ -4,18 +4,18 @@ Layout of a state dir (default ``$LBTUNE_STATE_DIR``, else
 ``$XDG_STATE_HOME/lbtune/<cluster>`` or ``~/.local/state/lbtune/<cluster>``)::
 
     config.json          the validated cluster config `up` ran with
-    endpoints.json       balancer/Prometheus/replica URLs, sockets (see Endpoints)
+    endpoints.json       balancer/Prometheus/replica URLs (see Endpoints)
     sim.json             the HostSpec given to `python -m lbtune.sim`
-    haproxy.cfg          rendered from playbooks/templates/haproxy.cfg.j2
-    haproxy.sock         HAProxy runtime API (level admin)
-    master.sock          HAProxy master CLI (reload, show proc)
-    haproxy.state        server-state-file (runtime weights survive reloads)
     prometheus.yml       rendered from playbooks/templates/prometheus.yml.j2
     prometheus-data/     Prometheus TSDB
     ground_truth.jsonl   the sim's per-request server-side timestamps
     agent.yaml           the feedback agent's settings (when the cluster YAML enables it)
-    sim.pid haproxy.pid prometheus.pid agent.pid   one JSON record per started process
-    logs/sim.log logs/haproxy.log logs/prometheus.log logs/agent.log
+    lkg/                 lbtune.apply's last known good per target
+    <component>.pid      one JSON record per started process (sim, prometheus, the
+                         balancer's components, agent)
+    logs/<component>.log
+    ...                  the balancer's own files (its config, sockets): its target
+                         subpackage documents them (e.g. haproxy.cfg, haproxy.sock)
 """
 
 from __future__ import annotations
@@ -24,16 +24,17 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
 from lbtune.errors import ClusterError
+from lbtune.targets.base import ReplicaAddress
 
-COMPONENTS = ("sim", "haproxy", "prometheus")
+SIM = "sim"
+PROMETHEUS = "prometheus"
 AGENT = "agent"
 """The feedback agent's component name (``agent.pid``, ``logs/agent.log``)."""
-# sun_path is 108 bytes on Linux; keep a margin.
-_MAX_SOCKET_PATH = 100
 
 
 def state_root() -> Path:
@@ -72,22 +73,6 @@ class StatePaths:
         return self.root / "sim.json"
 
     @property
-    def haproxy_cfg(self) -> Path:
-        return self.root / "haproxy.cfg"
-
-    @property
-    def runtime_socket(self) -> Path:
-        return self.root / "haproxy.sock"
-
-    @property
-    def master_socket(self) -> Path:
-        return self.root / "master.sock"
-
-    @property
-    def server_state(self) -> Path:
-        return self.root / "haproxy.state"
-
-    @property
     def prometheus_yml(self) -> Path:
         return self.root / "prometheus.yml"
 
@@ -118,12 +103,7 @@ class StatePaths:
         return self.logs / f"{component}.log"
 
     def create(self) -> None:
-        """Create the dirs and check the sockets' paths fit in a unix address."""
-        for sock in (self.runtime_socket, self.master_socket):
-            if len(str(sock).encode()) > _MAX_SOCKET_PATH:
-                raise ClusterError(
-                    f"State dir path too long for a unix socket ({sock}); use a shorter --state-dir"
-                )
+        """Create the dirs."""
         self.logs.mkdir(parents=True, exist_ok=True)
         self.prometheus_data.mkdir(parents=True, exist_ok=True)
 
@@ -148,33 +128,31 @@ class Endpoints(BaseModel):
     config_name: str
     config_path: str
     state_dir: str
+    balancer: str
+    """The balancer's registry name (:data:`lbtune.targets.TARGETS`)."""
     balancer_url: str
-    """The OpenAI-compatible API through HAProxy (``/v1/chat/completions``...)."""
+    """The OpenAI-compatible API through the balancer (``/v1/chat/completions``...)."""
     stats_url: str
-    """HAProxy's stats page."""
-    haproxy_metrics_url: str
-    """HAProxy's built-in Prometheus exporter."""
+    """The balancer's stats/admin page."""
+    balancer_metrics_url: str
+    """The balancer's Prometheus exposition (or its exporter's)."""
+    balancer_components: list[str]
+    """The supervisor components the balancer runs as (``<name>.pid``)."""
+    balancer_jobs: list[str]
+    """The balancer's Prometheus jobs (``job`` label)."""
+    balancer_details: dict[str, str]
+    """Balancer-specific facts (config file, sockets) only its target reads."""
+    replica_header: str | None
+    """The response header naming the replica that served a request, if the balancer sets one."""
     prometheus_url: str
     exporter_port: int
     """Where lbtune's client-side exporter must listen (Prometheus job ``lbtune``)."""
     exporter_url: str
-    runtime_socket: str
-    """HAProxy runtime API (admin): ``set weight be/srv N``, ``show servers state``."""
-    master_socket: str
-    """HAProxy master CLI: ``reload``, ``show proc``."""
-    server_state_file: str
-    haproxy_cfg: str
     prometheus_yml: str
-    backends: dict[str, str]
-    """Model name → the HAProxy backend holding the replicas that serve it."""
-    all_backend: str
-    """The backend with every replica (``/v1/models``, ``/health``...)."""
     replicas: list[ReplicaEndpoint]
     time_scale: float
     ground_truth_path: str | None
     """The sim's per-request ground truth (JSONL); ``None`` for external replicas."""
-    balancer: str = "haproxy"
-    """``haproxy`` or ``vllm-router``."""
     agent_config: str | None = None
     """The feedback agent's settings file (``agent.yaml``) when the cluster runs the agent
     (it then owns the per-server weights); ``None`` otherwise."""
@@ -183,7 +161,24 @@ class Endpoints(BaseModel):
 
     @property
     def models(self) -> list[str]:
-        return sorted(self.backends)
+        """Every model served, sorted."""
+        return sorted({m for r in self.replicas for m in r.models})
+
+    def replica_addresses(self) -> tuple[ReplicaAddress, ...]:
+        """The replicas as the target contract passes them."""
+        out = []
+        for r in self.replicas:
+            url = urlsplit(r.url)
+            out.append(
+                ReplicaAddress(
+                    name=r.name,
+                    host=url.hostname or "127.0.0.1",
+                    port=url.port or 80,
+                    models=tuple(r.models),
+                    gpu=r.gpu,
+                )
+            )
+        return tuple(out)
 
 
 def write_json_atomic(path: Path, text: str) -> None:

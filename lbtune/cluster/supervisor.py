@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import psutil
@@ -251,3 +251,39 @@ def wait_until(
                 + (f" (logs: {logs})" if logs else "")
             )
         time.sleep(interval)
+
+
+def records(paths: StatePaths) -> list[ProcessRecord]:
+    """Every PID file of the state dir, in start order (``down`` stops them in reverse)."""
+    found = [r for p in paths.root.glob("*.pid") if (r := read_record(paths, p.stem)) is not None]
+    return sorted(found, key=lambda r: (r.create_time, r.name))
+
+
+class ClusterSupervisor:
+    """:class:`lbtune.targets.base.Supervisor` over one state dir.
+
+    ``started`` collects what it starts (the cluster stops those when ``up`` fails);
+    ``wait_until`` fails early when any process in ``watch`` or ``started`` dies.
+    """
+
+    def __init__(
+        self,
+        paths: StatePaths,
+        started: list[ProcessRecord] | None = None,
+        watch: Sequence[ProcessRecord] = (),
+    ) -> None:
+        self.paths = paths
+        self.started = started if started is not None else []
+        self.watch = list(watch)
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        self.started.append(start(name, argv, self.paths, dict(env) if env else None))
+
+    def wait_until(self, check: Callable[[], str | None], timeout_s: float, what: str) -> None:
+        wait_until(check, timeout_s, what, [*self.watch, *self.started])
+
+    def stop(self, name: str) -> None:
+        record = read_record(self.paths, name)
+        if record is not None:
+            stop(record, self.paths)
+        self.started[:] = [r for r in self.started if r.name != name]

@@ -6,7 +6,7 @@ A space file (``lbtune/targets/<target>/space.yaml``, or the user's own via
     target: haproxy
     params:
       algorithm: {type: categorical, choices: [roundrobin, leastconn], baseline: roundrobin}
-      hash_balance_factor: {type: int, low: 100, high: 300, baseline: 150,
+      hash_balance_factor: {type: int, low: 105, high: 300, baseline: 150,
                             when: {algorithm: hash}}
       weight: {type: int, low: 0, high: 256, baseline: 100, per_server: true}
 

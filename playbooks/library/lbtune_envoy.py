@@ -39,13 +39,14 @@ lbtune:
 
 # Ansible tells a new-style module (arguments as JSON on stdin) by this import in the
 # module's own source; run_module's import inside lbtune does not count.
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402, F401
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 
 def main() -> None:
-    from lbtune.apply.host import run_module
+    from lbtune.apply.host import ARGUMENT_SPEC, run_module
 
-    run_module("envoy")
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, "envoy")
 
 
 if __name__ == "__main__":

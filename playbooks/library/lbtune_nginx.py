@@ -1,9 +1,10 @@
 #!/usr/bin/python
 """Ansible module: apply an lbtune parameter set to the nginx lbtune runs on this host.
 
-It calls the same code as lbtune's direct path (``NginxTarget.apply``: render, ``nginx -t``,
-graceful reload, read-back from the live file), so the host's
-``ansible_python_interpreter`` must be a Python with lbtune installed.
+The same code as lbtune's direct path (``NginxTarget.apply``: render, ``nginx -t``,
+graceful reload, read-back from the live file), through
+:func:`lbtune.apply.host.run_module`: the host's ``ansible_python_interpreter`` must be a
+Python with lbtune installed. Run by ``playbooks/target-apply.yml``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ options:
     type: path
   params:
     description: Knob name to value (a subset is fine; the rest stays as it is live).
-    required: true
-    type: dict
-  template_overrides:
-    description: Template variables forced after the knobs are mapped (tests only).
     type: dict
     default: {}
+  rollback: {description: "Target.rollback(); params is then the controller's last known
+             good (it becomes this host's first)", type: bool, default: false}
+  options: {description: "test hooks: template_overrides (template variables forced after
+            the knobs are mapped)", type: dict, default: {}}
 requirements: [lbtune (in ansible_python_interpreter), nginx started by lbtune]
 """
 
@@ -40,60 +41,25 @@ lbtune:
   type: dict
 """
 
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
+# Ansible tells a new-style module (arguments as JSON on stdin) by this import in the
+# module's own source; run_module's import inside lbtune does not count.
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 
-def _yaml(d: dict[str, Any]) -> str:
-    return "".join(f"{k}: {v}\n" for k, v in sorted(d.items()))
-
-
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "state_dir": {"type": "path", "required": True},
-            "params": {"type": "dict", "required": True},
-            "template_overrides": {"type": "dict", "default": {}},
-        },
-        supports_check_mode=True,
-    )
-    try:
-        from lbtune.cluster.state import StatePaths, read_endpoints
-        from lbtune.errors import LbtuneError
-        from lbtune.targets.nginx.balancer import site_of
-        from lbtune.targets.nginx.target import NginxTarget
-    except ImportError as exc:
-        module.fail_json(msg=f"lbtune is not importable by {module._name}'s Python: {exc}")
-        return
-    try:
-        ep = read_endpoints(StatePaths(Path(module.params["state_dir"])))
-        if ep is None:
-            module.fail_json(msg=f"no endpoints.json in {module.params['state_dir']}")
-            return
-        target = NginxTarget(site_of(ep), template_overrides=module.params["template_overrides"])
-        result = target.apply(module.params["params"], check=module.check_mode)
-    except LbtuneError as exc:
-        module.fail_json(msg=f"{type(exc).__name__}: {exc}", error_type=type(exc).__name__)
-        return
-    diff = {k: [b, a] for k, (b, a) in result.diff.items()}
-    module.exit_json(
-        changed=result.changed,
-        diff={
-            "before": _yaml({k: v[0] for k, v in diff.items()}),
-            "after": _yaml({k: v[1] for k, v in diff.items()}),
-            "before_header": "live",
-            "after_header": "requested",
-        },
-        lbtune={
-            "applied": result.applied,
-            "diff": diff,
-            "reloaded": result.reloaded,
-            "check": result.check,
-            "seconds": result.seconds,
-        },
-    )
+    from collections.abc import Mapping
+    from typing import Any
+
+    from lbtune.apply.host import ARGUMENT_SPEC, run_module
+    from lbtune.cluster.state import Endpoints
+    from lbtune.targets.nginx.balancer import site_of
+    from lbtune.targets.nginx.target import NginxTarget
+
+    def make(ep: Endpoints, options: Mapping[str, Any]) -> NginxTarget:
+        return NginxTarget(site_of(ep), template_overrides=options.get("template_overrides") or {})
+
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, "nginx", make)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
 def test_once_dry_run_prints_decisions_and_changes_nothing(cluster: Endpoints) -> None:
     before = {
         (s.backend, s.server): s.weight
-        for s in HaproxyRuntime(cluster.runtime_socket).servers_state()
+        for s in HaproxyRuntime(cluster.balancer_details["runtime_socket"]).servers_state()
     }
     result = CliRunner().invoke(
         cli(), ["agent", "run", "--once", "--dry-run", "--json", "--state-dir", cluster.state_dir]
@@ -61,7 +61,7 @@ def test_once_dry_run_prints_decisions_and_changes_nothing(cluster: Endpoints) -
     assert len(h100["servers"]) == 3  # the catch-all backend and both model backends
     after = {
         (s.backend, s.server): s.weight
-        for s in HaproxyRuntime(cluster.runtime_socket).servers_state()
+        for s in HaproxyRuntime(cluster.balancer_details["runtime_socket"]).servers_state()
     }
     assert after == before
 
@@ -73,5 +73,5 @@ def test_a_slowed_replica_loses_weight_and_traffic(cluster: Endpoints) -> None:
     assert report.weight_after <= 0.8 * report.weight_before, report
     assert report.share_after < report.share_before - 0.05, report
     # it left the cluster as it found it
-    rt = HaproxyRuntime(cluster.runtime_socket)
+    rt = HaproxyRuntime(cluster.balancer_details["runtime_socket"])
     assert {s.weight for s in rt.servers_state()} == {100}

@@ -18,10 +18,12 @@ from lbtune.cli.apply import apply_command, rollback_command
 from lbtune.cluster import api
 from lbtune.cluster.config import load_config
 from lbtune.errors import ApplyError, ConfigError
+from lbtune.targets import TARGETS
 from lbtune.targets.base import ApplyResult, RejectedBeforeApply
 from lbtune.targets.haproxy.target import HaproxyTarget
 
 pytestmark = pytest.mark.integration
+BOGUS_QUEUE = {"haproxy_timeout_queue": "bogus"}  # renders a config HAProxy rejects
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +96,7 @@ def test_a_config_haproxy_rejects_through_ansible_keeps_the_old_one(fresh: Hapro
     with pytest.raises(RejectedBeforeApply, match="HAProxy rejects the new config"):
         apply_params(
             fresh, {"algorithm": "leastconn"}, via="ansible",
-            extravars={"lbtune_template_overrides": {"haproxy_timeout_queue": "bogus"}},
+            extravars={"lbtune_options": {"template_overrides": BOGUS_QUEUE}},
         )  # fmt: skip
     assert fresh.worker_pid() == pid and fresh.read_live()["algorithm"] == "roundrobin"
 
@@ -154,7 +156,7 @@ def test_cli_show_apply_check_invalid_and_rollback(fresh: HaproxyTarget, tmp_pat
     assert back.exit_code == 0, back.output
     assert fresh.runtime.get_weight("all", "l4-0") == 44
     unknown = runner.invoke(app, ["apply", "--show", "-t", "haprox", "--state-dir", sd])
-    assert str(unknown.exception) == "Unknown target 'haprox'. Available: haproxy, vllm-router"
+    assert str(unknown.exception) == f"Unknown target 'haprox'. Available: {', '.join(TARGETS)}"
 
 
 def test_rollback_without_a_record_is_an_error(fresh: HaproxyTarget) -> None:

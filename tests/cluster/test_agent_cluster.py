@@ -60,7 +60,7 @@ def test_the_agent_runs_after_haproxy_and_prometheus_and_is_scraped(cluster: End
     # started last: after HAProxy and Prometheus were ready
     assert max(components, key=lambda n: _started(components[n].pid)) == "agent"
     settings = read_agent_file(cluster.agent_config)
-    assert settings["runtime_socket"] == cluster.runtime_socket
+    assert settings["runtime_socket"] == cluster.balancer_details["runtime_socket"]
     assert settings["prometheus_url"] == cluster.prometheus_url
     assert f":{settings['metrics_port']}/" in cluster.agent_metrics_url
     prom = PrometheusConnect(cluster.prometheus_url, disable_ssl=True)

@@ -81,7 +81,10 @@ def test_unknown_gpu_names_file_field_and_choices(tmp_path: Path) -> None:
             " {name: a, url: 'http://h:2', models: [m]}]\n",
             "Duplicate replica names: a",
         ),
-        ("name: x\nbalancer: nginx\n", "balancer: Input should be 'haproxy'"),
+        (
+            "name: x\nbalancer: nginy\n",
+            "balancer: Unknown balancer 'nginy'. Available: haproxy, vllm-router",
+        ),
         ("name: [x\n", "not valid YAML"),
         ("- a\n", "expected a mapping"),
     ],

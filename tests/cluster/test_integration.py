@@ -7,6 +7,8 @@ the module; the last test brings it down and checks that nothing is left running
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
 import statistics
 from collections.abc import Sequence
@@ -102,7 +104,7 @@ def test_status_json_parses(cluster: Endpoints) -> None:
     data = json.loads(result.stdout)
     assert data["healthy"] is True and data["problems"] == []
     assert data["endpoints"]["balancer_url"] == cluster.balancer_url
-    assert [r["haproxy_status"] for r in data["replicas"]] == ["UP", "UP"]
+    assert [r["healthy"] for r in data["replicas"]] == [True, True]
     assert all(r["running"] == 0 and r["healthy"] for r in data["replicas"])
 
 
@@ -145,9 +147,15 @@ def test_a_missing_binary_is_a_dependency_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # neither haproxy nor prometheus there
-    with pytest.raises(DependencyError, match=r"`haproxy` not found .*apt-get install haproxy"):
+    with pytest.raises(DependencyError, match=r"`prometheus` not found .*apt-get install"):
         api.up(mini_config(), tmp_path / "s")
     assert not list((tmp_path / "s").glob("*.pid"))
+    prometheus = shutil.which("prometheus", path=os.defpath + ":/usr/bin:/usr/local/bin")
+    assert prometheus is not None
+    (tmp_path / "prometheus").symlink_to(prometheus)  # now only the balancer is missing
+    with pytest.raises(DependencyError, match=r"`haproxy` not found .*apt-get install haproxy"):
+        api.up(mini_config(), tmp_path / "s")
+    assert not list((tmp_path / "s").glob("*.pid"))  # the sim and Prometheus were stopped
 
 
 def test_a_component_that_never_gets_ready_is_stopped_again(

@@ -1,4 +1,4 @@
-"""HAProxy and Prometheus configs from the templates: the real tools accept them."""
+"""HAProxy (the embedded cluster's default) and Prometheus configs: the real tools accept them."""
 
 from __future__ import annotations
 
@@ -8,16 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from lbtune.cluster.api import launch_spec
 from lbtune.cluster.config import load_config, resolve
-from lbtune.cluster.render import (
-    backend_names,
-    render_haproxy,
-    render_prometheus,
-    sim_spec,
-    validate_haproxy,
-)
+from lbtune.cluster.render import render_prometheus, sim_spec
 from lbtune.cluster.state import StatePaths
-from lbtune.errors import ClusterError
+from lbtune.targets import balancer
+from lbtune.targets.haproxy.config import render_untuned
+from lbtune.targets.haproxy.files import HaproxyFiles, Site, backend_names, config_alerts
 
 needs_haproxy = pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy missing")
 
@@ -27,7 +24,10 @@ def hetero4(tmp_path: Path) -> tuple[str, str, StatePaths]:
     cluster = resolve(load_config("hetero4")[0])
     paths = StatePaths(tmp_path)
     paths.create()
-    return render_haproxy(cluster, paths), render_prometheus(cluster), paths
+    entry = balancer("haproxy")
+    spec = launch_spec(cluster, paths, entry)
+    haproxy = render_untuned(Site.from_spec(spec))
+    return haproxy, render_prometheus(cluster, entry.scrape_jobs(spec)), paths
 
 
 def test_haproxy_config_has_the_untuned_defaults_and_the_required_options(
@@ -61,16 +61,17 @@ def test_haproxy_config_has_the_untuned_defaults_and_the_required_options(
 @needs_haproxy
 def test_haproxy_accepts_the_rendered_config(hetero4: tuple[str, str, StatePaths]) -> None:
     cfg, _, paths = hetero4
-    paths.haproxy_cfg.write_text(cfg)
-    validate_haproxy(paths.haproxy_cfg)
+    files = HaproxyFiles.in_dir(paths.root)
+    files.cfg.write_text(cfg)
+    assert config_alerts(files.cfg) is None
 
 
 @needs_haproxy
-def test_a_rejected_config_is_a_cluster_error_with_haproxys_words(tmp_path: Path) -> None:
+def test_a_rejected_config_comes_back_with_haproxys_words(tmp_path: Path) -> None:
     bad = tmp_path / "bad.cfg"
     bad.write_text("defaults\n    mode http\n    balance nonsense\n")
-    with pytest.raises(ClusterError, match=r"HAProxy rejects .*bad.cfg: .*balance only supports"):
-        validate_haproxy(bad)
+    alerts = config_alerts(bad)
+    assert alerts is not None and any("balance only supports" in a for a in alerts)
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
@@ -88,7 +89,7 @@ def test_promtool_accepts_the_prometheus_config(hetero4: tuple[str, str, StatePa
     assert "scrape_interval: 1s" in prom
     assert 'replica: "h100-1"' in prom and 'gpu: "a100-80g"' in prom
     assert '"127.0.0.1:9491"' in prom  # lbtune's exporter
-    assert '"127.0.0.1:8404"' in prom  # HAProxy's exporter
+    assert "job_name: haproxy" in prom and '"127.0.0.1:8404"' in prom  # HAProxy's exporter
 
 
 def test_backend_names_are_safe_and_unique() -> None:

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from lbtune.cluster import api, probes, router
+from lbtune.cluster import api, probes
 from lbtune.cluster.config import ClusterConfig, ReplicaGroup, load_config, parse_config
 from lbtune.cluster.state import Endpoints, StatePaths
 from lbtune.errors import ConfigError
+from lbtune.targets.vllm_router import process as router
 from tests.cluster.conftest import M8, M70, alive, started_pids
 
 pytestmark = [
@@ -63,7 +64,7 @@ def test_the_router_runs_and_prometheus_scrapes_it(rcluster: Endpoints) -> None:
     assert command.params["policy"] == "cache_aware"
     assert sorted(command.worker_urls) == sorted(r.url for r in rcluster.replicas)
     assert not (state / "haproxy.pid").exists()
-    metrics = requests.get(rcluster.haproxy_metrics_url, timeout=5).text
+    metrics = requests.get(rcluster.balancer_metrics_url, timeout=5).text
     assert "vllm_router_active_workers 2" in metrics
     status = api.status(state)
     assert status.healthy, status.problems

@@ -16,6 +16,7 @@ from lbtune.cluster.state import Endpoints, ReplicaEndpoint
 from lbtune.errors import ConfigError
 from lbtune.targets.base import RejectedBeforeApply
 from lbtune.targets.haproxy import config
+from lbtune.targets.haproxy.files import HaproxyFiles, Site
 from lbtune.targets.haproxy.target import HaproxyTarget
 
 M8 = "llama-3.1-8b-instruct"
@@ -24,12 +25,12 @@ M8 = "llama-3.1-8b-instruct"
 def fake_endpoints(state: Path) -> Endpoints:
     return Endpoints(
         config_name="t", config_path="-", state_dir=str(state),
-        balancer_url="http://127.0.0.1:18000", stats_url="http://127.0.0.1:18404/stats",
-        haproxy_metrics_url="-", prometheus_url="http://127.0.0.1:19490", exporter_port=1,
-        exporter_url="-", runtime_socket=str(state / "haproxy.sock"),
-        master_socket=str(state / "master.sock"), server_state_file=str(state / "haproxy.state"),
-        haproxy_cfg=str(state / "haproxy.cfg"), prometheus_yml="-",
-        backends={M8: "model_" + M8}, all_backend="all",
+        balancer="haproxy", balancer_url="http://127.0.0.1:18000",
+        stats_url="http://127.0.0.1:18404/stats", balancer_metrics_url="-",
+        balancer_components=["haproxy"], balancer_jobs=["haproxy"],
+        balancer_details=HaproxyFiles.in_dir(state).details(), replica_header="X-Lbtune-Replica",
+        prometheus_url="http://127.0.0.1:19490", exporter_port=1, exporter_url="-",
+        prometheus_yml="-",
         replicas=[
             ReplicaEndpoint(name=n, url=f"http://127.0.0.1:{18100 + i}", models=[M8], gpu=g)
             for i, (n, g) in enumerate([("h100-0", "h100-80g"), ("a100-0", "a100-80g"),
@@ -48,7 +49,10 @@ def test_live_vs_structural_knobs() -> None:
 
 
 def test_long_context_set_is_the_largest_memory_gpus(tmp_path: Path) -> None:
-    assert config.long_context_servers(fake_endpoints(tmp_path)) == ["h100-0", "a100-0"]
+    assert config.long_context_servers(Site.from_endpoints(fake_endpoints(tmp_path))) == [
+        "h100-0",
+        "a100-0",
+    ]
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy missing")
@@ -59,7 +63,7 @@ def test_every_algorithm_renders_a_config_haproxy_accepts(tmp_path: Path, algori
         {"algorithm": algorithm, "long_request_bytes": 8192, "maxconn.l4-0": 4, "weight.l4-0": 7},
         {},
     )
-    text = config.render_config(target.endpoints, params)
+    text = config.render_config(target.site, params)
     if algorithm == "hash":
         assert "balance hash var(txn.lbtune_prompt),bytes(0,256)" in text
         assert "hash-type consistent" in text and "hash-balance-factor 150" in text
@@ -71,6 +75,22 @@ def test_every_algorithm_renders_a_config_haproxy_accepts(tmp_path: Path, algori
     assert "server h100-0" in long_be and "server a100-0" in long_be and "l4-0" not in long_be
     assert "server l4-0 127.0.0.1:18102 check weight 7 maxconn 4" in text
     target._validate(text)  # haproxy -c -q
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy missing")
+@pytest.mark.parametrize("end", ["low", "high"])
+def test_haproxy_accepts_both_ends_of_every_knobs_range(tmp_path: Path, end: str) -> None:
+    """The space promises nothing HAProxy refuses (hash-balance-factor: 0 or > 100)."""
+    target = HaproxyTarget(fake_endpoints(tmp_path))
+    space = target.space()
+    for algorithm in ("roundrobin", "hash", "random"):
+        edge = {
+            name: int(getattr(spec, end)) if spec.type == "int" else float(getattr(spec, end))
+            for name, spec in space.params.items()
+            if spec.type in ("int", "float") and not name.startswith(config.AGENT_PREFIX)
+        }
+        params = space.complete(space.validate({**edge, "algorithm": algorithm}), {})
+        target._validate(config.render_config(target.site, params))
 
 
 # ------------------------------------------------------------------------------------------
@@ -113,8 +133,8 @@ def test_weights_and_maxconn_change_live_without_a_reload(baseline: HaproxyTarge
     for be in ("all", "model_llama-3.1-8b-instruct", "model_llama-3.1-70b-instruct-awq"):
         assert t.runtime.get_weight(be, "h100-0") == 40
     assert t.reload_count() == reloads and t.worker_pid() == pid
-    assert "server h100-0 127.0.0.1" in Path(t.endpoints.haproxy_cfg).read_text()
-    assert " weight 40" in Path(t.endpoints.haproxy_cfg).read_text()  # one source of truth
+    assert "server h100-0 127.0.0.1" in t.cfg_path.read_text()
+    assert " weight 40" in t.cfg_path.read_text()  # one source of truth
     again = t.apply({"weight.h100-0": 40, "maxconn.l4-0": 3})
     assert not again.changed and again.diff == {}
 
@@ -122,12 +142,12 @@ def test_weights_and_maxconn_change_live_without_a_reload(baseline: HaproxyTarge
 @pytest.mark.integration
 def test_check_mode_shows_the_diff_and_changes_nothing(baseline: HaproxyTarget) -> None:
     t = baseline
-    cfg_before = Path(t.endpoints.haproxy_cfg).read_text()
+    cfg_before = t.cfg_path.read_text()
     result = t.apply({"weight.l4-0": 9, "algorithm": "leastconn"}, check=True)
     assert result.check and result.changed and result.reloaded
     assert result.diff == {"weight.l4-0": (100, 9), "algorithm": ("roundrobin", "leastconn")}
     assert t.runtime.get_weight("all", "l4-0") == 100
-    assert Path(t.endpoints.haproxy_cfg).read_text() == cfg_before
+    assert t.cfg_path.read_text() == cfg_before
 
 
 @pytest.mark.integration
@@ -153,7 +173,7 @@ def test_algorithm_switch_reloads_keeps_weights_and_traffic_flows(baseline: Hapr
     assert len(served) == 1  # consistent hashing on the prompt
     t.apply({"algorithm": "leastconn"})
     assert t.reload_count() == reloads + 2
-    assert "balance leastconn" in Path(t.endpoints.haproxy_cfg).read_text()
+    assert "balance leastconn" in t.cfg_path.read_text()
     assert chat(t).status_code == 200
 
 
@@ -172,7 +192,7 @@ def test_a_rejected_config_keeps_haproxy_serving_without_dropping_requests(
     baseline: HaproxyTarget,
 ) -> None:
     t = baseline
-    cfg_before = Path(t.endpoints.haproxy_cfg).read_text()
+    cfg_before = t.cfg_path.read_text()
     pid, live_before = t.worker_pid(), t.read_live()
     t.template_overrides = {"haproxy_timeout_queue": "bogus"}
     codes: list[int] = []
@@ -196,7 +216,7 @@ def test_a_rejected_config_keeps_haproxy_serving_without_dropping_requests(
         stop.set()
         thread.join(timeout=30)
     assert "timeout" in str(exc.value)
-    assert Path(t.endpoints.haproxy_cfg).read_text() == cfg_before
+    assert t.cfg_path.read_text() == cfg_before
     assert t.worker_pid() == pid and t.read_live() == live_before
     assert codes and [c for c in codes if not 200 <= c < 300] == []
 

@@ -57,7 +57,7 @@ def test_unknown_knob_names_the_file_the_knob_and_the_available_ones(
         ("weight.h100-0", True, "got True; expected an integer in 0..256"),
         ("weight.h100-0", "50", "got '50'; expected an integer in 0..256"),
         ("algorithm", "hashh", "got 'hashh'; expected one of roundrobin, leastconn, random, hash"),
-        ("hash_balance_factor", 152, "expected an integer in 100..400 in steps of 5"),
+        ("hash_balance_factor", 152, "expected an integer in 105..400 in steps of 5"),
         ("agent.a", "x", "expected a number in 0..1"),
     ],
 )

@@ -2,7 +2,7 @@
 
 The pure parts run without processes; the sim's router endpoints run in an in-process
 sim host; the target runs against one embedded cluster behind a real vllm-router, directly
-and through lbtune.apply's Ansible path (playbooks/vllm-router-{apply,rollback}.yml).
+and through lbtune.apply's Ansible path (playbooks/target-apply.yml + lbtune_vllm_router).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import requests
 
 from lbtune.apply import apply_params, rollback
 from lbtune.apply.lkg import LkgStore
-from lbtune.cluster import api, router
+from lbtune.cluster import api
 from lbtune.cluster.config import free_port
 from lbtune.cluster.state import Endpoints, StatePaths
 from lbtune.cluster.supervisor import read_record, stop
@@ -32,6 +32,7 @@ from lbtune.sim.spec import HostSpec, ReplicaSpec
 from lbtune.targets import get_target
 from lbtune.targets.base import Target
 from lbtune.targets.space import ParameterSpace
+from lbtune.targets.vllm_router import process as router
 from lbtune.targets.vllm_router.target import SPACE_FILE, VllmRouterTarget
 from tests.cluster.test_router_cluster import router_config
 
@@ -46,7 +47,7 @@ def test_the_command_line_round_trips() -> None:
         params, ("http://127.0.0.1:1", "http://127.0.0.1:2"), "127.0.0.1", 9, 10
     )
     argv = cmd.argv()
-    assert argv[:3] == [sys.executable, "-m", "lbtune.cluster.router"]
+    assert argv[:3] == [sys.executable, "-m", "lbtune.targets.vllm_router.process"]
     assert argv[argv.index("--policy") + 1] == "power_of_two"
     assert argv[argv.index("--cache-threshold") + 1] == "0.5"
     assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
@@ -276,11 +277,12 @@ def test_ansible_check_mode_shows_the_diff_and_touches_nothing(
     assert [h.line() for h in out.hosts] == ["localhost: changed (1 knobs, reloaded)"]
     assert out.log_path is not None
     logged = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", out.log_path.read_text()).split())
-    assert '"diff": { "policy": [ "cache_aware", "random" ] }' in logged
+    assert "--- before: live +++ after: requested" in logged  # --diff, as for every target
+    assert "-policy: cache_aware +policy: random" in logged
     assert _pid(cluster) == pid and target.read_live() == router.DEFAULTS
     assert LkgStore(target.state_dir, target.name).get() is None
-    with pytest.raises(ApplyError, match=r"FAILED at task 'Fail with the router's error': "
-                       r"TargetError: No running cluster in"):  # fmt: skip
+    with pytest.raises(ApplyError, match=r"FAILED at task 'Apply parameters': "
+                       r"TargetError: No lbtune-managed balancer in"):  # fmt: skip
         apply_params(
             target, {"policy": "random"}, via="ansible", check=True,
             extravars={"lbtune_state_dir": str(tmp_path)},

@@ -1,27 +1,79 @@
-"""HAProxy in the registry: the embedded cluster's launch, health and scrape job, and the
-:class:`~lbtune.targets.haproxy.target.HaproxyTarget` factory."""
+"""HAProxy in the registry: how the embedded cluster launches and watches it, its scrape
+job, its live weights (the feedback agent's actuator), and the target factory.
+
+The cluster's HAProxy runs master-worker (``haproxy -W -S master.sock``) from the
+untuned ``haproxy.cfg`` (every knob at the template's default, which is the space's
+baseline); the feedback agent, when the cluster runs it, sets the weights live.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
+from lbtune.cluster import probes
 from lbtune.cluster.state import Endpoints
+from lbtune.errors import ClusterError, TargetError
 from lbtune.targets.base import (
     DEFAULT_REPLICA_HEADER,
     BalancerLaunch,
     ClusterShape,
     LaunchSpec,
-    LiveWeights,
     ScrapeJob,
     Supervisor,
 )
+from lbtune.targets.haproxy import config
+from lbtune.targets.haproxy.files import ALL_BACKEND, HaproxyFiles, Site, config_alerts, require
+from lbtune.targets.haproxy.runtime import MAX_WEIGHT, HaproxyRuntime
 from lbtune.targets.haproxy.target import HaproxyTarget
 
-__all__ = ["BALANCER", "HaproxyBalancer"]
+__all__ = ["BALANCER", "COMPONENT", "HaproxyBalancer", "HaproxyWeights"]
+
+COMPONENT = "haproxy"
+START_TIMEOUT = 15.0
+
+
+def servers_missing(runtime: HaproxyRuntime, replicas: list[str], balancer_url: str) -> str | None:
+    """``None`` once every replica is UP (L7 check passed) in the ``all`` backend and the
+    balancer's ``/health`` answers 200."""
+    try:
+        servers = runtime.stat()
+    except TargetError as exc:
+        return str(exc)
+    up = {
+        s.server
+        for s in servers
+        if s.backend == ALL_BACKEND and s.status == "UP" and s.check_status.startswith("L7OK")
+    }
+    missing = sorted(set(replicas) - up)
+    if missing:
+        return f"servers not UP yet: {', '.join(missing)}"
+    if probes.http_get(balancer_url + "/health", timeout=1.0)[0] != 200:
+        return f"{balancer_url}/health not 200"
+    return None
+
+
+class HaproxyWeights:
+    """Per-replica weights through the runtime API: a replica's weight is set in every
+    backend its server is in (one per model it serves, and ``all``)."""
+
+    max_weight = MAX_WEIGHT
+
+    def __init__(self, runtime: HaproxyRuntime) -> None:
+        self.runtime = runtime
+
+    def weights(self) -> dict[str, int]:
+        return {s.server: s.weight for s in self.runtime.servers_state(ALL_BACKEND)}
+
+    def set_weights(self, weights: Mapping[str, int]) -> None:
+        rows = {(s.backend, s.server) for s in self.runtime.servers_state()}
+        self.runtime.set_weights(
+            {(be, srv): weights[srv] for be, srv in sorted(rows) if srv in weights}
+        )
 
 
 class HaproxyBalancer:
-    """HAProxy 2.6 (``-W`` master-worker, runtime API, hitless reloads)."""
+    """HAProxy 2.6 (master-worker, runtime API, hitless reloads)."""
 
     name = "haproxy"
     replica_header: str | None = DEFAULT_REPLICA_HEADER
@@ -31,22 +83,53 @@ class HaproxyBalancer:
     test_preset = "mini2"
 
     def check_cluster(self, shape: ClusterShape) -> str | None:
+        if shape.params:
+            return (
+                "haproxy starts from its space's baseline: leave 'params' out and apply "
+                "other values with `lbtune apply` once the cluster is up"
+            )
         return None
 
     def launch(self, spec: LaunchSpec, supervisor: Supervisor) -> BalancerLaunch:
-        raise NotImplementedError  # moved here from lbtune.cluster.api next
+        files = HaproxyFiles.in_dir(spec.state_dir)
+        files.check_socket_paths()
+        binary = require()
+        files.cfg.write_text(config.render_untuned(Site.from_spec(spec)), encoding="utf-8")
+        files.server_state.unlink(missing_ok=True)  # a fresh start has no saved weights
+        alerts = config_alerts(files.cfg)
+        if alerts is not None:
+            raise ClusterError(f"HAProxy rejects {files.cfg}: " + " | ".join(alerts))
+        cmd = [binary, "-W", "-S", files.master_socket, "-f", str(files.cfg)]
+        supervisor.start(COMPONENT, cmd)
+        runtime = HaproxyRuntime(files.runtime_socket)
+        url = f"http://{spec.host}:{spec.port}"
+        names = [r.name for r in spec.replicas]
+        supervisor.wait_until(
+            lambda: servers_missing(runtime, names, url), START_TIMEOUT, "HAProxy servers UP"
+        )
+        stats = f"http://{spec.host}:{spec.metrics_port}"
+        return BalancerLaunch(
+            components=(COMPONENT,),
+            stats_url=f"{stats}/stats",
+            metrics_url=f"{stats}/metrics",
+            details=files.details(),
+        )
 
     def scrape_jobs(self, spec: LaunchSpec) -> tuple[ScrapeJob, ...]:
         return (ScrapeJob("haproxy", (f"{spec.host}:{spec.metrics_port}",)),)
 
     def problems(self, endpoints: Endpoints) -> list[str]:
-        raise NotImplementedError  # moved here from lbtune.cluster.health next
+        runtime = HaproxyRuntime(HaproxyFiles.of(endpoints).runtime_socket)
+        found = servers_missing(
+            runtime, [r.name for r in endpoints.replicas], endpoints.balancer_url
+        )
+        return [] if found is None else [found]
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> HaproxyTarget:
         return HaproxyTarget(endpoints, space_file=space_file)
 
-    def weights(self, endpoints: Endpoints) -> LiveWeights:
-        raise NotImplementedError  # moved here from lbtune.agent next
+    def weights(self, endpoints: Endpoints) -> HaproxyWeights:
+        return HaproxyWeights(HaproxyRuntime(HaproxyFiles.of(endpoints).runtime_socket))
 
 
 BALANCER = HaproxyBalancer()

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from lbtune.cluster import render
-from lbtune.cluster.state import Endpoints
 from lbtune.targets.base import ParamSet, ParamValue
+from lbtune.targets.haproxy.files import Site, backend_names
 
 __all__ = [
     "DYNAMIC_ALGORITHMS",
@@ -64,7 +64,7 @@ def per_server(params: Mapping[str, ParamValue], family: str) -> dict[str, int]:
     return {k[len(prefix) :]: int(v) for k, v in params.items() if k.startswith(prefix)}
 
 
-def long_context_servers(ep: Endpoints) -> list[str]:
+def long_context_servers(site: Site) -> list[str]:
     """The replicas with the largest KV cache: those whose GPU has at least 90 % of the
     largest GPU memory in the cluster (H100 80 GB and A100 80 GB, not L4 24 GB). Replicas
     of unknown GPUs count as long-context only when no replica's GPU is known."""
@@ -74,20 +74,20 @@ def long_context_servers(ep: Endpoints) -> list[str]:
         GPU_PROFILES = {}
     memory = {
         r.name: GPU_PROFILES[r.gpu].memory_gib
-        for r in ep.replicas
+        for r in site.replicas
         if r.gpu is not None and r.gpu in GPU_PROFILES
     }
     if not memory:
-        return [r.name for r in ep.replicas]
+        return [r.name for r in site.replicas]
     top = max(memory.values())
     return [n for n, m in memory.items() if m >= LONG_CONTEXT_MEMORY_FRACTION * top]
 
 
 def template_context(
-    ep: Endpoints, params: Mapping[str, ParamValue], overrides: Mapping[str, Any] | None = None
+    site: Site, params: Mapping[str, ParamValue], overrides: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Variables for ``playbooks/templates/haproxy.cfg.j2`` from a full parameter set."""
-    ctx = render.endpoints_haproxy_context(ep)
+    ctx: dict[str, Any] = site.context()
     weights, maxconn = per_server(params, "weight"), per_server(params, "maxconn")
     for s in ctx["haproxy_servers"]:
         if s["name"] in weights:
@@ -109,20 +109,27 @@ def template_context(
         ctx["haproxy_timeout_queue"] = f"{int(params['queue_timeout_s'])}s"
     long_bytes = int(params.get("long_request_bytes", 0))
     if long_bytes:
-        long_set = long_context_servers(ep)
+        long_set = long_context_servers(site)
         ctx["haproxy_long_request_bytes"] = long_bytes
         ctx["haproxy_long_servers"] = long_set
         ctx["haproxy_long_models"] = [
-            m for m in ep.backends if any(m in r.models for r in ep.replicas if r.name in long_set)
+            m
+            for m in backend_names(site.models)
+            if any(m in r.models for r in site.replicas if r.name in long_set)
         ]
     ctx.update(overrides or {})
     return ctx
 
 
 def render_config(
-    ep: Endpoints, params: Mapping[str, ParamValue], overrides: Mapping[str, Any] | None = None
+    site: Site, params: Mapping[str, ParamValue], overrides: Mapping[str, Any] | None = None
 ) -> str:
-    return render.render_template("haproxy.cfg.j2", template_context(ep, params, overrides))
+    return render.render_template("haproxy.cfg.j2", template_context(site, params, overrides))
+
+
+def render_untuned(site: Site) -> str:
+    """The config of a fresh cluster: every knob at the template's default."""
+    return render.render_template("haproxy.cfg.j2", site.context())
 
 
 def structure(cfg_text: str) -> str:
@@ -131,12 +138,9 @@ def structure(cfg_text: str) -> str:
     return _RUNTIME_NUMBERS.sub("", cfg_text)
 
 
-def agent_settings(ep: Endpoints, params: Mapping[str, ParamValue]) -> dict[str, Any]:
-    """The agent's config file contents (``AgentConfig`` fields) for ``params``."""
-    out: dict[str, Any] = {
-        "prometheus_url": ep.prometheus_url,
-        "runtime_socket": ep.runtime_socket,
-    }
+def agent_settings(params: Mapping[str, ParamValue]) -> dict[str, Any]:
+    """The ``agent.*`` knobs of ``params`` as ``AgentConfig`` fields."""
+    out: dict[str, Any] = {}
     out.update({k[len(AGENT_PREFIX) :]: v for k, v in params.items() if k.startswith(AGENT_PREFIX)})
     return out
 

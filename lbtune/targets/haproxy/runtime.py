@@ -70,6 +70,8 @@ class ServerStat:
     server: str
     status: str
     """``UP``, ``DOWN``, ``DRAIN``, ``MAINT``, ``no check``..."""
+    check_status: str
+    """The last health check's result (``L7OK``, ``L4CON``...; empty without checks)."""
     scur: int
     """Sessions now."""
     qcur: int
@@ -257,6 +259,7 @@ class HaproxyRuntime:
                     backend=row.get("pxname") or "",
                     server=name,
                     status=row.get("status") or "",
+                    check_status=row.get("check_status") or "",
                     scur=_int(row.get("scur")),
                     qcur=_int(row.get("qcur")),
                     stot=_int(row.get("stot")),

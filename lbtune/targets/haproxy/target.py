@@ -31,7 +31,6 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,11 +38,12 @@ from typing import Any
 
 from lbtune.agent.config import AgentConfig, read_agent_file, write_agent_file
 from lbtune.cluster import agent as cluster_agent
-from lbtune.cluster import render, supervisor
+from lbtune.cluster import supervisor
 from lbtune.cluster.state import AGENT, Endpoints, StatePaths
-from lbtune.errors import ApplyError, ConfigError, TargetError
+from lbtune.errors import ApplyError, ConfigError
 from lbtune.targets.base import ApplyResult, ParamSet, ParamValue, RejectedBeforeApply
 from lbtune.targets.haproxy import config, master
+from lbtune.targets.haproxy.files import ALL_BACKEND, HaproxyFiles, Site, config_alerts
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
 from lbtune.targets.space import ParameterSpace
 
@@ -91,8 +91,10 @@ class HaproxyTarget:
         self.state_dir = Path(endpoints.state_dir)
         self.space_file = Path(space_file) if space_file else SPACE_FILE
         self.template_overrides = dict(template_overrides or {})
-        self.runtime = HaproxyRuntime(endpoints.runtime_socket)
-        self.cfg_path = Path(endpoints.haproxy_cfg)
+        self.files = HaproxyFiles.of(endpoints)
+        self.site = Site.from_endpoints(endpoints)
+        self.runtime = HaproxyRuntime(self.files.runtime_socket)
+        self.cfg_path = self.files.cfg
         self.record_path = self.state_dir / RECORD_NAME
         self.agent_path = Path(endpoints.agent_config or self.state_dir / AGENT_FILE)
         self._space: ParameterSpace | None = None
@@ -150,7 +152,7 @@ class HaproxyTarget:
         rows: dict[str, list[str]] = {}
         for s in states:
             rows.setdefault(s.server, []).append(s.backend)
-        all_be = self.endpoints.all_backend
+        all_be = ALL_BACKEND
         weights = {s.server: s.weight for s in states if s.backend == all_be}
         maxconn = {
             s.server: int(s.raw.get("slim") or 0)
@@ -194,7 +196,7 @@ class HaproxyTarget:
         if owned:
             self._warn_ignored_weights(params, live)
         desired = space.complete(checked, live)
-        text = config.render_config(self.endpoints, desired, self.template_overrides)
+        text = config.render_config(self.site, desired, self.template_overrides)
         try:
             current = self.cfg_path.read_text(encoding="utf-8")
         except FileNotFoundError:
@@ -304,26 +306,22 @@ class HaproxyTarget:
     def _validate(self, text: str) -> None:
         side = self.cfg_path.with_name(self.cfg_path.name + ".new")
         side.write_text(text, encoding="utf-8")
-        cmd = [render.require("haproxy"), "-c", "-q", "-f", str(side)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
-        if proc.returncode == 0:
+        alerts = config_alerts(side)
+        if alerts is None:
             return
-        loud = subprocess.run(cmd[:2] + cmd[3:], capture_output=True, text=True, timeout=30)
-        lines = [ln.strip() for ln in (loud.stderr + loud.stdout).splitlines() if ln.strip()]
-        alerts = [ln.split(" : ", 1)[-1] for ln in lines if "ALERT" in ln] or lines
         raise RejectedBeforeApply(
             f"HAProxy rejects the new config (kept the running one; the rejected file is "
-            f"{side}): " + " | ".join(alerts[:3])
+            f"{side}): " + " | ".join(alerts)
         )
 
     def _reload_with(self, text: str) -> None:
         """Save runtime state, replace the config, hitless reload, wait for the worker."""
         state = self.runtime.execute(["show servers state"])[0]
-        _write_atomic(Path(self.endpoints.server_state_file), state.rstrip("\n") + "\n")
+        _write_atomic(self.files.server_state, state.rstrip("\n") + "\n")
         _write_atomic(self.cfg_path, text)
         self.cfg_path.with_name(self.cfg_path.name + ".new").unlink(missing_ok=True)
         master.reload(
-            self.endpoints.master_socket, self.runtime, self.state_dir / "logs" / "haproxy.log"
+            self.files.master_socket, self.runtime, self.state_dir / "logs" / "haproxy.log"
         )
 
     def _set_runtime(self, desired: ParamSet, text: str) -> None:
@@ -373,7 +371,7 @@ class HaproxyTarget:
         that are not knobs) with the ``agent.*`` knobs of ``desired`` over it; checked
         against AgentConfig before anything is touched."""
         doc = read_agent_file(self.agent_path)
-        doc.update(config.agent_settings(self.endpoints, desired))
+        doc.update(config.agent_settings(desired))
         try:
             AgentConfig.model_validate(doc)
         except ValueError as exc:
@@ -400,22 +398,7 @@ class HaproxyTarget:
         _write_atomic(self.record_path, json.dumps(rec, sort_keys=True) + "\n")
 
     def reload_count(self) -> int:
-        return master.reload_count(self.endpoints.master_socket)
+        return master.reload_count(self.files.master_socket)
 
     def worker_pid(self) -> int:
         return master.worker_pid(self.runtime)
-
-
-def connect(state_dir: str | Path | None = None) -> HaproxyTarget:
-    """The HAProxy target of the cluster running in ``state_dir`` (see ``lbtune cluster``)."""
-    from lbtune.cluster.api import find_state_dir
-    from lbtune.cluster.state import StatePaths, read_endpoints
-
-    paths = StatePaths(find_state_dir(state_dir))
-    ep = read_endpoints(paths)
-    if ep is None:
-        raise TargetError(
-            f"No running cluster in {paths.root} (endpoints.json missing); "
-            "start one with `lbtune cluster up`"
-        )
-    return HaproxyTarget(ep)

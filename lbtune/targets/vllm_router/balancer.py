@@ -1,12 +1,18 @@
-"""vllm-router in the registry: the embedded cluster's launch, health and scrape job, and
-the :class:`~lbtune.targets.vllm_router.target.VllmRouterTarget` factory."""
+"""vllm-router in the registry: how the embedded cluster launches and watches it, its
+scrape job, and the :class:`~lbtune.targets.vllm_router.target.VllmRouterTarget` factory.
+
+The router listens on the cluster's ``ports.balancer`` and serves its Prometheus metrics
+(``vllm_router_*``) on ``ports.stats``. Its initial flags are the cluster YAML's
+``params:`` over the space's baseline (vllm-router's own defaults).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lbtune.cluster.state import Endpoints
-from lbtune.errors import TargetError
+from lbtune.cluster.state import Endpoints, StatePaths
+from lbtune.cluster.supervisor import read_record
+from lbtune.errors import ClusterError, ConfigError, LbtuneError, TargetError
 from lbtune.targets.base import (
     BalancerLaunch,
     ClusterShape,
@@ -15,7 +21,9 @@ from lbtune.targets.base import (
     ScrapeJob,
     Supervisor,
 )
-from lbtune.targets.vllm_router.target import VllmRouterTarget
+from lbtune.targets.space import ParameterSpace
+from lbtune.targets.vllm_router import process
+from lbtune.targets.vllm_router.target import SPACE_FILE, VllmRouterTarget
 
 __all__ = ["BALANCER", "VllmRouterBalancer"]
 
@@ -36,16 +44,48 @@ class VllmRouterBalancer:
                 "vllm-router does not route by model: with 'balancer: vllm-router' every "
                 "replica must serve the same models"
             )
+        try:
+            ParameterSpace.load(SPACE_FILE).validate(shape.params, source="params")
+        except ConfigError as exc:
+            return str(exc)
         return None
 
     def launch(self, spec: LaunchSpec, supervisor: Supervisor) -> BalancerLaunch:
-        raise NotImplementedError  # moved here from lbtune.cluster.router next
+        space = ParameterSpace.load(SPACE_FILE)
+        try:
+            params = space.complete(space.validate(spec.params, source="params"), space.baseline())
+            command = process.RouterCommand(
+                params=process.active(dict(params)),
+                worker_urls=tuple(r.url for r in spec.replicas),
+                host=spec.host,
+                port=spec.port,
+                metrics_port=spec.metrics_port,
+            )
+        except LbtuneError as exc:
+            raise ClusterError(f"cluster {spec.cluster_name!r}: vllm-router: {exc}") from None
+        supervisor.start(process.COMPONENT, command.argv(), env={"NO_COLOR": "1"})
+        supervisor.wait_until(
+            lambda: process.health_missing(command.url),
+            process.ROUTER_TIMEOUT,
+            "vllm-router /health",
+        )
+        paths = StatePaths(spec.state_dir)
+        record = read_record(paths, process.COMPONENT)
+        if record is None:  # pragma: no cover - supervisor.start writes it
+            raise ClusterError(f"vllm-router's PID file is missing in {spec.state_dir}")
+        process.write_state(paths, command, record)
+        return BalancerLaunch(
+            components=(process.COMPONENT,),
+            stats_url=f"http://{spec.host}:{spec.metrics_port}/metrics",
+            metrics_url=f"http://{spec.host}:{spec.metrics_port}/metrics",
+        )
 
     def scrape_jobs(self, spec: LaunchSpec) -> tuple[ScrapeJob, ...]:
         return (ScrapeJob("vllm-router", (f"{spec.host}:{spec.metrics_port}",)),)
 
     def problems(self, endpoints: Endpoints) -> list[str]:
-        raise NotImplementedError  # moved here from lbtune.cluster.router next
+        found = process.health_missing(endpoints.balancer_url)
+        return [] if found is None else [found]
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> VllmRouterTarget:
         return VllmRouterTarget(endpoints, space_file=space_file)

@@ -1,9 +1,8 @@
 """The vllm-router target: its parameters are its flags, so an apply is a restart.
 
 Both paths call :meth:`VllmRouterTarget.apply`: the direct one (optimizer trials,
-``lbtune apply --direct``) and the playbooks ``playbooks/vllm-router-apply.yml`` and
-``vllm-router-rollback.yml`` that :mod:`lbtune.apply` runs (they run ``python -m
-lbtune.targets.vllm_router.target`` on each balancer host, see :func:`main`).
+``lbtune apply --direct``) and the Ansible module ``playbooks/library/lbtune_vllm_router.py``
+that ``playbooks/target-apply.yml`` runs on each balancer host.
 
 An apply:
 
@@ -23,21 +22,18 @@ a verified apply.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
-from lbtune.cluster import router
 from lbtune.cluster.state import Endpoints, StatePaths
-from lbtune.errors import ApplyError, ConfigError, LbtuneError, TargetError
+from lbtune.errors import ApplyError, LbtuneError
 from lbtune.targets.base import ApplyResult, ParamSet, ParamValue
 from lbtune.targets.space import ParameterSpace
+from lbtune.targets.vllm_router import process as router
 
-__all__ = ["SPACE_FILE", "VllmRouterTarget", "connect", "main", "result_dict"]
+__all__ = ["SPACE_FILE", "VllmRouterTarget"]
 
 log = logging.getLogger(__name__)
 
@@ -163,71 +159,3 @@ class VllmRouterTarget:
                 f"vllm-router apply failed ({cause}) and the previous flags did not come "
                 f"back up either ({exc}); see {self.paths.log(router.COMPONENT)}"
             ) from None
-
-
-def connect(state_dir: str | Path | None = None) -> VllmRouterTarget:
-    """The vllm-router target of the cluster running in ``state_dir``."""
-    from lbtune.cluster.api import find_state_dir
-    from lbtune.cluster.state import read_endpoints
-
-    paths = StatePaths(find_state_dir(state_dir))
-    ep = read_endpoints(paths)
-    if ep is None:
-        raise TargetError(
-            f"No running cluster in {paths.root} (endpoints.json missing); start one with "
-            "`lbtune cluster up clusters/hetero4-router.yaml`"
-        )
-    return VllmRouterTarget(ep)
-
-
-def result_dict(result: ApplyResult, downtime: float | None) -> dict[str, object]:
-    """The result in the shape lbtune's playbook runner reads from a host (its ``lbtune``
-    dict: ``applied``, ``diff`` as knob -> [before, after], ``reloaded``, ``check``,
-    ``seconds``), plus ``changed`` and the restart's ``downtime_s``."""
-    return {
-        "changed": result.changed,
-        "check": result.check,
-        "applied": result.applied,
-        "diff": {k: list(v) for k, v in result.diff.items()},
-        "reloaded": result.reloaded,
-        "restarted": result.reloaded and not result.check,
-        "downtime_s": downtime,
-        "seconds": round(result.seconds, 3),
-    }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lbtune.targets.vllm_router.target (--params-json J | --rollback) [--check]``.
-
-    What the playbooks run on a balancer host. Prints one JSON object
-    (:func:`result_dict`) on stdout; on failure one line ``error: <ErrorType>: <message>``
-    on stderr (the playbook fails with it) and the error's exit code.
-    """
-    parser = argparse.ArgumentParser(prog="lbtune.targets.vllm_router.target")
-    parser.add_argument("--state-dir", default=None)
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--params-json", help="the parameters, as a JSON object")
-    what.add_argument("--rollback", action="store_true", help="re-apply the host's LKG")
-    parser.add_argument("--check", action="store_true", help="report the diff, touch nothing")
-    args = parser.parse_args(argv)
-    try:
-        target = connect(args.state_dir)
-        if args.rollback:
-            result = target.rollback(check=args.check)
-        else:
-            try:
-                params = json.loads(args.params_json)
-            except ValueError as exc:
-                raise ConfigError(f"--params-json is not valid JSON: {exc}") from None
-            if not isinstance(params, dict):
-                raise ConfigError("--params-json must be a JSON object of knob: value")
-            result = target.apply(params, check=args.check)
-    except LbtuneError as exc:
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    print(json.dumps(result_dict(result, target.last_downtime_s), sort_keys=True))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,7 @@ only, so a change means a restart. Its listener does not share its port (no
 ``SO_REUSEPORT``), so a restart is stop → start → ``/health``, and the gap is
 measured and reported as downtime (~0.5 s on loopback).
 
-The router is started as ``python -m lbtune.cluster.router <vllm-router flags>``:
+The router is started as ``python -m lbtune.targets.vllm_router.process <vllm-router flags>``:
 the same launcher as the ``vllm-router`` script, except that it does not let
 ``setproctitle`` rename the process to ``vllm::router``. That rename overwrites the
 process's argv, which would defeat both the supervisor's PID identity check and the
@@ -30,13 +30,12 @@ from typing import Any
 import psutil
 
 from lbtune.cluster import probes, supervisor
-from lbtune.cluster.config import LOOPBACK, ResolvedCluster
-from lbtune.cluster.state import Endpoints, StatePaths, write_json_atomic
+from lbtune.cluster.state import StatePaths, write_json_atomic
 from lbtune.cluster.supervisor import ProcessRecord
 from lbtune.errors import ClusterError, TargetError
 
 COMPONENT = "router"
-MODULE = "lbtune.cluster.router"
+MODULE = "lbtune.targets.vllm_router.process"
 ROUTER_TIMEOUT = 15.0
 POLICIES = ("round_robin", "random", "power_of_two", "cache_aware", "consistent_hash")
 CACHE_AWARE_KNOBS: dict[str, type[int] | type[float]] = {
@@ -99,7 +98,7 @@ class RouterCommand:
         return f"http://{self.host}:{self.port}"
 
     def argv(self, python: str = sys.executable) -> list[str]:
-        """The command line: ``python -m lbtune.cluster.router`` + vllm-router flags."""
+        """``python -m lbtune.targets.vllm_router.process`` + vllm-router flags."""
         cmd = [python, "-m", MODULE, "--host", self.host, "--port", str(self.port)]
         cmd += ["--worker-urls", *self.worker_urls, "--policy", str(self.params["policy"])]
         for knob in CACHE_AWARE_KNOBS:
@@ -167,6 +166,12 @@ def start(
     except BaseException:
         supervisor.stop(record, paths)
         raise
+    write_state(paths, command, record)
+    return record
+
+
+def write_state(paths: StatePaths, command: RouterCommand, record: ProcessRecord) -> None:
+    """Record the parameters and command line started (``router.json``)."""
     write_json_atomic(
         state_file(paths),
         json.dumps(
@@ -175,7 +180,6 @@ def start(
         )
         + "\n",
     )
-    return record
 
 
 @contextmanager
@@ -247,76 +251,8 @@ def live_command(paths: StatePaths) -> tuple[ProcessRecord, RouterCommand]:
     return record, command
 
 
-# ---------------------------------------------------------------------------------------
-# The embedded cluster with vllm-router in front (called by lbtune.cluster.api).
-
-
-def cluster_command(cluster: ResolvedCluster) -> RouterCommand:
-    """The router of a ``balancer: vllm-router`` cluster: its settings, its replicas.
-
-    The router listens on ``ports.balancer`` and serves its metrics on ``ports.stats``.
-    """
-    settings = cluster.config.router.model_dump()
-    return RouterCommand(
-        params=active(settings),
-        worker_urls=tuple(r.url for r in cluster.replicas),
-        host=LOOPBACK,
-        port=cluster.ports.balancer,
-        metrics_port=cluster.ports.stats,
-    )
-
-
-def metrics_url(cluster: ResolvedCluster) -> str:
-    return f"http://{LOOPBACK}:{cluster.ports.stats}/metrics"
-
-
-def render_prometheus(cluster: ResolvedCluster) -> str:
-    """prometheus.yml with a ``vllm-router`` job instead of the ``haproxy`` one."""
-    from lbtune.cluster import render
-
-    context = render.prometheus_context(cluster)
-    context["prometheus_haproxy_target"] = ""
-    context["prometheus_router_target"] = f"{LOOPBACK}:{cluster.ports.stats}"
-    return render.render_template("prometheus.yml.j2", context)
-
-
-def prometheus_missing(ep: Endpoints) -> str | None:
-    """``None`` once Prometheus has scraped every replica and the router."""
-    targets = probes.prometheus_targets(ep.prometheus_url)
-    if not targets:
-        return f"{ep.prometheus_url}/api/v1/targets not answering"
-    up = {
-        (t.get("labels", {}).get("job"), t.get("labels", {}).get("replica"))
-        for t in targets
-        if t.get("health") == "up"
-    }
-    missing = sorted(r.name for r in ep.replicas if ("replicas", r.name) not in up)
-    if missing:
-        return f"replica targets not scraped yet: {', '.join(missing)}"
-    return None if any(job == "vllm-router" for job, _ in up) else "router not scraped yet"
-
-
-def problems(ep: Endpoints, records: Sequence[ProcessRecord], simulated: bool) -> list[str]:
-    """What is wrong with a running router cluster (empty when healthy)."""
-    from lbtune.cluster import health
-
-    expected = ["sim", COMPONENT, "prometheus"] if simulated else [COMPONENT, "prometheus"]
-    alive = {r.name for r in records if supervisor.alive(r)}
-    found = [f"{name} is not running" for name in expected if name not in alive]
-    found += [
-        p
-        for p in (
-            health.replicas_missing({r.name: r.url for r in ep.replicas}),
-            health_missing(ep.balancer_url) if COMPONENT in alive else None,
-            prometheus_missing(ep) if "prometheus" in alive else None,
-        )
-        if p is not None
-    ]
-    return found
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m lbtune.cluster.router FLAGS``: vllm-router, keeping its argv readable."""
+    """``python -m lbtune.targets.vllm_router.process FLAGS``: vllm-router, argv kept."""
     import setproctitle
 
     setattr(setproctitle, "setproctitle", lambda title: None)  # noqa: B010 (patching a module)
