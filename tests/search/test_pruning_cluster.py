@@ -7,9 +7,16 @@ saw only the requests that had finished (the fast ones): round robin looked good
 mid-trial (0.36 at its checkpoint, 6.9 at the end, in the issue's reproduction), the
 median threshold sank below every good final score and the good configs were pruned.
 
-Checked here: (1) round robin's intermediate values are never below 0.8x its final value
-(a checkpoint counts the requests still running at their elapsed time; it cannot see
-further, so the first checkpoint comes after about one slow request's latency); (2) a
+The objective here is P99 TTFT alone (``--weights e2e=0,ttft=1,decay=0``): a request on
+the L4 takes ~4 s, longer than a window (2 s), and its first token comes well within one,
+so a checkpoint that counts the requests still running (with their TTFT, or their elapsed
+time before it) can be right about it, and one that counts only finished requests cannot.
+(With E2E in the score, no checkpoint earlier than the slow requests' latency can reach
+their final P99: censoring gives a lower bound, not the future.)
+
+Checked here: (0) the setup exposes the bias: recomputed from round robin's records, the
+finished-only score at the first checkpoint is below 0.8x the final; (1) round robin's
+intermediate values (censored) are never below 0.8x its final value; (2) a
 small study with the default pruner reaches the region a ``--pruner none`` study
 reaches: the best config sends the slow replica at most half its equal share of the
 weight. Both studies use the same seed, so their (random start-up) samples are the same
@@ -20,10 +27,15 @@ on the L4 (what the pruner should stop) and configs without it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import M8, running_cluster
+
+if TYPE_CHECKING:
+    from lbtune.loadgen.records import RequestRecord
+    from lbtune.search.result import StudyResult
 
 pytestmark = pytest.mark.integration
 
@@ -36,8 +48,8 @@ replicas:
   - {{gpu: h100-80g, count: 2, models: [{M8}]}}
   - {{gpu: l4-24g, count: 1, models: [{M8}]}}
 """
-# Short outputs keep the L4's latency (~1 s) below a window (2 s); prompts long enough
-# that TTFTs are tens of ms, well above the generator's timing bound.
+# Prompts long enough that TTFTs are tens of ms, well above the generator's timing bound;
+# outputs long enough that an L4 request outlasts a window.
 SCENARIO = f"""\
 name: slow3load
 seed: 3
@@ -49,7 +61,7 @@ load: {{type: constant, users: 12}}
 api: chat
 models: {{{M8}: 1}}
 prompt_tokens: {{type: lognormal, median: 300, sigma: 0.3, min: 8, max: 2048}}
-output_tokens: {{type: lognormal, median: 6, sigma: 0.2, min: 2, max: 16}}
+output_tokens: {{type: lognormal, median: 40, sigma: 0.2, min: 2, max: 64}}
 stream: true
 """
 # Weights only, on a coarse grid (0 = no new requests), baseline = the cluster's live config.
@@ -59,6 +71,7 @@ params:
   weight: {type: int, low: 0, high: 100, step: 25, baseline: 100, per_server: true, live: true}
 """
 SLOW = "weight.l4-0"
+WINDOW_S = 2.0
 
 
 def _slow_share(params: dict[str, object]) -> float:
@@ -66,7 +79,29 @@ def _slow_share(params: dict[str, object]) -> float:
     return weights[SLOW] / sum(weights.values())
 
 
-@pytest.mark.timeout(420)
+def _finished_only(run: Path, res: StudyResult) -> tuple[float, float]:
+    """(final score, score at window 1 from the requests finished by then) of one run."""
+    from lbtune.loadgen.recordio import read_records
+    from lbtune.metrics.censor import censored_samples
+    from lbtune.metrics.quantiles import percentile
+    from lbtune.objective import Figures, composite
+    from lbtune.runplan import read_run_plan
+
+    plan = read_run_plan(run)
+    assert plan.window_start is not None and plan.window_end is not None
+    start, end = plan.window_start, plan.window_end
+    records = list(read_records(run / "requests.parquet"))
+
+    def score(rs: list[RequestRecord], now: float | None = None) -> float:
+        cs = censored_samples(rs, start=start, end=end, now=now)
+        fig = Figures(percentile(cs.e2e, 99), percentile(cs.streamed_ttft or cs.e2e, 99))
+        return composite(fig, res.spec)
+
+    now = start + WINDOW_S
+    return score(records), score([r for r in records if r.ended_at <= now], now)
+
+
+@pytest.mark.timeout(480)
 def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path: Path) -> None:
     from lbtune.optimize import OptimizeOptions, run_optimize
 
@@ -80,7 +115,8 @@ def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path
             results[pruner] = run_optimize(
                 OptimizeOptions(
                     budget=6, scenario=str(tmp_path / "load.yaml"), trial_duration_s=8.5,
-                    window_s=2.0, study=f"slow3-{pruner}", pruner=pruner, seed=1,
+                    window_s=WINDOW_S, study=f"slow3-{pruner}", pruner=pruner, seed=1,
+                    weights="e2e=0,ttft=1,decay=0",
                     storage=f"sqlite:///{tmp_path}/studies.db", state_dir=state,
                     space=str(tmp_path / "space.yaml"), confirm_runs=0, apply=False,
                     out_dir=tmp_path / pruner,
@@ -93,6 +129,9 @@ def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path
                 f"{pruner} #{t.number} {t.state} {t.params} {t.objective} {t.intermediate}"
             )
     print("\n".join(lines))
+    final, first = _finished_only(tmp_path / "median" / "runs" / "trial-0000", results["median"])
+    print(f"round robin finished-only at window 1: {first:.3f}, final {final:.3f}")
+    assert first < 0.8 * final, (first, final)  # what the pruner saw before censoring
     for pruner, res in results.items():
         rr = res.trial(0)
         assert rr is not None and rr.role == "live" and rr.state == "COMPLETE", lines
