@@ -5,11 +5,13 @@ configuration, always measured afresh: its search run is never used) in **rounds
 in every round the baseline first, then each candidate, ``A B1 B2 A B1 B2 ...``, on
 the same traffic (the study's seed), so that drift of the cluster hits every arm
 alike. A round whose baseline run cannot be measured (after one retry) is skipped
-whole: its candidates would have nothing to be paired with. If no round's baseline
-can be measured, :class:`BaselineUnmeasurable` is raised.
+whole — its candidates would have nothing to be paired with — and does not count
+towards ``runs``. If the baseline has not been measured in :data:`BASELINE_TRIES`
+rounds in a row (nor in any before), or by the round cap, :class:`BaselineUnmeasurable`
+is raised.
 
-**Enough samples.** At least ``runs`` rounds are run; then more, one at a time, while
-some arm's pooled requests are fewer than a P99 needs
+**Enough samples.** At least ``runs`` rounds with a measured baseline; then more, one
+at a time, while some arm's pooled requests are fewer than a P99 needs
 (:data:`~lbtune.metrics.quantiles.MIN_SAMPLES`, 100), up to ``max_rounds`` rounds and
 ``max_s`` seconds of confirmation (a round is started only if it is expected to end in
 time). If the cap is hit, every arm is judged on the highest tail its samples support
@@ -37,6 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from lbtune.errors import LbtuneError, TrialFailed
+from lbtune.metrics.quantiles import MIN_SAMPLES
 from lbtune.objective import Figures, ObjectiveSpec, composite
 from lbtune.search.paired import (
     finite_percentile,
@@ -55,8 +58,11 @@ MAX_ROUNDS = 6
 """Default cap on confirmation rounds when the pooled samples are too few for a P99."""
 MAX_SECONDS = 900.0
 """Default cap on the wall time of confirmation (15 min)."""
-NEED = 100
-"""Pooled samples per arm for a P99 (``MIN_SAMPLES["p99"]``)."""
+NEED = MIN_SAMPLES["p99"]
+"""Pooled samples per arm for a P99 (100)."""
+BASELINE_TRIES = 3
+"""Rounds in a row (each run retried once) the baseline may fail before it is declared
+unmeasurable, when no round has measured it yet."""
 
 
 class BaselineUnmeasurable(LbtuneError):
@@ -238,18 +244,22 @@ def confirm(
     t0 = clock()
     k = 0
     cap_hit = ""
+    misses = 0  # rounds in a row whose baseline could not be measured
     while stop is None or not stop.is_set():
-        if k >= runs:
-            n = _smallest_pool(arms, measured)
-            if n >= NEED:
-                break
-            per_round = (clock() - t0) / k if k else 0.0
-            if k >= max_rounds or clock() - t0 + per_round > max_s:
-                cap_hit = (
-                    f"confirmation stopped at {k} round(s), {clock() - t0:.0f} s "
-                    f"(cap {max_rounds} rounds, {max_s:.0f} s)"
-                )
-                break
+        good = sum(1 for _, label in measured if label == baseline.label)
+        n = _smallest_pool(arms, measured)
+        if good >= runs and n >= NEED:
+            break
+        if good == 0 and misses >= BASELINE_TRIES:
+            break
+        per_round = (clock() - t0) / k if k else 0.0
+        if k >= max_rounds or (k and clock() - t0 + per_round > max_s):
+            cap_hit = (
+                f"confirmation stopped at {k} round(s), {clock() - t0:.0f} s "
+                f"(cap {max_rounds} rounds, {max_s:.0f} s)"
+            )
+            break
+        if good >= runs:
             say(f"confirmation: {n} pooled samples in the smallest arm, a P99 needs {NEED}")
         k += 1
         for arm in arms:
@@ -267,8 +277,7 @@ def confirm(
             elif arm is baseline:
                 say(f"round {k}: the baseline could not be measured ({why}); round skipped")
             plan.append((k, arm, label, m, why))
-        if k >= runs and not any(key[1] == baseline.label for key in measured):
-            break
+        misses = 0 if (k, baseline.label) in measured else misses + 1
     base_ms = [
         measured[(i, baseline.label)] for i in range(1, k + 1) if (i, baseline.label) in measured
     ]

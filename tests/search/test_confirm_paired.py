@@ -247,3 +247,23 @@ def test_the_time_cap_stops_adding_rounds() -> None:
     # 2 rounds take 240 s; a third would end at ~360 s > 300 s: not started.
     assert c.runs_per_arm == 2
     assert c.quantile == 95.0 and "300 s" in c.note
+
+
+def test_a_round_whose_baseline_failed_is_void_and_replaced() -> None:
+    target = FakeTarget()
+    base, cands = _arms(target)
+    ms = RoundMeasure(target, fail=lambda label, p: label.startswith("confirm-1-A"))
+    c = confirm(_runner(target, ms), base, cands, ObjectiveSpec(), runs=2)
+    assert c.comparisons[0].rounds == (2, 3)  # two rounds with a baseline, as asked
+    assert not any(x.startswith("confirm-1-B1") for x in ms.calls)  # nothing to pair with
+    row = next(r for r in c.rounds if (r.round, r.arm) == (1, "B1"))
+    assert not row.measured and "baseline of this round failed" in row.reason
+
+
+def test_a_baseline_that_never_measures_is_given_up_after_three_rounds() -> None:
+    target = FakeTarget()
+    base, cands = _arms(target)
+    ms = RoundMeasure(target, fail=lambda label, p: "-A" in label)
+    with pytest.raises(BaselineUnmeasurable, match="any of 3 confirmation round"):
+        confirm(_runner(target, ms), base, cands, ObjectiveSpec(), runs=2, max_rounds=6)
+    assert len(ms.calls) == 6  # 3 rounds, each baseline run retried once; no candidate run
