@@ -23,6 +23,7 @@ from lbtune.cluster.config import load_config
 from lbtune.cluster.state import Endpoints
 from lbtune.errors import ConfigError
 from lbtune.targets import get_target
+from lbtune.targets.base import RejectedBeforeApply
 from lbtune.targets.nginx.target import NginxTarget
 from tests.targets.nginx.conftest import M8, M70, chat, needs_nginx
 
@@ -123,3 +124,16 @@ def test_cli_show_check_apply_invalid_and_rollback(target: NginxTarget, tmp_path
     back = runner.invoke(app, ["rollback", "-t", "nginx", "--state-dir", sd])
     assert back.exit_code == 0, back.output
     assert target.read_live()["algorithm"] == "least_conn"
+
+
+def test_a_config_nginx_rejects_through_ansible_keeps_the_live_one(target: NginxTarget) -> None:
+    text, pids = target.site.conf.read_text(), target.worker_pids()
+    with pytest.raises(RejectedBeforeApply, match="nginx rejects the new config"):
+        apply_params(
+            target,
+            {"algorithm": "least_conn"},
+            via="ansible",
+            extravars={"lbtune_options": {"template_overrides": {"keepalive": "bogus"}}},
+        )
+    assert target.site.conf.read_text() == text and target.worker_pids() == pids
+    assert target.read_live()["algorithm"] == "round_robin"
