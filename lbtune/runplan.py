@@ -29,7 +29,7 @@ from lbtune.errors import ConfigError
 from lbtune.metrics.summary import Slo
 from lbtune.scenario.loader import load_scenario
 from lbtune.scenario.models import Scenario
-from lbtune.scenario.plan import LoadPlan, Stage, plan_load
+from lbtune.scenario.plan import LoadPlan, Stage, default_duration, plan_load
 
 if TYPE_CHECKING:
     from lbtune.stress import StressOptions
@@ -176,7 +176,7 @@ def plan_run(opts: StressOptions) -> RunPlan:
     if until is not None and until < 1:
         raise ConfigError(f"--until-samples: must be >= 1, got {until}")
     hold: float | None = None
-    shape_s = scenario.duration_s if opts.duration_s is None else float(opts.duration_s)
+    shape_s = default_duration(scenario) if opts.duration_s is None else float(opts.duration_s)
     if until is not None:
         hold = max(shape_s, opts.max_duration_s or DEFAULT_MAX_DURATION_S)
     elif opts.max_duration_s is not None:

@@ -19,6 +19,8 @@ from pydantic import BaseModel, ValidationError
 import lbtune
 from lbtune.errors import ConfigError
 from lbtune.scenario.models import Scenario
+from lbtune.scenario.traces.read import guess_format
+from lbtune.scenario.traces.replay import pin
 
 BUILTIN_DIR = Path(lbtune.__file__).resolve().parent.parent / "scenarios"
 """Where built-in scenarios live: ``<repo>/scenarios/NAME.yaml``."""
@@ -63,8 +65,58 @@ def _display(path: Path) -> str:
             return str(path)
 
 
+TRACE_PREFIX = "trace:"
+_TRACE_SUFFIXES = (".csv", ".jsonl", ".json", ".parquet")
+_TRACE_KEYS = {"format": str, "speedup": float, "start": float, "limit": int, "rate_scale": float}
+
+
+def trace_ref(
+    path: str | Path, fmt: str | None = None, speedup: float | None = None, **more: Any
+) -> str:
+    """The scenario reference of a trace replay: ``trace:PATH?format=F&speedup=K``."""
+    opts = {"format": fmt, "speedup": speedup, **more}
+    query = "&".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in opts.items() if v is not None)  # fmt: skip
+    return f"{TRACE_PREFIX}{path}" + (f"?{query}" if query else "")
+
+
+def trace_scenario(ref: str) -> Scenario:
+    """The scenario of ``trace:PATH?format=F&speedup=K&start=S&limit=N&rate_scale=R`` (or a
+    bare trace file path): replay the file, format guessed from it when not given."""
+    text = ref.removeprefix(TRACE_PREFIX)
+    path, _, query = text.partition("?") if "=" in text.rpartition("?")[2] else (text, "", "")
+    source: dict[str, Any] = {"trace": path}
+    for part in filter(None, query.split("&")):
+        key, _, value = part.partition("=")
+        if key not in _TRACE_KEYS:
+            raise ConfigError(
+                f"{ref}: unknown trace option {key!r}. Available: {', '.join(_TRACE_KEYS)}"
+            )
+        try:
+            source[key] = _TRACE_KEYS[key](value)
+        except ValueError:
+            raise ConfigError(f"{ref}: {key}: cannot read {value!r}") from None
+    source.setdefault("format", guess_format(path))
+    name = f"trace-{source['format']}-{Path(path).stem}"
+    sc = scenario_from_dict({"name": name, "source": source}, source=ref)
+    return _pin(sc, None)
+
+
+def _pin(sc: Scenario, base: Path | None) -> Scenario:
+    if sc.source is None:
+        return sc
+    return pin(sc, base)
+
+
+def _is_trace(text: str) -> bool:
+    return text.startswith(TRACE_PREFIX) or Path(text.partition("?")[0]).suffix in _TRACE_SUFFIXES
+
+
 def load_scenario(name_or_path: str | Path) -> Scenario:
-    """A built-in scenario by name (see :func:`builtin_names`) or a scenario file by path."""
+    """A built-in scenario by name (see :func:`builtin_names`), a scenario file by path, or
+    a trace replay (``trace:PATH?...`` or a trace file, see :func:`trace_scenario`)."""
+    if _is_trace(str(name_or_path)):
+        return trace_scenario(str(name_or_path))
     path = _resolve(name_or_path)
     where = _display(path)
     try:
@@ -76,7 +128,8 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         raise ConfigError(f"{where}: invalid YAML{line}: {problem}") from None
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
-    return scenario_from_dict(data, source=where, default_name=path.stem)
+    sc = scenario_from_dict(data, source=where, default_name=path.stem)
+    return _pin(sc, path.resolve().parent)  # a relative trace path: next to the scenario
 
 
 def scenario_from_dict(data: Any, source: str = "<scenario>", default_name: str = "") -> Scenario:

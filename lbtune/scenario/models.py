@@ -17,6 +17,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from lbtune.scenario.distributions import Distribution
 from lbtune.scenario.shapes import LoadShape
+from lbtune.scenario.traces.spec import TIMED, TraceSource
+
+DEFAULT_TRACE_MODEL = "llama-3.1-8b-instruct"
+"""A trace scenario without ``models`` sends to the embedded cluster's model."""
 
 ApiName = Literal["chat", "completions"]
 _DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
@@ -89,6 +93,18 @@ class TrafficClass(_Strict):
     priority: PriorityMix | None = None
 
 
+class FitRecord(_Strict):
+    """Where a fitted scenario came from, and the trace's own figures (``scenarios show``)."""
+
+    trace: str
+    format: str
+    requests: int = Field(ge=1)
+    percentiles: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="figure -> {pNN: value} measured on the trace."
+    )
+    fit: dict[str, str] = Field(default_factory=dict, description="figure -> how it was fitted.")
+
+
 class Scenario(_Strict):
     """A named, seeded traffic pattern and load shape."""
 
@@ -116,6 +132,10 @@ class Scenario(_Strict):
         default=None, description="priority value -> weight (sent as RequestSpec.priority)."
     )
     classes: list[TrafficClass] | None = Field(default=None, min_length=1)
+    source: TraceSource | None = Field(
+        default=None, description="Replay a trace file instead of the distributions."
+    )
+    fitted: FitRecord | None = Field(default=None, description="Set by `scenarios fit`.")
 
     turn_gap: int = Field(
         default=64, ge=2, le=100_000, description="Requests between two turns of a session."
@@ -126,6 +146,21 @@ class Scenario(_Strict):
     extra_body: dict[str, Any] = Field(
         default_factory=dict, description="Merged into every request body."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trace_defaults(cls, data: Any) -> Any:
+        # A trace sets lengths (and, when timed, arrivals): those fields become optional.
+        if not isinstance(data, dict) or not isinstance(data.get("source"), dict):
+            return data
+        fill: dict[str, Any] = {
+            "models": {DEFAULT_TRACE_MODEL: 1},
+            "prompt_tokens": {"type": "fixed", "value": 1},
+            "output_tokens": {"type": "fixed", "value": 1},
+        }
+        if data["source"].get("format") in TIMED:
+            fill["load"] = {"type": "rate", "rate": 1}
+        return {**{k: v for k, v in fill.items() if k not in data}, **data}
 
     @model_validator(mode="before")
     @classmethod
@@ -157,6 +192,8 @@ class Scenario(_Strict):
                 f"load: the {self.load.type} shape needs {need:g} s, more than duration_s "
                 f"({self.duration_s:g} s); lengthen duration_s or shorten the shape"
             )
+        if self.source is not None and self.classes is not None:
+            raise ValueError("source: a trace replay cannot also have classes")
         if self.classes is not None:
             names = [c.name for c in self.classes]
             dup = {n for n in names if names.count(n) > 1}

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from lbtune.errors import ConfigError
 from lbtune.scenario.models import Scenario
 from lbtune.scenario.shapes import Arrival, RampShape, RateShape, Segment, SpikeShape, StepsShape
+from lbtune.scenario.traces.replay import replay_of
 
 _ARRIVAL_TAG = 0xA1
 
@@ -132,6 +133,8 @@ def plan_load(
         raise ConfigError(f"--duration: must be > 0, got {duration_s}")
     if hold_until_s is not None and not hold_until_s > 0:
         raise ConfigError(f"--max-duration: must be > 0, got {hold_until_s}")
+    if scenario.source is not None and scenario.source.timed:
+        return _trace_plan(scenario, duration_s, users, rate, seed, hold_until_s)
     shape = scenario.load
     duration = scenario.duration_s if duration_s is None else float(duration_s)
     stretch = duration / scenario.duration_s
@@ -171,6 +174,47 @@ def plan_load(
         cv = shape.cv if arrival == "gamma" else None
     times = _arrivals(stages, duration, arrival, cv, scenario.seed if seed is None else seed)
     return LoadPlan("open", duration, stages, warmup, cooldown, times, arrival, cv)
+
+
+def default_duration(scenario: Scenario) -> float:
+    """The test length when none is given: a timed trace's replay span unless the
+    scenario sets ``duration_s`` itself, else ``duration_s``."""
+    src = scenario.source
+    if src is not None and src.timed and "duration_s" not in scenario.model_fields_set:
+        return replay_of(scenario).span_s
+    return scenario.duration_s
+
+
+def _trace_plan(
+    scenario: Scenario,
+    duration_s: float | None,
+    users: int | None,
+    rate: float | None,
+    seed: int | None,
+    hold_until_s: float | None,
+) -> LoadPlan:
+    """Open loop at the trace's own send times (see :mod:`.traces.replay`)."""
+    src = scenario.source
+    assert src is not None
+    if users is not None or rate is not None:
+        raise ConfigError(
+            f"a {src.format} trace sets its own arrivals: --users/--rate do not apply "
+            "(use speedup, rate_scale or limit in the source)"
+        )
+    if hold_until_s is not None:
+        raise ConfigError("--until-samples does not apply to a trace replay (use a longer window)")
+    replay = replay_of(scenario, seed)
+    duration = default_duration(scenario) if duration_s is None else float(duration_s)
+    warmup, cooldown = scenario.warmup_s, scenario.cooldown_s
+    if warmup + cooldown >= duration:
+        raise ConfigError(
+            f"trace replay of {duration:g} s: no measurement window left after warmup_s "
+            f"({warmup:g}) and cooldown_s ({cooldown:g})"
+        )
+    times = tuple(t for t in replay.offsets or () if t < duration)
+    label = f"trace {src.format} x{src.speedup:g}"
+    stage = Stage(0.0, duration, None, len(times) / duration, label)
+    return LoadPlan("open", duration, (stage,), warmup, cooldown, times, None, None)
 
 
 def _stage(seg: Segment, stretch: float, scale: float, mode: str) -> Stage:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
+from pathlib import Path
 from typing import Any
 
 from lbtune.scenario import draws
@@ -31,6 +32,8 @@ from lbtune.scenario.distributions import _Dist
 from lbtune.scenario.models import PrefixGroups, Scenario, Sessions, TrafficClass
 from lbtune.scenario.prompts import TextSynth
 from lbtune.scenario.request import Api, RequestSpec
+from lbtune.scenario.traces.lbtune_run import recorded_run
+from lbtune.scenario.traces.replay import TraceWorkload
 
 
 @dataclass(frozen=True)
@@ -313,6 +316,17 @@ class Workload:
 
 def build_workload(
     scenario: Scenario, seed: int | None = None, tokenizer_path: str | None = None
-) -> Workload:
-    """The deterministic request sequence of ``scenario`` (``seed`` overrides its seed)."""
-    return Workload(scenario, seed=seed, tokenizer_path=tokenizer_path)
+) -> Workload | TraceWorkload:
+    """The deterministic request sequence of ``scenario`` (``seed`` overrides its seed);
+    a trace replay when the scenario has a ``source``."""
+    src = scenario.source
+    if src is None:
+        return Workload(scenario, seed=seed, tokenizer_path=tokenizer_path)
+    recorded = None
+    if src.format == "lbtune":
+        run = recorded_run(Path(src.trace))
+        if run is not None:  # the recorded run's own requests, rebuilt exactly
+            doc, run_seed, tok = run
+            inner = Scenario.model_validate(doc)
+            recorded = build_workload(inner, run_seed, tok if tok is not None else tokenizer_path)
+    return TraceWorkload(scenario, seed=seed, tokenizer_path=tokenizer_path, recorded=recorded)

@@ -1,0 +1,74 @@
+"""Parse a trace file of a given format, once per process (cached by path, size and mtime)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+
+from lbtune.errors import ConfigError
+from lbtune.scenario.traces import azure, burstgpt, lbtune_run, mooncake, sharegpt
+from lbtune.scenario.traces.rows import TraceRow
+from lbtune.scenario.traces.spec import FORMATS
+
+PARSERS: dict[str, Callable[[Path, str], list[TraceRow]]] = {
+    "azure": azure.read,
+    "mooncake": mooncake.read,
+    "burstgpt": burstgpt.read,
+    "sharegpt": sharegpt.read,
+    "lbtune": lbtune_run.read,
+}
+_SUFFIX = {".parquet": "lbtune", ".jsonl": "mooncake", ".json": "sharegpt"}
+
+
+def guess_format(path: str | Path) -> str:
+    """The format a file most likely holds: by suffix, and for CSV by its header."""
+    p = Path(path)
+    if p.suffix in _SUFFIX:
+        return _SUFFIX[p.suffix]
+    if p.suffix == ".csv" and p.is_file():
+        with p.open(encoding="utf-8", errors="replace") as f:
+            head = f.readline()
+        if "ContextTokens" in head:
+            return "azure"
+        if "Request tokens" in head:
+            return "burstgpt"
+    raise ConfigError(
+        f"{p}: cannot tell the trace format; give one of {', '.join(FORMATS)} (--trace-format)"
+    )
+
+
+def digest(path: str | Path) -> str:
+    """SHA-256 of the file's bytes (pins the trace a run replays)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_trace(path: str | Path, fmt: str) -> tuple[TraceRow, ...]:
+    """Every request in ``path`` (a ``fmt`` trace), validated; ConfigError on the first bad row."""
+    if fmt not in PARSERS:
+        raise ConfigError(f"Unknown trace format '{fmt}'. Available: {', '.join(FORMATS)}")
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: no such trace file")
+    st = p.stat()
+    return _cached(str(p.resolve()), fmt, st.st_size, st.st_mtime_ns, str(path))
+
+
+@lru_cache(maxsize=8)
+def _cached(path: str, fmt: str, size: int, mtime: int, shown: str) -> tuple[TraceRow, ...]:
+    try:
+        rows = PARSERS[fmt](Path(path), shown)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{shown}: not UTF-8 text at byte {exc.start} (is it a {fmt} trace?)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot read ({exc.strerror})") from None
+    if not rows:
+        raise ConfigError(f"{shown}: the trace holds no requests")
+    return tuple(rows)

@@ -1,0 +1,95 @@
+"""One parsed trace request and the helpers every parser shares (errors name file, line, column)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lbtune.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRow:
+    """One request of a trace, as the file holds it.
+
+    ``t`` is seconds on the trace's own clock (``None``: untimed, ShareGPT); ``line`` the
+    1-based line (or record) number in the file, which also keys the synthesized text.
+    ``hash_ids``: Mooncake block hashes (shared leading blocks = shared prefix);
+    ``messages``: real texts ``(role, text)``, the last a user turn (ShareGPT);
+    ``replay``: index of the request in a recorded lbtune run (its own workload).
+    """
+
+    line: int
+    t: float | None
+    prompt_tokens: int
+    output_tokens: int
+    model: str | None = None
+    hash_ids: tuple[int, ...] | None = None
+    messages: tuple[tuple[str, str], ...] | None = None
+    session: int | None = None
+    turn: int = 0
+    replay: int | None = None
+    api: str | None = None
+    stream: bool | None = None
+    prefix_group: int | None = None
+
+
+def bad(path: str, line: int, column: str | None, what: str) -> ConfigError:
+    """``file:line: column 'c': what`` as a ConfigError."""
+    col = f" column {column!r}:" if column else ""
+    return ConfigError(f"{path}:{line}:{col} {what}")
+
+
+def as_int(path: str, line: int, column: str, raw: object, *, minimum: int = 0) -> int:
+    """A whole number >= ``minimum`` (``12``, ``"12"`` or ``12.0``), else a ConfigError."""
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        value = float(raw) if isinstance(raw, str | int | float) else math.nan
+        if not value.is_integer():
+            raise ValueError
+    except (TypeError, ValueError):
+        raise bad(path, line, column, f"expected a whole number, found {raw!r}") from None
+    if value < minimum:
+        raise bad(path, line, column, f"must be >= {minimum}, found {raw!r}")
+    return int(value)
+
+
+def as_float(path: str, line: int, column: str, raw: object) -> float:
+    """A finite number >= 0, else a ConfigError."""
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        value = float(raw) if isinstance(raw, str | int | float) else math.nan
+    except (TypeError, ValueError):
+        raise bad(path, line, column, f"expected a number, found {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise bad(path, line, column, f"expected a finite number >= 0, found {raw!r}")
+    return value
+
+
+class Monotonic:
+    """Checks that timestamps never go back (a sorted trace is what replay needs)."""
+
+    def __init__(self, path: str, column: str) -> None:
+        self.path, self.column = path, column
+        self.last: float | None = None
+
+    def check(self, line: int, t: float) -> None:
+        if self.last is not None and t < self.last:
+            raise bad(
+                self.path,
+                line,
+                self.column,
+                f"timestamps go back ({t:.6f} after {self.last:.6f}); sort the trace by time",
+            )
+        self.last = t
+
+
+def require_columns(path: str, header: list[str] | None, need: tuple[str, ...]) -> None:
+    """The CSV header holds every column in ``need``, else a ConfigError naming the missing."""
+    have = [h.strip() for h in header or []]
+    missing = [c for c in need if c not in have]
+    if missing:
+        found = ", ".join(have) if have else "no header"
+        raise bad(path, 1, missing[0], f"missing column (need {', '.join(need)}; found {found})")
