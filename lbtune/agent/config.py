@@ -30,7 +30,8 @@ __all__ = [
 
 
 class AgentConfig(BaseModel):
-    """Every knob of ``lbtune agent`` (the tunable ones are knobs of the HAProxy space)."""
+    """Every knob of ``lbtune agent`` (the tunable ones are ``agent.*`` knobs of a target's
+    space, e.g. HAProxy's)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -41,12 +42,12 @@ class AgentConfig(BaseModel):
     prometheus_url: str = Field(
         default="http://127.0.0.1:9490", description="Prometheus scraping the replicas."
     )
-    runtime_socket: str = Field(
-        default="/run/haproxy/admin.sock", description="HAProxy admin socket (level admin)."
-    )
-    backends: list[str] = Field(
-        default_factory=list,
-        description="HAProxy backends whose weights the agent owns; empty = every backend.",
+    state_dir: str | None = Field(
+        default=None,
+        description=(
+            "The lbtune state dir (endpoints.json) of the cluster whose balancer the agent "
+            "steers; its balancer must take live weights. Default: the running cluster."
+        ),
     )
     interval_s: float = Field(default=2.0, gt=0, le=3600, description="Seconds between steps.")
     metrics_port: int | None = Field(
@@ -58,7 +59,7 @@ class AgentConfig(BaseModel):
     replica_label: str = Field(
         default="replica",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-        description="Prometheus label naming the replica (= the HAProxy server name).",
+        description="Prometheus label naming the replica (= the balancer's server name).",
     )
     query_timeout_s: float = Field(default=2.0, gt=0, le=60)
     # score coefficients (source material: 0.5 / 0.3 / 0.2)
@@ -209,7 +210,7 @@ def read_agent_file(path: str | Path) -> dict[str, Any]:
 
 def write_agent_file(path: str | Path, settings: Mapping[str, Any]) -> None:
     """Check ``settings`` against :class:`AgentConfig` and write them atomically, nested
-    under ``agent:`` (what ``lbtune cluster up`` and the HAProxy target both write).
+    under ``agent:`` (what ``lbtune cluster up`` and a target's ``agent.*`` knobs both write).
 
     Raises :class:`ConfigError` naming the field when a setting is invalid.
     """

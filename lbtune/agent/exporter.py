@@ -2,13 +2,13 @@
 
 Served on ``127.0.0.1:<metrics_port>`` by a daemon thread. Metrics:
 
-* ``lbtune_agent_weight{backend,server}`` — the weight the agent last saw or set;
+* ``lbtune_agent_weight{server}`` — the weight the agent last saw or set, per replica;
 * ``lbtune_agent_score{replica}`` — the latest score (0..a+b+c);
 * ``lbtune_agent_input{replica,input}`` — raw inputs (``kv_usage``, ``waiting``,
   ``running``, ``ttft_p50_s``, ``ttft_p90_s``) and smoothed, normalised ones
   (``kv_norm``, ``latency_norm``, ``queue_norm``);
 * ``lbtune_agent_decisions_total{replica,reason}`` — one per reason per step;
-* ``lbtune_agent_errors_total{kind}`` — ``prometheus``, ``runtime``, ``series``, ``config``;
+* ``lbtune_agent_errors_total{kind}`` — ``prometheus``, ``balancer``, ``series``, ``config``;
 * ``lbtune_agent_iterations_total``, ``lbtune_agent_enabled``,
   ``lbtune_agent_last_success_timestamp_seconds`` (Unix time of the last full step).
 """
@@ -26,7 +26,7 @@ from lbtune.agent.scoring import Decision
 __all__ = ["AgentMetrics", "ExporterServer"]
 
 _HELP = {
-    "lbtune_agent_weight": ("gauge", "HAProxy weight the agent last saw or set."),
+    "lbtune_agent_weight": ("gauge", "Balancer weight the agent last saw or set."),
     "lbtune_agent_score": ("gauge", "Replica score a*(1-kv)+b*(1-latency)+c*(1-queue)."),
     "lbtune_agent_input": ("gauge", "Agent inputs per replica: raw and smoothed normalised."),
     "lbtune_agent_decisions_total": ("counter", "Decisions per replica and reason."),
@@ -77,12 +77,11 @@ class AgentMetrics:
         with self._lock:
             self._set("lbtune_agent_last_success_timestamp_seconds", (), at)
 
-    def weights(self, weights: Iterable[tuple[str, str, int]]) -> None:
-        """(backend, server, weight) of every managed server (replaces the old set)."""
+    def weights(self, weights: Iterable[tuple[str, int]]) -> None:
+        """(replica, weight) of every managed replica (replaces the old set); the label is
+        ``server``, the balancer's name for the replica."""
         with self._lock:
-            self._series["lbtune_agent_weight"] = {
-                (("backend", b), ("server", s)): float(w) for b, s, w in weights
-            }
+            self._series["lbtune_agent_weight"] = {(("server", r),): float(w) for r, w in weights}
 
     def decisions(self, decisions: Iterable[Decision]) -> None:
         with self._lock:

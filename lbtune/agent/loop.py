@@ -1,16 +1,20 @@
 """The feedback loop: read inputs, score, push the changed weights, export, repeat.
 
+The agent drives any balancer that takes live weights through a :class:`WeightActuator`
+(what a registry entry's ``Balancer.weights(endpoints)`` returns: the CLI builds it from
+the cluster named by ``state_dir``; tests pass one in). It names no balancer.
+
 One step (:meth:`Agent.step`):
 
-1. ``show servers state`` on HAProxy's runtime socket: which servers exist (server
-   name = replica name, one row per backend it is in) and their live weights;
+1. the live weights per replica from the actuator (which replicas exist, and their
+   weights);
 2. per-replica inputs from Prometheus (:mod:`lbtune.agent.source`);
 3. :func:`lbtune.agent.scoring.step` (pure) → one decision per replica;
-4. the weights that differ from the live ones, in one batched runtime connection
-   (skipped when ``enabled`` is false or in a dry run); changes logged at INFO.
+4. the weights that differ from the live ones, in one call to the actuator (skipped
+   when ``enabled`` is false or in a dry run); changes logged at INFO.
 
-Resilience: when Prometheus, the runtime socket or a replica's series is missing, the
-step changes nothing (HAProxy keeps the last weights; a replica without series keeps
+Resilience: when Prometheus, the balancer or a replica's series is missing, the
+step changes nothing (the balancer keeps the last weights; a replica without series keeps
 its own), the problem is logged once at WARNING, counted in
 ``lbtune_agent_errors_total{kind}`` every time, retried every interval, and its end
 is logged once at INFO. :func:`run` never raises for these; it stops on ``stop_event``
@@ -27,19 +31,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from lbtune.agent import scoring
 from lbtune.agent.config import AgentConfig, load_agent_config
 from lbtune.agent.exporter import AgentMetrics, ExporterServer
-from lbtune.agent.source import InputSource, PrometheusSource, server_map
+from lbtune.agent.source import InputSource, PrometheusSource
 from lbtune.errors import ConfigError, TargetError
-from lbtune.targets.haproxy.runtime import HaproxyRuntime
 
 __all__ = [
     "Agent",
     "AgentThread",
+    "Connect",
     "StepResult",
+    "WeightActuator",
     "install_signal_handlers",
     "run",
     "run_agent",
@@ -48,16 +53,30 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+class WeightActuator(Protocol):
+    """Per-replica live weights (``lbtune.targets.base.LiveWeights``, by shape)."""
+
+    max_weight: int
+
+    def weights(self) -> dict[str, int]: ...
+
+    def set_weights(self, weights: Mapping[str, int]) -> None: ...
+
+
+Connect = Callable[[AgentConfig], WeightActuator]
+"""Builds the actuator for a config (again after a reload that changes ``state_dir``);
+TargetError while the balancer cannot be reached."""
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one step did."""
 
     ok: bool
-    """False when Prometheus or the runtime socket failed (nothing was changed)."""
+    """False when Prometheus or the balancer failed (nothing was changed)."""
     decisions: list[scoring.Decision] = field(default_factory=list)
-    pushed: dict[tuple[str, str], int] = field(default_factory=dict)
-    """(backend, server) → weight sent to HAProxy in this step."""
-    servers: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    pushed: dict[str, int] = field(default_factory=dict)
+    """replica → weight sent to the balancer in this step."""
     error: str | None = None
 
 
@@ -87,7 +106,8 @@ class Agent:
         overrides: Mapping[str, Any] | None = None,
         defaults: Mapping[str, Any] | None = None,
         source: InputSource | None = None,
-        runtime: HaproxyRuntime | None = None,
+        weights: WeightActuator | None = None,
+        connect: Connect | None = None,
         metrics: AgentMetrics | None = None,
         dry_run: bool = False,
         clock: Callable[[], float] = time.time,
@@ -96,10 +116,12 @@ class Agent:
         self.config_path = config_path
         self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         self.defaults = dict(defaults or {})
+        if weights is None and connect is None:
+            raise ValueError("Agent needs weights (an actuator) or connect (to build one)")
         self._own_source = source is None
-        self._own_runtime = runtime is None
         self.source: InputSource = source or PrometheusSource(config)
-        self.runtime = runtime or HaproxyRuntime(config.runtime_socket, config.query_timeout_s)
+        self._connect = connect
+        self.actuator: WeightActuator | None = weights
         self.metrics = metrics or AgentMetrics()
         self.dry_run = dry_run
         self.clock = clock
@@ -107,7 +129,7 @@ class Agent:
         self.metrics_url: str | None = None
         """Where :func:`run_agent` serves /metrics while it runs."""
         self.down: dict[str, str] = {}
-        """Problem key (``prometheus``, ``runtime``, ``runtime:set``, ``series:<replica>``)
+        """Problem key (``prometheus``, ``balancer``, ``balancer:set``, ``series:<replica>``)
         → its message; each is logged when it starts and when it ends, not in between."""
 
     # -- log once -----------------------------------------------------------------------
@@ -132,26 +154,24 @@ class Agent:
         cfg = self.config
         self.metrics.iteration(cfg.enabled and not self.dry_run)
         try:
-            states = [
-                s
-                for s in self.runtime.servers_state()
-                if not cfg.backends or s.backend in cfg.backends
-            ]
+            if self.actuator is None:
+                assert self._connect is not None
+                self.actuator = self._connect(cfg)
+            actuator = self.actuator
+            live = actuator.weights()
         except TargetError as exc:
-            self._fail("runtime", str(exc))
-            return StepResult(ok=False, error="runtime")
-        self._ok("runtime", f"HAProxy runtime socket {self.runtime.socket_path} answers again")
-        servers = server_map(states)
-        live = {(s.backend, s.server): s.weight for s in states}
-        current = {r: max(live[k] for k in keys) for r, keys in servers.items()}
+            self._fail("balancer", str(exc))
+            return StepResult(ok=False, error="balancer")
+        self._ok("balancer", "the balancer answers again")
+        current = dict(live)
 
         try:
             inputs = self.source.read()
         except TargetError as exc:
             self._fail("prometheus", str(exc))
-            return StepResult(ok=False, servers=servers, error="prometheus")
+            return StepResult(ok=False, error="prometheus")
         self._ok("prometheus", f"Prometheus at {cfg.prometheus_url} answers again")
-        for r in sorted(servers):
+        for r in sorted(current):
             if r in inputs:
                 self._ok(f"series:{r}", f"replica {r} has metrics in Prometheus again")
             else:
@@ -163,30 +183,30 @@ class Agent:
 
         self.state, decisions = scoring.step(cfg, self.state, inputs, current)
         pushed = {
-            key: d.weight for d in decisions for key in servers[d.replica] if live[key] != d.weight
+            d.replica: min(d.weight, actuator.max_weight)
+            for d in decisions
+            if live.get(d.replica) != min(d.weight, actuator.max_weight)
         }
         apply = cfg.enabled and not self.dry_run
         if pushed and apply:
             try:
-                self.runtime.set_weights(pushed)
+                actuator.set_weights(pushed)
             except TargetError as exc:
-                # A refusal (e.g. a static algorithm) while `show servers state` works:
+                # A refusal (e.g. HAProxy with a static algorithm) while reading works:
                 # its own key, so that it is logged once and not "recovered" every step.
-                self._fail("runtime:set", str(exc))
-                return StepResult(ok=False, decisions=decisions, servers=servers, error="runtime")
-            self._ok("runtime:set", "HAProxy accepts the weights again")
+                self._fail("balancer:set", str(exc))
+                return StepResult(ok=False, decisions=decisions, error="balancer")
+            self._ok("balancer:set", "the balancer accepts the weights again")
         for d in decisions:
             if d.changed:
                 log.info("%s%s", "" if apply else "[not applied] ", _describe(d))
             else:
                 log.debug("%s", _describe(d))
         final = {**live, **pushed} if apply else live
-        self.metrics.weights((b, s, w) for (b, s), w in sorted(final.items()))
+        self.metrics.weights(sorted(final.items()))
         self.metrics.decisions(decisions)
         self.metrics.success(self.clock())
-        return StepResult(
-            ok=True, decisions=decisions, pushed=pushed if apply else {}, servers=servers
-        )
+        return StepResult(ok=True, decisions=decisions, pushed=pushed if apply else {})
 
     # -- reload -------------------------------------------------------------------------
 
@@ -211,8 +231,8 @@ class Agent:
             self.source = PrometheusSource(new)
         elif isinstance(self.source, PrometheusSource):
             self.source.cfg = new
-        if self._own_runtime and new.runtime_socket != old.runtime_socket:
-            self.runtime = HaproxyRuntime(new.runtime_socket, new.query_timeout_s)
+        if self._connect is not None and new.state_dir != old.state_dir:
+            self.actuator = None  # the next step connects to the new cluster's balancer
         log.info(
             "config reloaded from %s: %s%s",
             self.config_path,
@@ -248,7 +268,8 @@ def run(
     """Run the loop until ``stop_event`` is set or ``max_iterations`` steps ran.
 
     ``agent_kwargs`` go to :class:`Agent` (``config_path``, ``overrides``, ``defaults``,
-    ``source``, ``runtime``, ``metrics``, ``dry_run``). Raises only for a busy metrics port.
+    ``source``, ``weights`` or ``connect``, ``metrics``, ``dry_run``). Raises only for a
+    busy metrics port.
     """
     agent = Agent(config, **agent_kwargs)
     run_agent(agent, stop_event, max_iterations, reload_event=reload_event, on_step=on_step)
@@ -269,10 +290,10 @@ def run_agent(
     exporter = _start_exporter(agent.metrics, config.metrics_port)
     agent.metrics_url = exporter.url if exporter is not None else None
     log.info(
-        "agent started: every %gs, Prometheus %s, HAProxy %s%s",
+        "agent started: every %gs, Prometheus %s, the balancer of %s%s",
         config.interval_s,
         config.prometheus_url,
-        config.runtime_socket,
+        config.state_dir or "the running cluster",
         "" if config.enabled else " (observe only: enabled=false)",
     )
     done = 0

@@ -1,4 +1,4 @@
-"""Where the agent's inputs come from: Prometheus (replica load) and HAProxy (servers).
+"""Where the agent's inputs come from: Prometheus (replica load).
 
 Per replica (grouped by the ``replica`` target label the cluster's scrape config sets):
 
@@ -7,23 +7,20 @@ Per replica (grouped by the ``replica`` target label the cluster's scrape config
 * ``histogram_quantile(q, sum by (replica, le) (rate(vllm:time_to_first_token_seconds_bucket[W])))``
   for q = 0.5 and 0.9 — recent TTFT; NaN (no first token in the window) reads as ``None``.
 
-A replica is the HAProxy server of the same name, in every backend that has one (one per
-model it serves, plus the catch-all): :func:`server_map` reads that mapping from the
-runtime API's ``show servers state`` on every step, so a reload or a new replica is seen.
+Which replicas exist comes from the balancer's live weights on every step (a replica is
+the balancer's server of the same name), so a reload or a new replica is seen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Protocol
 
 from lbtune.agent.config import AgentConfig
 from lbtune.agent.scoring import ReplicaInputs
 from lbtune.metrics import promql
 from lbtune.metrics.prom import PromClient, Sample
-from lbtune.targets.haproxy.runtime import ServerState
 
-__all__ = ["InputSource", "PrometheusSource", "queries", "server_map"]
+__all__ = ["InputSource", "PrometheusSource", "queries"]
 
 
 class InputSource(Protocol):
@@ -77,16 +74,3 @@ class PrometheusSource:
     def read(self) -> dict[str, ReplicaInputs]:
         results = {name: self.client.query(q) for name, q in queries(self.cfg).items()}
         return combine(results, self.cfg.replica_label)
-
-
-def server_map(
-    states: Iterable[ServerState], backends: Iterable[str] = ()
-) -> dict[str, list[tuple[str, str]]]:
-    """Replica (server name) → its (backend, server) pairs, in the given backends (all if
-    none are given)."""
-    only = set(backends)
-    out: dict[str, list[tuple[str, str]]] = {}
-    for s in states:
-        if not only or s.backend in only:
-            out.setdefault(s.server, []).append((s.backend, s.server))
-    return out

@@ -1,8 +1,9 @@
-"""`lbtune agent run` — the LLM-aware feedback agent that sets HAProxy weights live.
+"""`lbtune agent run` — the LLM-aware feedback agent that sets a balancer's weights live.
 
 Thin: parse flags, build the config (defaults < running cluster's endpoints < --config
-file < flags), call :mod:`lbtune.agent.loop`, render. The library is imported inside the
-command so that ``lbtune --help`` stays fast.
+file < flags), hand the agent its actuator (:func:`connect`: the registry entry of the
+cluster's balancer), call :mod:`lbtune.agent.loop`, render. The library is imported inside
+the command so that ``lbtune --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -15,20 +16,41 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
+    from lbtune.agent.config import AgentConfig
     from lbtune.agent.loop import StepResult
+    from lbtune.targets.base import LiveWeights
 
 app = typer.Typer(
     help=(
         "The feedback agent: every interval, score each replica from Prometheus (KV-cache "
-        "usage, waiting queue, recent TTFT) and set HAProxy weights through the runtime API, "
+        "usage, waiting queue, recent TTFT) and set the balancer's weights live (HAProxy: its "
+        "runtime API), "
         "with guard rails (min weight, max step, drain on full KV cache, never all at zero)."
     ),
     no_args_is_help=True,
 )
 
 
+def connect(cfg: AgentConfig) -> LiveWeights:
+    """The live weights of the balancer of the cluster in ``cfg.state_dir`` (else the
+    running cluster), through its registry entry."""
+    from lbtune.cluster.api import find_state_dir
+    from lbtune.cluster.state import StatePaths, read_endpoints
+    from lbtune.errors import TargetError
+    from lbtune.targets import balancer
+
+    paths = StatePaths(find_state_dir(cfg.state_dir))
+    ep = read_endpoints(paths)
+    if ep is None:
+        raise TargetError(
+            f"No running cluster in {paths.root} (no endpoints.json): the agent steers the "
+            "balancer of an lbtune cluster (`lbtune cluster up`, or --state-dir)"
+        )
+    return balancer(ep.balancer).weights(ep)
+
+
 def _cluster_defaults(state_dir: Path | None) -> dict[str, Any]:
-    """Prometheus URL and runtime socket of the running embedded cluster, if there is one."""
+    """Prometheus URL and state dir of the running embedded cluster, if there is one."""
     from lbtune.cluster.api import find_state_dir
     from lbtune.cluster.state import StatePaths, read_endpoints
     from lbtune.errors import ClusterError
@@ -40,10 +62,7 @@ def _cluster_defaults(state_dir: Path | None) -> dict[str, Any]:
         return {}
     if ep is None:
         return {}
-    return {
-        "prometheus_url": ep.prometheus_url,
-        "runtime_socket": ep.balancer_details.get("runtime_socket", ""),
-    }
+    return {"prometheus_url": ep.prometheus_url, "state_dir": ep.state_dir}
 
 
 def _rows(result: StepResult) -> list[dict[str, Any]]:
@@ -53,7 +72,6 @@ def _rows(result: StepResult) -> list[dict[str, Any]]:
         rows.append(
             {
                 "replica": d.replica,
-                "servers": [f"{b}/{s}" for b, s in result.servers.get(d.replica, [])],
                 "previous": d.previous,
                 "weight": d.weight,
                 "target": d.target,
@@ -108,10 +126,6 @@ def run(
         str | None,
         typer.Option("--prometheus", help="Prometheus URL. Default: the running cluster's."),
     ] = None,
-    socket: Annotated[
-        str | None,
-        typer.Option("--socket", help="HAProxy admin socket. Default: the running cluster's."),
-    ] = None,
     interval: Annotated[
         float | None, typer.Option("--interval", help="Seconds between steps (default 2).")
     ] = None,
@@ -121,7 +135,10 @@ def run(
     ] = None,
     state_dir: Annotated[
         Path | None,
-        typer.Option("--state-dir", help="Embedded cluster state dir to take the defaults from."),
+        typer.Option(
+            "--state-dir",
+            help="The lbtune cluster whose balancer to steer (default: the running one).",
+        ),
     ] = None,
     once: Annotated[
         bool, typer.Option("--once", help="One step: print the decision table and exit.")
@@ -145,15 +162,15 @@ def run(
         raise typer.BadParameter("--json goes with --once", param_hint="--json")
     overrides: dict[str, Any] = {
         "prometheus_url": prometheus,
-        "runtime_socket": socket,
+        "state_dir": str(state_dir) if state_dir is not None else None,
         "interval_s": interval,
         "metrics_port": port,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    defaults = {} if prometheus and socket else _cluster_defaults(state_dir)
+    defaults = _cluster_defaults(state_dir)
     cfg = load_agent_config(config, overrides, defaults)
     if once:
-        agent = Agent(cfg, dry_run=dry_run)
+        agent = Agent(cfg, connect=connect, dry_run=dry_run)
         result = agent.step()
         if not result.ok:
             raise TargetError(next(iter(agent.down.values()), f"step failed ({result.error})"))
@@ -176,5 +193,6 @@ def run(
         config_path=config,
         overrides=overrides,
         defaults=defaults,
+        connect=connect,
         dry_run=dry_run,
     )

@@ -1,11 +1,13 @@
 """The feedback agent as a component of the embedded cluster (``agent.enabled`` in its YAML).
 
 ``up`` writes ``<state>/agent.yaml`` (:func:`settings`: the cluster's Prometheus and
-runtime socket, ``ports.agent`` for the agent's ``/metrics``, a 1 s interval, a TTFT
-ceiling scaled by the time scale, then the YAML's ``agent.settings``), and once HAProxy
-and Prometheus are ready starts ``python -m lbtune agent run --config <state>/agent.yaml``
-like any other component (``agent.pid``, ``logs/agent.log``, identity-checked stops).
-The HAProxy target's ``agent.*`` knobs rewrite the same file and SIGHUP the same PID.
+state dir — the agent steers that cluster's balancer through its registry entry's live
+weights —, ``ports.agent`` for the agent's ``/metrics``, a 1 s interval, a TTFT
+ceiling scaled by the time scale, then the YAML's ``agent.settings``), and once the
+balancer and Prometheus are ready starts ``python -m lbtune agent run --config
+<state>/agent.yaml`` like any other component (``agent.pid``, ``logs/agent.log``,
+identity-checked stops). A target's ``agent.*`` knobs (HAProxy's) rewrite the same file
+and SIGHUP the same PID.
 While the agent runs with ``enabled: true`` it owns the per-server weights.
 """
 
@@ -31,12 +33,12 @@ TTFT_CEILING_S = 1.0
 """AgentConfig's default ceiling in the replicas' own seconds; divided by the time scale."""
 
 
-def settings(cluster: ResolvedCluster, ep: Endpoints) -> dict[str, Any]:
+def settings(cluster: ResolvedCluster, paths: StatePaths) -> dict[str, Any]:
     """The contents of ``agent.yaml``: the cluster's wiring, then ``agent.settings``."""
     cfg = cluster.config
     out: dict[str, Any] = {
         "prometheus_url": f"http://{LOOPBACK}:{cluster.ports.prometheus}",
-        "runtime_socket": ep.balancer_details.get("runtime_socket", ""),
+        "state_dir": str(paths.root),
         "metrics_port": cluster.ports.agent,
         "interval_s": INTERVAL_S,
         # The sim reports times divided by its time scale: so must the ceiling be.
@@ -46,9 +48,9 @@ def settings(cluster: ResolvedCluster, ep: Endpoints) -> dict[str, Any]:
     return out
 
 
-def write_config(cluster: ResolvedCluster, paths: StatePaths, ep: Endpoints) -> None:
+def write_config(cluster: ResolvedCluster, paths: StatePaths) -> None:
     try:
-        write_agent_file(paths.agent_config, settings(cluster, ep))
+        write_agent_file(paths.agent_config, settings(cluster, paths))
     except ConfigError as exc:  # e.g. settings that clash with the cluster's defaults
         raise ConfigError(f"cluster {cluster.config.name!r}: agent.settings: {exc}") from None
 

@@ -339,7 +339,7 @@ def _start_all(
     write_endpoints(paths, ep)
     if ep.agent_config is not None:
         _say(progress, "starting the feedback agent")
-        agent.write_config(cluster, paths, ep)
+        agent.write_config(cluster, paths)
         started.append(agent.start(paths))
         agent.wait_ready(ep, list(started))
     return ep

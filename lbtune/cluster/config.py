@@ -190,7 +190,7 @@ class ExternalReplica(BaseModel):
 
 AGENT_RESERVED = {
     "prometheus_url": "the cluster's Prometheus",
-    "runtime_socket": "the cluster's balancer",
+    "state_dir": "the cluster's state dir: the agent steers this cluster's balancer",
     "metrics_port": "ports.agent",
 }
 """AgentConfig fields the cluster sets itself (and what sets them)."""

@@ -39,12 +39,12 @@ def test_json_needs_once() -> None:
     assert result.exit_code == 2 and "--json goes with --once" in result.output
 
 
-def test_a_missing_socket_is_a_target_error(tmp_path: Path) -> None:
-    args = ["agent", "run", "--once", "--socket", str(tmp_path / "no.sock")]
+def test_no_cluster_to_steer_is_a_target_error(tmp_path: Path) -> None:
+    args = ["agent", "run", "--once", "--state-dir", str(tmp_path)]
     args += ["--prometheus", "http://127.0.0.1:9"]
     result = CliRunner().invoke(cli(), args)
     assert isinstance(result.exception, TargetError)
-    assert "does not exist" in str(result.exception)
+    assert f"No running cluster in {tmp_path}" in str(result.exception)
 
 
 def test_an_unknown_config_field_is_a_config_error(tmp_path: Path) -> None:
@@ -90,12 +90,12 @@ def test_precedence_defaults_file_flags(tmp_path: Path) -> None:
     path.write_text('{"agent": {"interval_s": 5, "prometheus_url": "http://file:1"}}')
     cfg = load_agent_config(
         path,
-        overrides={"interval_s": 0.5, "runtime_socket": None},
-        defaults={"prometheus_url": "http://cluster:1", "runtime_socket": "/cluster.sock"},
+        overrides={"interval_s": 0.5, "state_dir": None},
+        defaults={"prometheus_url": "http://cluster:1", "state_dir": "/cluster"},
     )
-    assert (cfg.interval_s, cfg.prometheus_url, cfg.runtime_socket) == (
+    assert (cfg.interval_s, cfg.prometheus_url, cfg.state_dir) == (
         0.5,
         "http://file:1",
-        "/cluster.sock",
+        "/cluster",
     )
     assert (cfg.a, cfg.b, cfg.c, cfg.z_threshold) == (0.5, 0.3, 0.2, 3.5)

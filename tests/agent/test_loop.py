@@ -1,4 +1,5 @@
-"""The agent loop against a real HAProxy: pushes, resilience (log once), reload, exporter."""
+"""The agent loop against a real HAProxy (through the HAProxy target's live weights):
+pushes, resilience (log once), reload, exporter."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from lbtune.agent.exporter import AgentMetrics
 from lbtune.agent.loop import Agent, AgentThread, run
 from lbtune.agent.scoring import ReplicaInputs
 from lbtune.metrics.prom import PrometheusUnreachable
+from lbtune.targets.haproxy.balancer import HaproxyWeights
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
 from tests.targets.haproxy_fixture import free_port, needs_haproxy, running_haproxy
 
@@ -45,9 +47,12 @@ def sock(tmp_path: Path) -> Iterator[str]:
         yield str(s)
 
 
-def cfg(sock: str, **kw: object) -> AgentConfig:
+def hap(sock: str) -> HaproxyWeights:
+    return HaproxyWeights(HaproxyRuntime(sock, timeout_s=1.0))
+
+
+def cfg(**kw: object) -> AgentConfig:
     base: dict[str, object] = {
-        "runtime_socket": sock,
         "prometheus_url": f"http://127.0.0.1:{free_port()}",  # closed port
         "interval_s": 0.05,
         "metrics_port": None,
@@ -71,7 +76,7 @@ def test_prometheus_down_holds_weights_and_logs_once(
     before = weights(sock)
     metrics = AgentMetrics()
     results = []
-    run(cfg(sock), max_iterations=4, metrics=metrics, on_step=results.append)
+    run(cfg(), max_iterations=4, weights=hap(sock), metrics=metrics, on_step=results.append)
     assert [r.ok for r in results] == [False] * 4
     assert weights(sock) == before
     unreachable = agent_records(caplog, "unreachable")
@@ -87,17 +92,17 @@ def test_recovery_is_logged_once_and_weights_follow_the_scores(
     caplog.set_level(logging.INFO, logger="lbtune.agent")
     source = FakeSource({"fast": IDLE, "slow": SLOW})
     source.down = True
-    agent = Agent(cfg(sock), source=source)
+    agent = Agent(cfg(), source=source, weights=hap(sock))
     assert not agent.step().ok and not agent.step().ok
     source.down = False
     first = agent.step()
     assert first.ok
     # the slow replica's target is 30, the step limit takes it 100 → 68, in every backend
-    assert first.pushed == {("all", "slow"): 68, ("model_8b", "slow"): 68}
-    assert weights(sock)[("model_8b", "slow")] == 68
+    assert first.pushed == {"slow": 68}
+    assert weights(sock)[("all", "slow")] == weights(sock)[("model_8b", "slow")] == 68
     assert weights(sock)[("model_70b", "fast")] == 100
-    assert agent.step().pushed == {("all", "slow"): 36, ("model_8b", "slow"): 36}
-    assert agent.step().pushed == {("all", "slow"): 30, ("model_8b", "slow"): 30}
+    assert agent.step().pushed == {"slow": 36}
+    assert agent.step().pushed == {"slow": 30}
     assert agent.step().pushed == {}  # only changed weights are pushed
     assert len(agent_records(caplog, "unreachable")) == 1
     assert len(agent_records(caplog, "answers again")) == 1
@@ -106,19 +111,20 @@ def test_recovery_is_logged_once_and_weights_follow_the_scores(
     assert "100 → 68" in changes[0].message and "max_step" in changes[0].message
 
 
-def test_runtime_socket_missing_is_logged_once(
+def test_a_balancer_that_does_not_answer_is_logged_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="lbtune.agent")
     source = FakeSource({"fast": IDLE})
     results = []
     run(
-        cfg(str(tmp_path / "gone.sock")),
+        cfg(),
         max_iterations=3,
         source=source,
+        weights=hap(str(tmp_path / "gone.sock")),
         on_step=results.append,
     )
-    assert [r.error for r in results] == ["runtime"] * 3
+    assert [r.error for r in results] == ["balancer"] * 3
     assert len(agent_records(caplog, "does not exist")) == 1
 
 
@@ -128,7 +134,7 @@ def test_a_replica_without_series_keeps_its_weight_logged_once(
     caplog.set_level(logging.INFO, logger="lbtune.agent")
     HaproxyRuntime(sock).set_weights({("all", "slow"): 40, ("model_8b", "slow"): 40})
     source = FakeSource({"fast": IDLE})
-    agent = Agent(cfg(sock), source=source)
+    agent = Agent(cfg(), source=source, weights=hap(sock))
     for _ in range(3):
         result = agent.step()
         assert result.ok and result.pushed == {}
@@ -136,27 +142,27 @@ def test_a_replica_without_series_keeps_its_weight_logged_once(
     assert len(agent_records(caplog, "replica slow has no")) == 1
     assert agent.metrics.value("lbtune_agent_errors_total", kind="series") == 3
     source.inputs["slow"] = IDLE
-    assert agent.step().pushed == {("all", "slow"): 72, ("model_8b", "slow"): 72}
+    assert agent.step().pushed == {"slow": 72}
     assert len(agent_records(caplog, "replica slow has metrics")) == 1
 
 
 def test_a_refused_push_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="lbtune.agent")
-    with running_haproxy(tmp_path, {"dyn": ["fast"]}, static={"fixed": ["slow"]}) as s:
-        agent = Agent(cfg(str(s)), source=FakeSource({"fast": IDLE, "slow": SLOW}))
+    with running_haproxy(tmp_path, {"all": ["fast", "slow"]}, static={"fixed": ["slow"]}) as s:
+        agent = Agent(cfg(), source=FakeSource({"fast": IDLE, "slow": SLOW}), weights=hap(str(s)))
         results = [agent.step() for _ in range(3)]
-    assert [r.error for r in results] == ["runtime"] * 3
+    assert [r.error for r in results] == ["balancer"] * 3
     refused = agent_records(caplog, "static LB algorithm")
     assert len(refused) == 1 and "fixed/slow" in refused[0].message
     assert not agent_records(caplog, "answers again")
-    assert agent.metrics.value("lbtune_agent_errors_total", kind="runtime") == 3
+    assert agent.metrics.value("lbtune_agent_errors_total", kind="balancer") == 3
 
 
 def test_observe_only_and_dry_run_push_nothing(sock: str) -> None:
     source = FakeSource({"fast": IDLE, "slow": SLOW})
     for agent in (
-        Agent(cfg(sock, enabled=False), source=source),
-        Agent(cfg(sock), source=source, dry_run=True),
+        Agent(cfg(enabled=False), source=source, weights=hap(sock)),
+        Agent(cfg(), source=source, weights=hap(sock), dry_run=True),
     ):
         result = agent.step()
         assert result.ok and result.pushed == {}
@@ -164,35 +170,30 @@ def test_observe_only_and_dry_run_push_nothing(sock: str) -> None:
     assert set(weights(sock).values()) == {100}
 
 
-def test_backends_limit_what_the_agent_owns(sock: str) -> None:
-    source = FakeSource({"fast": IDLE, "slow": SLOW})
-    result = Agent(cfg(sock, backends=["model_8b"]), source=source).step()
-    assert result.pushed == {("model_8b", "slow"): 68}
-    assert weights(sock)[("all", "slow")] == 100
-
-
 def test_sighup_style_reload(sock: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="lbtune.agent")
     path = tmp_path / "agent.yaml"
     path.write_text("max_step: 10\ninterval_s: 0.05\n")
     source = FakeSource({"fast": IDLE, "slow": SLOW})
-    base = cfg(sock, max_step=10)
-    agent = Agent(base, config_path=path, overrides={"runtime_socket": sock}, source=source)
-    assert agent.step().pushed[("all", "slow")] == 90
-    path.write_text("max_step: 50\nruntime_socket: /nowhere.sock\n")
+    base = cfg(max_step=10)
+    agent = Agent(
+        base, config_path=path, overrides={"interval_s": 0.05}, source=source, weights=hap(sock)
+    )
+    assert agent.step().pushed["slow"] == 90
+    path.write_text("max_step: 50\ninterval_s: 5\n")
     assert agent.reload()
-    assert agent.config.max_step == 50 and agent.config.runtime_socket == sock  # flag pinned
-    assert agent.step().pushed[("all", "slow")] == 40
+    assert agent.config.max_step == 50 and agent.config.interval_s == 0.05  # flag pinned
+    assert agent.step().pushed["slow"] == 40
     path.write_text("max_stepp: 5\n")
     assert not agent.reload()
     assert agent.config.max_step == 50
     assert len(agent_records(caplog, "max_stepp: unknown field")) == 1
-    assert len(agent_records(caplog, "pinned by flags: runtime_socket")) == 1
+    assert len(agent_records(caplog, "pinned by flags: interval_s")) == 1
 
 
 def test_exporter_serves_the_agent_metrics(sock: str) -> None:
     source = FakeSource({"fast": IDLE, "slow": SLOW})
-    with AgentThread(cfg(sock, metrics_port=0, interval_s=0.05), source=source) as t:
+    with AgentThread(cfg(metrics_port=0), source=source, weights=hap(sock)) as t:
         assert t.wait_steps(2)
         url = t.agent.metrics_url
         assert url is not None and url.startswith("http://127.0.0.1:")
@@ -201,7 +202,7 @@ def test_exporter_serves_the_agent_metrics(sock: str) -> None:
             assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             text = resp.read().decode()
     assert t.error is None
-    assert 'lbtune_agent_weight{backend="model_8b",server="slow"} ' in text
+    assert 'lbtune_agent_weight{server="slow"} ' in text
     assert 'lbtune_agent_score{replica="slow"} 0.3' in text
     assert 'lbtune_agent_input{replica="slow",input="kv_usage"} 0.6' in text
     assert 'lbtune_agent_input{replica="slow",input="latency_norm"} 1' in text

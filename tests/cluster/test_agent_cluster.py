@@ -18,12 +18,12 @@ import pytest
 from prometheus_api_client import PrometheusConnect
 
 from lbtune.agent.config import AgentConfig, read_agent_file
-from lbtune.agent.verify import slowdown_check
 from lbtune.apply import apply_params
 from lbtune.cluster import api, supervisor
 from lbtune.cluster.config import load_config
 from lbtune.cluster.state import Endpoints, StatePaths
 from lbtune.targets.base import RejectedBeforeApply
+from lbtune.targets.haproxy.agent_check import slowdown_check
 from lbtune.targets.haproxy.target import HaproxyTarget
 from tests.cluster.conftest import alive, needs_binaries, started_pids
 
@@ -60,7 +60,7 @@ def test_the_agent_runs_after_haproxy_and_prometheus_and_is_scraped(cluster: End
     # started last: after HAProxy and Prometheus were ready
     assert max(components, key=lambda n: _started(components[n].pid)) == "agent"
     settings = read_agent_file(cluster.agent_config)
-    assert settings["runtime_socket"] == cluster.balancer_details["runtime_socket"]
+    assert settings["state_dir"] == cluster.state_dir
     assert settings["prometheus_url"] == cluster.prometheus_url
     assert f":{settings['metrics_port']}/" in cluster.agent_metrics_url
     prom = PrometheusConnect(cluster.prometheus_url, disable_ssl=True)

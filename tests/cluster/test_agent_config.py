@@ -52,11 +52,11 @@ def test_agent_presets_enable_it_with_latency_led_coefficients() -> None:
         ("agent: {enabld: true}\n", "agent.enabld: Extra inputs are not permitted"),
         (
             "agent: {enabled: true, settings: {coef_a: 1}}\n",
-            "agent.settings: coef_a: unknown agent setting. Known: enabled, backends,",
+            "agent.settings: coef_a: unknown agent setting. Known: enabled, interval_s,",
         ),
         (
-            "agent: {enabled: true, settings: {runtime_socket: /x.sock}}\n",
-            "agent.settings: runtime_socket: set by the cluster",
+            "agent: {enabled: true, settings: {state_dir: /x}}\n",
+            "agent.settings: state_dir: set by the cluster",
         ),
         (
             "agent: {enabled: true, settings: {metrics_port: 1}}\n",
@@ -90,11 +90,11 @@ def test_agent_yaml_has_the_clusters_wiring_a_scaled_ceiling_and_the_settings(
     paths = StatePaths(tmp_path)
     body = "name: x\ntime_scale: 4\nports: auto\nagent: {enabled: true, settings: {b: 0.6}}\n"
     cluster = resolve(load_config(write(tmp_path, body + REPLICAS))[0])
-    agent.write_config(cluster, paths, fake_endpoints(tmp_path))
+    agent.write_config(cluster, paths)
     doc = read_agent_file(paths.agent_config)
     assert doc == {
         "prometheus_url": f"http://127.0.0.1:{cluster.ports.prometheus}",
-        "runtime_socket": str(tmp_path / "haproxy.sock"),
+        "state_dir": str(tmp_path),
         "metrics_port": cluster.ports.agent,
         "interval_s": 1.0,
         "ttft_ceiling_s": 0.25,  # AgentConfig's 1 s, in the sim's time (scale 4)
@@ -104,7 +104,7 @@ def test_agent_yaml_has_the_clusters_wiring_a_scaled_ceiling_and_the_settings(
     assert cfg.metrics_port == cluster.ports.agent and cfg.b == 0.6 and cfg.a == 0.5
     # settings win over the cluster's defaults
     preset = resolve(load_config("mini2-agent")[0])
-    assert agent.settings(preset, fake_endpoints(tmp_path))["ttft_ceiling_s"] == 0.1
+    assert agent.settings(preset, paths)["ttft_ceiling_s"] == 0.1
     assert agent.command(paths)[-4:] == ["agent", "run", "--config", str(paths.agent_config)]
 
 

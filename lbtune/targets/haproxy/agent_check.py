@@ -1,4 +1,4 @@
-"""An end-to-end check of the agent on a running embedded cluster: slow one replica down.
+"""An end-to-end check of the feedback agent on an embedded HAProxy cluster: slow one replica.
 
 :func:`slowdown_check` drives a bounded closed-loop load of streaming chat requests
 through HAProxy with the agent running, measures one replica's weight and share of new
@@ -12,7 +12,7 @@ with its own agent, the weights as they were.
 Used by the integration test and callable by hand::
 
     from lbtune.cluster.api import up
-    from lbtune.agent.verify import slowdown_check
+    from lbtune.targets.haproxy.agent_check import slowdown_check
     print(slowdown_check(up("mini2")))
 """
 
@@ -31,6 +31,7 @@ from lbtune.agent.config import AgentConfig
 from lbtune.agent.loop import AgentThread
 from lbtune.cluster.state import Endpoints
 from lbtune.errors import TargetError
+from lbtune.targets.haproxy.balancer import HaproxyWeights
 from lbtune.targets.haproxy.files import HaproxyFiles, backend_names
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
 
@@ -159,12 +160,11 @@ def slowdown_check(
     target = next((r for r in members if r.name == (replica or members[-1].name)), None)
     if target is None:
         raise TargetError(f"replica {replica!r} does not serve {model}")
-    socket_path = HaproxyFiles.of(ep).runtime_socket
-    rt = HaproxyRuntime(socket_path)
+    rt = HaproxyRuntime(HaproxyFiles.of(ep).runtime_socket)
     saved = {(s.backend, s.server): s.weight for s in rt.servers_state()}
     cfg = config or AgentConfig(
         prometheus_url=ep.prometheus_url,
-        runtime_socket=socket_path,
+        state_dir=ep.state_dir,
         interval_s=1.0,
         metrics_port=None,
         ttft_window_s=4.0,
@@ -197,7 +197,9 @@ def slowdown_check(
     try:
         with (
             _load_running(ep.balancer_url, model, concurrency, prompt) as counts,
-            AgentThread(cfg) if run_agent else contextlib.nullcontext() as agent,
+            AgentThread(cfg, weights=HaproxyWeights(rt))
+            if run_agent
+            else contextlib.nullcontext() as agent,
         ):
             share_before, weight_before = measure(phase_s[0])
             _post(f"{target.url}/admin/slowdown", {"factor": factor})
