@@ -73,6 +73,15 @@ def optimize_command(
     weights: str | None = typer.Option(
         None, "--weights", help="Score weights, e.g. e2e=0.45,ttft=0.35,decay=0.2."
     ),
+    trace: str | None = typer.Option(
+        None, "--trace", help="Tune on this trace's replay instead of --scenario."
+    ),
+    trace_format: str | None = typer.Option(
+        None, "--trace-format", help="azure, mooncake, burstgpt, sharegpt or lbtune."
+    ),
+    speedup: float | None = typer.Option(
+        None, "--speedup", help="With --trace: replay K times faster than recorded."
+    ),
     state_dir: Path | None = typer.Option(None, "--state-dir", help="Embedded cluster state dir."),
     cluster: str | None = typer.Option(
         None, "--cluster", help="Cluster preset/file used if the cluster must be started."
@@ -111,8 +120,15 @@ def optimize_command(
     """
     from rich.console import Console
 
+    from lbtune.cli.ticker import ticking
     from lbtune.optimize import OptimizeOptions, run_optimize
 
+    if trace is not None:
+        from lbtune.scenario.loader import trace_ref
+
+        scenario = trace_ref(trace, trace_format, speedup)
+    elif trace_format is not None or speedup is not None:
+        raise typer.BadParameter("--trace-format and --speedup apply to --trace")
     opts = OptimizeOptions(
         budget=budget, scenario=scenario, target=target, space=space, objective=objective,
         sampler=sampler, pruner=pruner, trial_duration_s=trial_duration, study=study,
@@ -138,7 +154,11 @@ def optimize_command(
 
     say = ci_mode.line if ci else (lambda m: view.say(err, m))
     try:
-        with _sigint(stop), _live(err, view, enabled=err.is_terminal and not ci):
+        with (
+            _sigint(stop),
+            _live(err, view, enabled=err.is_terminal and not ci),
+            ticking(view.render, ci_mode.line, enabled=not err.is_terminal),
+        ):
             result = run_optimize(opts, on_progress=on_progress, stop=stop, say=say)
     except Exception as exc:
         ci_mode.junit_on_error(junit, "optimize", exc)
@@ -222,10 +242,10 @@ class _View:
         (self.live.console if self.live is not None else console).print(f"[dim]{msg}[/]")
 
     def __rich__(self) -> str:
-        p = self.p
-        if p is None:
-            return "starting…"
-        return format_progress(p, time.monotonic())
+        return self.render() or "starting…"
+
+    def render(self) -> str | None:
+        return None if self.p is None else format_progress(self.p, time.monotonic())
 
 
 def format_progress(p: StudyProgress, now: float) -> str:
@@ -235,8 +255,11 @@ def format_progress(p: StudyProgress, now: float) -> str:
     gain = "" if imp is None else f", {-imp:+.1%} vs baseline"
     params = ", ".join(f"{k}={_short(v)}" for k, v in list(p.params.items())[:8])
     value = "" if p.last_value is None else f" | score so far {p.last_value:.3f}"
+    what = f"trial {n} ({p.role})"  # during a trial the phase is "trial": said once
+    if p.phase != "trial":
+        what = p.phase if p.trial is None else f"{p.phase} | last trial {n} ({p.role})"
     head = (
-        f"[bold]{p.phase}[/] trial {n} ({p.role}) | {p.done}/{p.budget} done | "
+        f"[bold]{what}[/] | {p.done}/{p.budget} done | "
         f"elapsed {(now - p.started_at) / 60:.1f} min (trial {now - p.trial_started_at:.0f} s)"
     )
     return (

@@ -85,6 +85,17 @@ def stress_command(
     tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="A Hugging Face tokenizer.json for prompt lengths."
     ),
+    trace: str | None = typer.Option(
+        None, "--trace", help="Replay this trace file instead of --scenario (docs/scenarios.md)."
+    ),
+    trace_format: str | None = typer.Option(
+        None,
+        "--trace-format",
+        help="azure, mooncake, burstgpt, sharegpt or lbtune (default: from the file).",
+    ),
+    speedup: float | None = typer.Option(
+        None, "--speedup", help="With --trace: replay K times faster than recorded."
+    ),
     allow_remote: bool = typer.Option(
         False, "--allow-remote", help="Allow load against a non-loopback target."
     ),
@@ -118,6 +129,12 @@ def stress_command(
     if master and worker:
         raise typer.BadParameter("give --master or --worker, not both")
 
+    if trace is not None:
+        from lbtune.scenario.loader import trace_ref
+
+        scenario = trace_ref(trace, trace_format, speedup)
+    elif trace_format is not None or speedup is not None:
+        raise typer.BadParameter("--trace-format and --speedup apply to --trace")
     opts = StressOptions(
         scenario=scenario,
         target_url=target,
@@ -155,8 +172,16 @@ def stress_command(
             result = run_stress(
                 opts, on_progress=ci_mode.StressLines(format_progress), say=ci_mode.line
             )
+        elif not err.is_terminal:  # piped: a plain line every few seconds, not a live display
+            from lbtune.cli.ticker import EVERY_S
+
+            result = run_stress(
+                opts,
+                on_progress=ci_mode.StressLines(format_progress, every_s=EVERY_S),
+                say=ci_mode.line,
+            )
         else:
-            with _LiveProgress(err, enabled=err.is_terminal or not as_json) as live:
+            with _LiveProgress(err, enabled=True) as live:
                 result = run_stress(
                     opts, on_progress=live.update, say=lambda m: err.print(f"[dim]{m}[/]")
                 )
@@ -242,8 +267,11 @@ def format_progress(p: Progress) -> str:
     total = p.elapsed_s + p.remaining_s
     lag = "-" if p.generator_lag_p99_s is None else f"{p.generator_lag_p99_s * 1000:.1f} ms"
     cpu = "-" if p.generator_cpu_percent is None else f"{p.generator_cpu_percent:.0f} %"
+    clock = f"{p.elapsed_s:5.0f}/{total:.0f} s"
+    if p.remaining_s <= 0:  # past the planned length: only the requests still open remain
+        clock = f"{p.elapsed_s:5.0f} s, draining {p.in_flight} requests"
     return (
-        f"{p.elapsed_s:5.0f}/{total:.0f} s | sent {p.sent} done {p.completed} "
+        f"{clock} | sent {p.sent} done {p.completed} "
         f"in-flight {p.in_flight} | {p.requests_per_s:.1f} req/s {p.output_tokens_per_s:.0f} tok/s"
         f" | TTFT p50 {_ms(p.ttft_p50_s)} p99 {_ms(p.ttft_p99_s)} | errors {p.errors}"
         f" | gen lag {lag} cpu {cpu}"

@@ -74,7 +74,8 @@ def trace_ref(
     path: str | Path, fmt: str | None = None, speedup: float | None = None, **more: Any
 ) -> str:
     """The scenario reference of a trace replay: ``trace:PATH?format=F&speedup=K``."""
-    opts = {"format": fmt, "speedup": speedup, **more}
+    opts = {"format": fmt or guess_format(path), "speedup": 1.0 if speedup is None else speedup}
+    opts.update(more)
     query = "&".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in opts.items() if v is not None)  # fmt: skip
     return f"{TRACE_PREFIX}{path}" + (f"?{query}" if query else "")
@@ -97,9 +98,13 @@ def trace_scenario(ref: str) -> Scenario:
         except ValueError:
             raise ConfigError(f"{ref}: {key}: cannot read {value!r}") from None
     source.setdefault("format", guess_format(path))
-    name = f"trace-{source['format']}-{Path(path).stem}"
-    sc = scenario_from_dict({"name": name, "source": source}, source=ref)
-    return _pin(sc, None)
+    sc = scenario_from_dict({"source": source}, source=ref)
+    src = sc.source
+    assert src is not None
+    window = f"from {src.start:g} s, {src.limit or 'all'} requests"
+    thin = f", {src.rate_scale:g} of them" if src.rate_scale < 1 else ""
+    name = f"trace {Path(path).name} ({src.format}, {window}{thin}, x{src.speedup:g} speed)"
+    return _pin(sc.model_copy(update={"name": name}), None)
 
 
 def _pin(sc: Scenario, base: Path | None) -> Scenario:

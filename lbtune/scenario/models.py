@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from lbtune.scenario.distributions import Distribution
 from lbtune.scenario.shapes import LoadShape
-from lbtune.scenario.traces.spec import TIMED, TraceSource
+from lbtune.scenario.traces.spec import TraceSource
 
 DEFAULT_TRACE_MODEL = "llama-3.1-8b-instruct"
 """A trace scenario without ``models`` sends to the embedded cluster's model."""
@@ -157,9 +157,9 @@ class Scenario(_Strict):
             "models": {DEFAULT_TRACE_MODEL: 1},
             "prompt_tokens": {"type": "fixed", "value": 1},
             "output_tokens": {"type": "fixed", "value": 1},
+            # Timed traces ignore it; an untimed one (ShareGPT) gets 1 req/s (--rate scales).
+            "load": {"type": "rate", "rate": 1},
         }
-        if data["source"].get("format") in TIMED:
-            fill["load"] = {"type": "rate", "rate": 1}
         return {**{k: v for k, v in fill.items() if k not in data}, **data}
 
     @model_validator(mode="before")

@@ -41,6 +41,16 @@ def guess_format(path: str | Path) -> str:
 
 def digest(path: str | Path) -> str:
     """SHA-256 of the file's bytes (pins the trace a run replays)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the trace ({exc.strerror})") from None
+    return _digest(str(p.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _digest(path: str, size: int, mtime: int) -> str:
     h = hashlib.sha256()
     with Path(path).open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

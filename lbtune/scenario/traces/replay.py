@@ -62,17 +62,17 @@ def replay_of(scenario: Scenario, seed: int | None = None) -> Replay:
     src = scenario.source
     if src is None:
         raise ConfigError(f"scenario '{scenario.name}' has no trace source")
-    return _replay(src, scenario.seed if seed is None else seed, scenario.turn_gap)
-
-
-@lru_cache(maxsize=8)
-def _replay(src: TraceSource, seed: int, turn_gap: int) -> Replay:
     if src.sha256 is not None and digest(src.trace) != src.sha256:
         raise ConfigError(
             f"{src.trace}: the trace changed since the run was planned (sha256 differs); "
             "re-plan the run"
         )
-    rows = read_trace(src.trace, src.format)
+    rows = read_trace(src.trace, src.format)  # cached while the file is unchanged
+    return _replay(src, rows, scenario.seed if seed is None else seed, scenario.turn_gap)
+
+
+@lru_cache(maxsize=8)
+def _replay(src: TraceSource, rows: tuple[TraceRow, ...], seed: int, turn_gap: int) -> Replay:
     if src.rate_scale < 1:
         rows = tuple(r for r in rows if draws.uniform(seed, _KEEP, r.line) < src.rate_scale)
     if src.timed:
