@@ -61,8 +61,9 @@ MAX_SECONDS = 900.0
 NEED = MIN_SAMPLES["p99"]
 """Pooled samples per arm for a P99 (100)."""
 BASELINE_TRIES = 3
-"""Rounds in a row (each run retried once) the baseline may fail before it is declared
-unmeasurable, when no round has measured it yet."""
+"""Rounds in a row (each run retried once) an arm may fail, when no round has measured it
+yet, before it is given up: the baseline is then unmeasurable (the study stops with
+:class:`BaselineUnmeasurable`), a candidate gets no further rounds (it cannot win)."""
 
 
 class BaselineUnmeasurable(LbtuneError):
@@ -244,13 +245,14 @@ def confirm(
     t0 = clock()
     k = 0
     cap_hit = ""
-    misses = 0  # rounds in a row whose baseline could not be measured
+    misses = dict.fromkeys((a.label for a in arms), 0)  # tried and failed, rounds in a row
+    dropped: set[str] = set()
     while stop is None or not stop.is_set():
         good = sum(1 for _, label in measured if label == baseline.label)
-        n = _smallest_pool(arms, measured)
+        n = _smallest_pool([a for a in arms if a.label not in dropped], measured)
         if good >= runs and n >= NEED:
             break
-        if good == 0 and misses >= BASELINE_TRIES:
+        if good == 0 and misses[baseline.label] >= BASELINE_TRIES:
             break
         per_round = (clock() - t0) / k if k else 0.0
         if k >= max_rounds or (k and clock() - t0 + per_round > max_s):
@@ -269,15 +271,28 @@ def confirm(
             if arm is not baseline and (k, baseline.label) not in measured:
                 plan.append((k, arm, label, None, "skipped: the baseline of this round failed"))
                 continue
+            if arm.label in dropped:
+                plan.append((k, arm, label, None, "dropped: not measurable"))
+                continue
             say(f"confirmation round {k}: {arm.label} (trial {arm.trial})")
             order.append(arm.label)
             m, why, label = _measure(runner, arm, label, say)
+            misses[arm.label] = 0 if m is not None else misses[arm.label] + 1
             if m is not None:
                 measured[(k, arm.label)] = m
             elif arm is baseline:
                 say(f"round {k}: the baseline could not be measured ({why}); round skipped")
+            elif misses[arm.label] >= BASELINE_TRIES and not any(
+                label == arm.label for _, label in measured
+            ):
+                dropped.add(arm.label)
+                say(
+                    f"confirmation: {arm.label} (trial {arm.trial}) not measurable in "
+                    f"{BASELINE_TRIES} rounds in a row; no further rounds for it"
+                )
             plan.append((k, arm, label, m, why))
-        misses = 0 if (k, baseline.label) in measured else misses + 1
+        if len(dropped) == len(candidates):
+            break
     base_ms = [
         measured[(i, baseline.label)] for i in range(1, k + 1) if (i, baseline.label) in measured
     ]

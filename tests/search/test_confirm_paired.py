@@ -267,3 +267,14 @@ def test_a_baseline_that_never_measures_is_given_up_after_three_rounds() -> None
     with pytest.raises(BaselineUnmeasurable, match="any of 3 confirmation round"):
         confirm(_runner(target, ms), base, cands, ObjectiveSpec(), runs=2, max_rounds=6)
     assert len(ms.calls) == 6  # 3 rounds, each baseline run retried once; no candidate run
+
+
+def test_a_candidate_that_never_measures_is_dropped_after_three_rounds() -> None:
+    target = FakeTarget()
+    base, cands = _arms(target)
+    ms = RoundMeasure(target, fail=lambda label, p: "-B1" in label)
+    c = confirm(_runner(target, ms), base, cands, ObjectiveSpec(), runs=2, max_rounds=6)
+    assert c.runs_per_arm == 3  # not 6: the candidate was given up, no more rounds
+    assert sum("-B1" in x for x in ms.calls) == 6  # 3 rounds, each retried once
+    assert c.verdict == "no significant improvement" and c.winner is None
+    assert c.comparisons[0].rounds == ()
