@@ -144,8 +144,10 @@ class StressMeasure:
             fig = partial_figures(
                 records, t0 + warm, t0 + end, now=p.now, open_requests=p.open_requests
             )
+            if fig is None:  # nothing sent in the window as of the snapshot: next time
+                return
             this, step = step, step + 1
-            if fig is not None and on_window(this, fig):
+            if on_window(this, fig):
                 stop.set()
 
         t_start = time.monotonic()
