@@ -385,6 +385,9 @@ class Engine:
         tokens_m = [0] * n_models
         kv_read_m = [0] * n_models
         pairs_m = [0.0] * n_models
+        rows_m = [0] * n_models
+        dpairs_m = [0.0] * n_models
+        cpairs_m = [0.0] * n_models
         out: dict[str, int] = {}
         finished: list[str] = []
         n_prefill = n_decode = 0
@@ -394,6 +397,11 @@ class Engine:
             tokens_m[m] += n
             kv_read_m[m] += c0 + n
             pairs_m[m] += n * c0 + n * (n + 1) / 2
+            rows_m[m] += 1
+            if n == 1:  # a one-token query: its attention is bound by its KV reads
+                dpairs_m[m] += c0 + 1
+            else:  # a chunk: its causal triangle runs slower than its pairs with earlier tokens
+                cpairs_m[m] += n * (n + 1) / 2
             if n == 1 and r.num_output > 0 and c0 == len(r.tokens) - 1:
                 n_decode += 1
             else:
@@ -428,7 +436,17 @@ class Engine:
             done = set(finished)
             self._running = [r for r in self._running if r.req.request_id not in done]
         loads = [
-            (self.models[m], costmodel.ModelLoad(tokens_m[m], kv_read_m[m], pairs_m[m]))
+            (
+                self.models[m],
+                costmodel.ModelLoad(
+                    tokens=tokens_m[m],
+                    kv_read_tokens=kv_read_m[m],
+                    attn_pairs=pairs_m[m],
+                    decode_pairs=dpairs_m[m],
+                    causal_pairs=cpairs_m[m],
+                    rows=rows_m[m],
+                ),
+            )
             for m in range(n_models)
         ]
         cost = costmodel.step_cost(self.gpu, loads)
