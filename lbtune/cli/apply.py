@@ -22,7 +22,12 @@ __all__ = ["apply_command", "rollback_command"]
 DEFAULT_STUDY_STORAGE = "sqlite:///reports/studies.db"
 
 TargetOpt = Annotated[
-    str, typer.Option("--target", "-t", help="Balancer target (a name in lbtune.targets.TARGETS).")
+    str | None,
+    typer.Option(
+        "--target",
+        "-t",
+        help="Balancer target (a name in lbtune.targets.TARGETS; default: the cluster's).",
+    ),
 ]
 StateDirOpt = Annotated[
     Path | None,
@@ -42,13 +47,14 @@ DirectOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output only.")]
 
 
-def _target(name: str, state_dir: Path | None, space: Path | None = None) -> Target:
+def _target(name: str | None, state_dir: Path | None, space: Path | None = None) -> Target:
     from lbtune.cluster.api import find_state_dir
     from lbtune.cluster.state import StatePaths, read_endpoints
-    from lbtune.errors import TargetError
+    from lbtune.errors import ConfigError, TargetError
     from lbtune.targets import balancer, get_target
 
-    balancer(name)  # an unknown name is a ConfigError before anything else
+    if name is not None:
+        balancer(name)  # an unknown name is a ConfigError before anything else
     paths = StatePaths(find_state_dir(state_dir))
     ep = read_endpoints(paths)
     if ep is None:
@@ -56,7 +62,12 @@ def _target(name: str, state_dir: Path | None, space: Path | None = None) -> Tar
             f"No running cluster in {paths.root} (no endpoints.json); start one with "
             "`lbtune cluster up` or pass --state-dir"
         )
-    return get_target(name, ep, space_file=space)
+    if name is not None and name != ep.balancer:
+        raise ConfigError(
+            f"--target {name}: the cluster in {paths.root} runs {ep.balancer}; "
+            f"pass --target {ep.balancer} (or leave --target out)"
+        )
+    return get_target(ep.balancer, ep, space_file=space)
 
 
 def _study_params(study: str, trial: str, storage: str) -> tuple[dict[str, Any], str]:
@@ -121,7 +132,7 @@ def _render(outcome: ApplyOutcome, as_json: bool, what: str) -> None:
 
 
 def apply_command(
-    target: TargetOpt = "haproxy",
+    target: TargetOpt = None,
     params: Annotated[
         Path | None, typer.Option("--params", "-p", help="YAML file of knob: value.")
     ] = None,
@@ -187,7 +198,7 @@ def apply_command(
 
 
 def rollback_command(
-    target: TargetOpt = "haproxy",
+    target: TargetOpt = None,
     inventory: InventoryOpt = None,
     direct: DirectOpt = False,
     state_dir: StateDirOpt = None,

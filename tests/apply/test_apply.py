@@ -157,6 +157,10 @@ def test_cli_show_apply_check_invalid_and_rollback(fresh: HaproxyTarget, tmp_pat
     assert fresh.runtime.get_weight("all", "l4-0") == 44
     unknown = runner.invoke(app, ["apply", "--show", "-t", "haprox", "--state-dir", sd])
     assert str(unknown.exception) == f"Unknown target 'haprox'. Available: {', '.join(TARGETS)}"
+    other = runner.invoke(app, ["apply", "--show", "-t", "vllm-router", "--state-dir", sd])
+    assert isinstance(other.exception, ConfigError)
+    assert str(other.exception).startswith("--target vllm-router: the cluster in ")
+    assert "runs haproxy" in str(other.exception)
 
 
 def test_rollback_without_a_record_is_an_error(fresh: HaproxyTarget) -> None:
