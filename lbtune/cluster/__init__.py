@@ -1,9 +1,14 @@
-"""The embedded cluster: simulated replicas behind a real HAProxy, scraped by a real Prometheus.
+"""The embedded cluster: simulated replicas behind a real balancer, scraped by a real Prometheus.
+
+The balancer is the cluster YAML's ``balancer:`` (a name of :data:`lbtune.targets.TARGETS`,
+HAProxy by default); its registry entry launches, watches and scrapes it
+(:class:`lbtune.targets.base.Balancer`). Nothing here names a balancer.
 
 * :mod:`lbtune.cluster.config` — the cluster YAML (pydantic models, loader, presets, ports).
-* :mod:`lbtune.cluster.render` — HAProxy, Prometheus and sim-host configs from templates.
-* :mod:`lbtune.cluster.supervisor` — start/stop processes by PID, readiness waits.
-* :mod:`lbtune.cluster.probes` — HTTP, runtime-API and Prometheus probes.
+* :mod:`lbtune.cluster.render` — Prometheus and sim-host configs; the shared template renderer.
+* :mod:`lbtune.cluster.supervisor` — start/stop processes by PID, readiness waits, and the
+  :class:`~lbtune.cluster.supervisor.ClusterSupervisor` a balancer's launch uses.
+* :mod:`lbtune.cluster.probes` — HTTP, port and Prometheus probes.
 * :mod:`lbtune.cluster.health` — readiness checks and the status records.
 * :mod:`lbtune.cluster.state` — the state dir layout and the endpoints record.
 * :mod:`lbtune.cluster.agent` — the feedback agent as a cluster component (``agent.enabled``).
