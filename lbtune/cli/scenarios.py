@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -74,32 +75,77 @@ def _preview(sc: Scenario) -> dict[str, Any]:
     from lbtune.scenario.workload import resolve_classes
 
     w = build_workload(sc)
-    reqs = [w.request(i) for i in range(_PREVIEW_N)]
+    n = _PREVIEW_N if sc.source is None else min(_PREVIEW_N, len(w))  # type: ignore[arg-type]
+    reqs = [w.request(i) for i in range(n)]
     mixes = resolve_classes(sc)
 
     def pct(values: list[int], p: float) -> int:
         s = sorted(values)
         return s[min(len(s) - 1, max(0, round(p / 100 * len(s)) - 1))]
 
-    out: dict[str, Any] = {"requests": _PREVIEW_N}
+    out: dict[str, Any] = {"requests": n}
+    trace = (sc.fitted.percentiles if sc.fitted is not None else None) or {}
+    rows = _trace_rows(sc)
     for key, sampled in (
         ("prompt_tokens", [r.prompt_tokens for r in reqs]),
         ("output_tokens", [r.max_tokens for r in reqs]),
     ):
         parts = [(m.weight, getattr(m, key)) for m in mixes]
-        out[key] = {
-            f"p{p:g}": {
+        column: dict[str, dict[str, float]] = {}
+        for p in _PREVIEW_PCTS:
+            name = f"p{p:g}"
+            if rows is not None:  # a replay: what the file says beside what is sent
+                column[name] = {"trace": pct(rows[key], p), "sampled": pct(sampled, p)}
+                continue
+            column[name] = {
                 "spec": round(mixture_quantile(parts, p / 100)),
                 "sampled": pct(sampled, p),
             }
-            for p in _PREVIEW_PCTS
-        }
+            if name in trace.get(key, {}):
+                column[name] = {"trace": round(trace[key][name]), **column[name]}
+        out[key] = column
+    if sc.fitted is not None:
+        out["fit"] = dict(sc.fitted.fit)
+        out["arrival"] = _arrival_rows(sc)
     out["note"] = (
-        "spec = the distribution of each new message (max_tokens for output); sampled "
+        "trace = the trace file's lengths; sampled = the first requests as sent"
+        if rows is not None
+        else "spec = the distribution of each new message (max_tokens for output); sampled "
         "prompt_tokens also count shared system prompts and resent session history"
+        + ("; trace = the fitted trace's own percentiles" if trace else "")
     )
     out["sessions"] = sum(r.session_id is not None for r in reqs)
     out["prefix_shared"] = sum(r.prefix_group is not None for r in reqs)
+    return out
+
+
+def _trace_rows(sc: Scenario) -> dict[str, list[int]] | None:
+    """A replay's own lengths (the rows it sends), or None for a synthetic scenario."""
+    if sc.source is None:
+        return None
+    from lbtune.scenario.traces.replay import replay_of
+
+    rows = replay_of(sc).rows[:_PREVIEW_N]
+    return {
+        "prompt_tokens": [r.prompt_tokens for r in rows],
+        "output_tokens": [r.output_tokens for r in rows],
+    }
+
+
+def _arrival_rows(sc: Scenario) -> dict[str, dict[str, float]]:
+    """Inter-arrival gap percentiles: the trace's beside the fitted load plan's."""
+    from lbtune.metrics.quantiles import percentile
+    from lbtune.scenario import plan_load
+
+    assert sc.fitted is not None
+    trace = sc.fitted.percentiles.get("gap_s", {})
+    times = plan_load(sc).arrivals
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    out: dict[str, dict[str, float]] = {}
+    for p in _PREVIEW_PCTS:
+        name = f"p{p:g}"
+        if name in trace and gaps:
+            out[name] = {"trace": trace[name], "fit": round(percentile(gaps, p), 4)}
     return out
 
 
@@ -135,11 +181,17 @@ def show(
     typer.echo(yaml.safe_dump(data, sort_keys=False, width=100).rstrip())
     typer.echo(f"\n# preview: first {preview['requests']} requests (seed {sc.seed})")
     typer.echo(f"# {preview['note']}")
-    for key in ("prompt_tokens", "output_tokens"):
-        typer.echo(f"{key:>14}  " + "  ".join(f"{p:>12}" for p in preview[key]))
-        for col in ("spec", "sampled"):
-            row = "  ".join(f"{v[col]:>12}" for v in preview[key].values())
+    for key in ("prompt_tokens", "output_tokens", "arrival"):
+        table = preview.get(key) or {}
+        if not table:
+            continue
+        label = "gap_s" if key == "arrival" else key
+        typer.echo(f"{label:>14}  " + "  ".join(f"{p:>12}" for p in table))
+        for col in next(iter(table.values())):
+            row = "  ".join(f"{v[col]:>12g}" for v in table.values())
             typer.echo(f"{col:>14}  {row}")
+    for what, how in (preview.get("fit") or {}).items():
+        typer.echo(f"# fit: {what}: {how}")
     typer.echo(
         f"session turns: {preview['sessions']}, with a shared prefix: {preview['prefix_shared']}"
     )
@@ -158,3 +210,38 @@ def validate(
         f"ok: {file}: scenario '{sc.name}', {plan.mode} loop ({sc.load.type}), "
         f"{sc.duration_s:g} s, models: {', '.join(sc.model_names())}"
     )
+
+
+@app.command()
+def fit(
+    trace: Annotated[Path, typer.Argument(help="Trace file (any format `--trace` takes).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Scenario YAML to write.")],
+    trace_format: Annotated[
+        str | None,
+        typer.Option("--format", help="azure, mooncake, burstgpt, sharegpt or lbtune."),
+    ] = None,
+    kind: Annotated[
+        str, typer.Option("--kind", help="auto, lognormal or empirical length tables.")
+    ] = "auto",
+    name: Annotated[str, typer.Option("--name", help="Scenario name.")] = "",
+) -> None:
+    """Write a compact scenario with the trace's shape (lengths, arrivals, prefixes, sessions,
+    models) and none of its data; `lbtune scenarios show` it to compare with the trace."""
+    from lbtune.errors import ConfigError
+    from lbtune.scenario import scenario_from_dict
+    from lbtune.scenario.traces.fit import fit_trace
+    from lbtune.scenario.traces.read import guess_format
+
+    if kind not in ("auto", "lognormal", "empirical"):
+        raise ConfigError(f"--kind: expected auto, lognormal or empirical, found {kind!r}")
+    fmt = trace_format or guess_format(trace)
+    doc = fit_trace(trace, fmt, kind=kind, name=name)  # type: ignore[arg-type]
+    scenario_from_dict(doc, source=f"fit of {trace}")  # the document must validate
+    import yaml
+
+    n = doc["fitted"]["requests"]
+    header = f"# Fitted by `lbtune scenarios fit` from {trace} ({fmt}, {n} requests)\n"
+    out.write_text(header + yaml.safe_dump(_tidy(doc), sort_keys=False, width=100))
+    typer.echo(f"wrote {out}: scenario '{doc['name']}'")
+    for what, how in doc["fitted"]["fit"].items():
+        typer.echo(f"  {what}: {how}")
