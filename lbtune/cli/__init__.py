@@ -8,9 +8,12 @@ lazily inside its functions, so ``lbtune --help`` stays fast and importing
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from typing import Any
 
 import typer
+import typer.core
 
 from lbtune import __version__
 from lbtune.cli import agent as _agent
@@ -22,6 +25,27 @@ from lbtune.cli import optimize as _optimize
 from lbtune.cli import scenarios as _scenarios
 from lbtune.cli import stress as _stress
 from lbtune.errors import LbtuneError
+
+
+def _no_type_for_switches() -> None:
+    """Typer's rich help prints a type for every option (``--json <bool>``, ``-v <int>``),
+    which reads as if on/off flags and counters took a value: show none for those."""
+    option = typer.core.TyperOption
+    shown = option.display_type_rich
+
+    def display_type_rich(self: typer.core.TyperOption, ctx: Any) -> str | None:
+        if self.is_flag or self.count:
+            return None
+        return shown(self, ctx)
+
+    option.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_no_type_for_switches()
+
+PIPED_COLUMNS = 140
+"""Width of tables and help when stdout is not a terminal (a log, ``| tee``): rich would
+otherwise wrap them at 80 columns."""
 
 app = typer.Typer(
     name="lbtune",
@@ -81,6 +105,8 @@ def main() -> None:
     Click (standalone mode) already turns usage errors into a message and exit 2;
     lbtune's own errors pass through it and are printed here without a traceback.
     """
+    if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
+        os.environ["COLUMNS"] = str(PIPED_COLUMNS)
     try:
         app()
     except LbtuneError as exc:

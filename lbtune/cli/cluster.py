@@ -64,7 +64,7 @@ def _endpoints_table(ep: Endpoints, health: dict[str, str] | None = None) -> Non
     table.add_row(f"{ep.balancer} stats", ep.stats_url, "", "", ok)
     table.add_row(f"{ep.balancer} metrics", ep.balancer_metrics_url, "", "", ok)
     table.add_row("Prometheus", ep.prometheus_url, "", "", ok)
-    table.add_row("lbtune exporter", ep.exporter_url, "", "", "reserved")
+    table.add_row("lbtune exporter", ep.exporter_url, "", "", "up during a stress run only")
     if ep.agent_metrics_url is not None:
         table.add_row("feedback agent", ep.agent_metrics_url, "", "", ok)
     for r in ep.replicas:

@@ -108,8 +108,9 @@ def optimize_command(
 ) -> None:
     """Tune the balancer for your traffic: search, confirm the winner, roll it out.
 
-    Trial 0 is what runs now, trial 1 plain round robin (and least-conn where the target
-    has it); the best candidates are re-run in rounds against the live config, measured
+    Trial 0 is what runs now, then plain round robin and least-conn (where the target has
+    it), each once: when the live config already is round robin, trial 1 is least-conn. The
+    best candidates are re-run in rounds against the live config, measured
     afresh and interleaved, and the winner is applied through Ansible only if a paired
     bootstrap CI says it is better. If the live config cannot be measured, exit 2. Ctrl-C
     stops the running trial, restores the last known good and writes the report
