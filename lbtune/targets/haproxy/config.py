@@ -19,6 +19,7 @@ from typing import Any
 
 from lbtune.cluster import render
 from lbtune.targets.base import ParamSet, ParamValue
+from lbtune.targets.haproxy import llm
 from lbtune.targets.haproxy.files import Site, backend_names
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
     "template_context",
 ]
 
-DYNAMIC_ALGORITHMS = frozenset({"roundrobin", "leastconn", "random", "hash"})
+DYNAMIC_ALGORITHMS = frozenset({"roundrobin", "leastconn", "random", "hash", "llm"})
 """Algorithms whose weights change at runtime (``hash`` is rendered ``hash-type consistent``)."""
 LIVE_FAMILIES = ("weight", "maxconn")
 AGENT_PREFIX = "agent."
@@ -46,6 +47,8 @@ def kind_of(knob: str, params: Mapping[str, ParamValue]) -> str:
     """``live``, ``agent`` or ``structural`` for ``knob`` under ``params``' algorithm."""
     if knob.startswith(AGENT_PREFIX):
         return "agent"
+    if knob.startswith(llm.KNOB_PREFIX):
+        return "live"  # the scheduler's map file + `set map` (lbtune/targets/haproxy/llm.py)
     return "live" if is_live(knob, params) else "structural"
 
 
@@ -97,6 +100,9 @@ def template_context(
     algorithm = str(params.get("algorithm", "roundrobin"))
     if algorithm == "random":
         ctx["haproxy_balance"] = f"random({int(params.get('random_draws', 2))})"
+    elif algorithm == llm.ALGORITHM:
+        ctx["haproxy_balance"] = "leastconn"  # the scheduler's fallback
+        ctx["haproxy_llm"] = llm.template_context(site.state_dir)
     elif algorithm == "hash":
         n = int(params.get("hash_bytes", 256))
         ctx["haproxy_balance"] = f"hash var(txn.lbtune_prompt),bytes(0,{n})"

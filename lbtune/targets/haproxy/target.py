@@ -42,7 +42,7 @@ from lbtune.cluster import supervisor
 from lbtune.cluster.state import AGENT, Endpoints, StatePaths
 from lbtune.errors import ApplyError, ConfigError
 from lbtune.targets.base import ApplyResult, ParamSet, ParamValue, RejectedBeforeApply
-from lbtune.targets.haproxy import config, master
+from lbtune.targets.haproxy import config, llm, master
 from lbtune.targets.haproxy.files import ALL_BACKEND, HaproxyFiles, Site, config_alerts
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
 from lbtune.targets.space import ParameterSpace
@@ -250,10 +250,13 @@ class HaproxyTarget:
             if any(k.startswith(config.AGENT_PREFIX) for k in diff) or not self.agent_path.exists()
             else None
         )
+        llm_files = llm.prepare(self.site, desired, config.long_context_servers(self.site))
         if needs_reload:
             self._validate(text)
             self._reload_with(text)
         self._set_runtime(desired, text)
+        if llm_files is not None:
+            llm.set_live(self.runtime, llm_files, desired)  # the scheduler's knobs, no reload
         if not needs_reload:
             _write_atomic(self.cfg_path, text)  # weights/maxconn only: no reload needed
         if agent_doc is not None:

@@ -1,0 +1,173 @@
+"""The LLM-aware scheduler (``algorithm: llm``): its files, its knobs, its live changes.
+
+The scheduler is ``lua/scheduler.lua`` (package data), loaded by HAProxy with ``lua-load``.
+It reads every ``llm.*`` knob, and the per-replica facts it filters on (KV capacity in
+bytes, the model's KV bytes per token, which replicas are long-context), from one map
+file. lbtune writes both files next to ``haproxy.cfg`` (``<state>/llm/``); a knob changes
+live by rewriting the map file (what the next reload loads) and ``set map`` on the
+runtime API (what the running worker uses): no reload. Only switching the algorithm to or
+from ``llm`` changes ``haproxy.cfg``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from lbtune.errors import ApplyError
+from lbtune.targets.base import ParamValue
+from lbtune.targets.haproxy.files import ALL_BACKEND, Site, backend_names
+from lbtune.targets.haproxy.runtime import HaproxyRuntime
+
+__all__ = [
+    "ALGORITHM",
+    "KNOB_PREFIX",
+    "LlmFiles",
+    "facts",
+    "is_llm",
+    "knob_values",
+    "lua_source",
+    "map_text",
+    "prepare",
+    "read_live",
+    "set_live",
+    "template_context",
+    "write_files",
+]
+
+ALGORITHM = "llm"
+KNOB_PREFIX = "llm."
+METRICS_PATH = "/llm/metrics"
+"""Where the stats frontend serves the scheduler's counters (Prometheus text)."""
+GPU_MEMORY_UTILIZATION = 0.90
+"""vLLM's default share of GPU memory for weights + KV (what the simulator uses too)."""
+
+# Map keys the Lua reads beside the knobs (never knobs themselves).
+_FACT_PREFIXES = ("kvcap.", "kvbpt.", "long.", "ctx.")
+
+
+@dataclass(frozen=True)
+class LlmFiles:
+    """The scheduler's files in a state dir."""
+
+    lua: Path
+    map: Path
+
+    @classmethod
+    def in_dir(cls, state_dir: str | Path) -> LlmFiles:
+        root = Path(state_dir) / "llm"
+        return cls(lua=root / "scheduler.lua", map=root / "knobs.map")
+
+
+def lua_source() -> str:
+    """The scheduler's Lua, read from the package."""
+    res = importlib.resources.files("lbtune.targets.haproxy").joinpath("lua/scheduler.lua")
+    return res.read_text(encoding="utf-8")
+
+
+def is_llm(params: Mapping[str, ParamValue]) -> bool:
+    return str(params.get("algorithm", "")) == ALGORITHM
+
+
+def knob_values(params: Mapping[str, ParamValue]) -> dict[str, str]:
+    """``llm.<key>`` knobs → map entries ``<key> value``."""
+    out: dict[str, str] = {}
+    for k, v in sorted(params.items()):
+        if k.startswith(KNOB_PREFIX):
+            out[k[len(KNOB_PREFIX) :]] = _text(v)
+    return out
+
+
+def _text(v: ParamValue) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def facts(site: Site, long_servers: list[str]) -> dict[str, str]:
+    """Per-replica facts from the simulator's GPU and model profiles (where known): KV
+    capacity in bytes per server, KV bytes per token per model backend, long-context
+    servers. Unknown GPUs or models leave the key out; the Lua then filters on KV usage
+    alone."""
+    from lbtune.sim.profiles import GPU_PROFILES, MODEL_PROFILES
+
+    out: dict[str, str] = {"all_backend": ALL_BACKEND, "fault": "none"}
+    backends = backend_names(site.models)
+    for model, be in backends.items():
+        if model in MODEL_PROFILES:
+            out[f"kvbpt.{be}"] = str(MODEL_PROFILES[model].kv_bytes_per_token)
+            out[f"kvbpt.long_{be}"] = out[f"kvbpt.{be}"]
+    for r in site.replicas:
+        gpu = GPU_PROFILES.get(r.gpu or "")
+        profiles = [MODEL_PROFILES.get(m) for m in r.models]
+        if gpu is not None and all(p is not None for p in profiles):
+            weights = sum(p.weight_bytes for p in profiles if p is not None)
+            kv = int(gpu.memory_bytes * GPU_MEMORY_UTILIZATION) - weights
+            if kv > 0:
+                out[f"kvcap.{r.name}"] = str(kv)
+        out[f"long.{r.name}"] = "1" if r.name in long_servers else "0"
+    return out
+
+
+def map_text(site: Site, params: Mapping[str, ParamValue], long_servers: list[str]) -> str:
+    entries = {**facts(site, long_servers), **knob_values(params)}
+    lines = ["# lbtune LLM scheduler: knobs (llm.*) and replica facts; `set map` changes them"]
+    lines += [f"{k} {v}" for k, v in entries.items()]
+    return "\n".join(lines) + "\n"
+
+
+def template_context(state_dir: str | Path) -> dict[str, str]:
+    files = LlmFiles.in_dir(state_dir)
+    return {"lua": str(files.lua), "map": str(files.map), "metrics_path": METRICS_PATH}
+
+
+def write_files(files: LlmFiles, text: str) -> None:
+    """Write the Lua and the map (atomically: a reload never sees half a file)."""
+    files.lua.parent.mkdir(parents=True, exist_ok=True)
+    for path, content in ((files.lua, lua_source()), (files.map, text)):
+        tmp = path.with_name(path.name + ".lbtune-tmp")
+        tmp.write_text(content, encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def set_live(runtime: HaproxyRuntime, files: LlmFiles, params: Mapping[str, ParamValue]) -> None:
+    """``set map`` every ``llm.*`` knob in the running worker."""
+    cmds = [f"set map {files.map} {k} {v}" for k, v in knob_values(params).items()]
+    if not cmds:
+        return
+    replies = runtime.execute(cmds)
+    failed = [f"`{c}`: {r.strip()}" for c, r in zip(cmds, replies, strict=True) if r.strip()]
+    if failed:
+        raise ApplyError("HAProxy refused the scheduler's knobs: " + "; ".join(failed[:3]))
+
+
+def read_live(runtime: HaproxyRuntime, files: LlmFiles) -> dict[str, str]:
+    """The running worker's map: ``{key: value}`` (knobs and facts)."""
+    text = runtime.execute([f"show map {files.map}"])[0]
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0].startswith("0x"):
+            out[parts[1]] = parts[2]
+    return out
+
+
+def is_fact(key: str) -> bool:
+    return key in ("all_backend", "fault") or key.startswith(_FACT_PREFIXES)
+
+
+def prepare(
+    site: Site, params: Mapping[str, ParamValue], long_servers: list[str]
+) -> LlmFiles | None:
+    """Under ``algorithm: llm``, write the Lua and the map HAProxy will load (before
+    ``haproxy -c``: it loads both); ``None`` under any other algorithm."""
+    if not is_llm(params):
+        return None
+    files = LlmFiles.in_dir(site.state_dir)
+    write_files(files, map_text(site, params, long_servers))
+    return files
