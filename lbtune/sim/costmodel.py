@@ -2,7 +2,7 @@
 
 One step runs a batch of requests; for each served model ``m`` its share of the batch is a
 :class:`ModelLoad` (tokens computed, requests sampled, KV tokens read, attention pairs). Each
-share costs five terms, and the step pays a small host overhead once::
+share costs four terms, and the step pays a small host overhead once::
 
     step = step_overhead + sum over models m of
         linear_m      roof(W_lin / BW_eff,  2 P_lin tokens / F_eff)        decoder GEMMs
