@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lbtune import targets
-from lbtune.cluster import agent, health, probes, render, supervisor
+from lbtune.cluster import agent, health, probes, render, supervisor, vllm
 from lbtune.cluster.config import (
     DEFAULT_PRESET,
     LOOPBACK,
@@ -263,7 +263,7 @@ def _check_ports(cluster: ResolvedCluster, source: str) -> None:
         ("prometheus", p.prometheus),
         ("exporter", p.exporter),
         *([("agent", p.agent)] if p.agent is not None else []),
-    ] + [(f"replica {r.name}", r.port) for r in cluster.simulated]
+    ] + [(f"replica {r.name}", r.port) for r in cluster.replicas if not r.external or r.vllm]
     for what, port in wanted:
         if probes.port_busy(LOOPBACK, port):
             field = "replica_base" if what.startswith("replica") else what
@@ -311,6 +311,11 @@ def _start_all(
         cmd = [sys.executable, "-m", "lbtune.sim", "--spec", str(paths.sim_spec)]
         sim.append(supervisor.start(SIM, cmd, paths, env={"PYTHONUNBUFFERED": "1"}))
         started += sim
+    if cluster.config.vllm is not None:
+        _say(progress, f"starting {n} vLLM CPU servers (pinned to CPUs {cluster.config.vllm.cpus})")
+        servers = vllm.start_servers(cluster, paths)
+        sim += servers
+        started += servers
     # Prometheus applies its first target set only after ~5 s: start it early so that
     # this delay overlaps the replicas' and the balancer's start-up.
     _say(progress, "starting Prometheus")
@@ -324,7 +329,8 @@ def _start_all(
     prom = supervisor.start(PROMETHEUS, prom_cmd, paths)
     started.append(prom)
     what = "the replicas' /health" if sim else "the external replicas' /health"
-    supervisor.wait_until(lambda: health.replicas_missing(urls), SIM_TIMEOUT, what, [*sim, prom])
+    timeout = vllm.STARTUP_TIMEOUT if cluster.config.vllm is not None else SIM_TIMEOUT
+    supervisor.wait_until(lambda: health.replicas_missing(urls), timeout, what, [*sim, prom])
     _say(progress, f"starting {entry.name}")
     mine: list[ProcessRecord] = []
     try:

@@ -188,6 +188,32 @@ class ExternalReplica(BaseModel):
         return f"http://{parts.netloc}"
 
 
+class VllmReplicas(BaseModel):
+    """``count`` real vLLM CPU servers on lbtune's tiny model (:mod:`lbtune.cluster.vllm`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int = Field(default=2, ge=1, le=16)
+    model: str = Field(default="tiny-llama", description="The served model name.")
+    cpus: list[int] = Field(
+        default=[1], min_length=1, description="CPUs every server is pinned to (taskset -c)."
+    )
+    max_num_seqs: int = Field(default=8, ge=1)
+    max_model_len: int = Field(default=4096, ge=64, le=4096)
+    num_gpu_blocks_override: int | None = Field(default=40, ge=1)
+    name: str = Field(default="vllm", description="Name prefix: vllm-0, vllm-1, ...")
+
+    @field_validator("model")
+    @classmethod
+    def _valid_model(cls, v: str) -> str:
+        return _check_models([v])[0]
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, v: str) -> str:
+        return _check_name(v, "name prefix")
+
+
 AGENT_RESERVED = {
     "prometheus_url": "the cluster's Prometheus",
     "state_dir": "the cluster's state dir: the agent steers this cluster's balancer",
@@ -233,6 +259,7 @@ class ClusterConfig(BaseModel):
     ports: PortsConfig = PortsConfig()
     replicas: list[ReplicaGroup] = Field(default_factory=list)
     external: list[ExternalReplica] = Field(default_factory=list)
+    vllm: VllmReplicas | None = Field(default=None, description="Real vLLM CPU servers.")
 
     @field_validator("name")
     @classmethod
@@ -257,9 +284,10 @@ class ClusterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> ClusterConfig:
-        if bool(self.replicas) == bool(self.external):
+        if [bool(self.replicas), bool(self.external), self.vllm is not None].count(True) != 1:
             raise ValueError(
-                "Give either 'replicas' (simulated groups) or 'external' (existing servers)"
+                "Give one of 'replicas' (simulated groups), 'external' (existing servers) "
+                "or 'vllm' (real vLLM CPU servers)"
             )
         names = [r.name for r in self.external]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -274,6 +302,8 @@ class ClusterConfig(BaseModel):
             )
         models = [tuple(g.models) for g in self.replicas for _ in range(g.count)]
         models += [tuple(e.models) for e in self.external]
+        if self.vllm is not None:
+            models += [(self.vllm.model,)] * self.vllm.count
         shape = ClusterShape(tuple(models), self.agent.enabled, dict(self.params))
         problem = entry.check_cluster(shape)
         if problem is not None:
@@ -358,6 +388,8 @@ class Replica:
     models: tuple[str, ...]
     gpu: str | None = None
     external: bool = False
+    """Not simulated: an existing server, or a real vLLM the cluster starts (``vllm``)."""
+    vllm: bool = False
 
     @property
     def url(self) -> str:
@@ -431,6 +463,13 @@ def resolve(config: ClusterConfig, pick_port: Callable[[], int] = free_port) -> 
             assert parts.hostname is not None and parts.port is not None
             replicas.append(
                 Replica(ext.name, parts.hostname, parts.port, tuple(ext.models), external=True)
+            )
+    elif config.vllm is not None:
+        v = config.vllm
+        for i in range(v.count):
+            p = port(cp.replica_base + i if cp.replica_base else 0)
+            replicas.append(
+                Replica(f"{v.name}-{i}", LOOPBACK, p, (v.model,), "cpu", external=True, vllm=True)
             )
     else:
         counters: dict[str, int] = {}

@@ -13,8 +13,10 @@ Prometheus (``GET /metrics``, text exposition format 0.0.4, written by hand):
   ``vllm:prompt_tokens_total`` (a request's prompt length, counted when its first
   token is produced, as vLLM v1 does), ``vllm:generation_tokens_total``.
 * Per-request series kept by the server, labelled with the request's model:
-  ``vllm:request_success_total{finished_reason="stop|length|abort"}`` (abort: the
-  client went away) and histograms ``vllm:time_to_first_token_seconds`` (arrival
+  ``vllm:request_success_total{finished_reason="stop|length|abort|error|repetition"}``
+  (vLLM 0.32's label values; the sim counts only ``stop`` and ``length``: a request
+  whose client went away is counted nowhere, as in vLLM, and the sim has no errors
+  or repetition detection mid-request) and histograms ``vllm:time_to_first_token_seconds`` (arrival
   at the server to first token), ``vllm:inter_token_latency_seconds``,
   ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds`` (engine
   arrival to first scheduling) with vLLM's bucket boundaries
@@ -66,7 +68,8 @@ REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
 """vLLM's boundaries for e2e latency and queue time."""
 # fmt: on
 
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""vLLM's ``finished_reason`` label values, all exposed (at 0 when never counted)."""
 _MIB = 1024 * 1024
 
 

