@@ -11,6 +11,7 @@ from ``llm`` changes ``haproxy.cfg``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import os
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from lbtune.errors import ApplyError
 from lbtune.targets.base import ParamValue
 from lbtune.targets.haproxy.files import ALL_BACKEND, Site, backend_names
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
+from lbtune.targets.space import ParamSpec
 
 __all__ = [
     "ALGORITHM",
@@ -29,6 +31,7 @@ __all__ = [
     "facts",
     "is_llm",
     "knob_values",
+    "live_knobs",
     "lua_source",
     "map_text",
     "prepare",
@@ -122,8 +125,11 @@ def map_text(site: Site, params: Mapping[str, ParamValue], long_servers: list[st
 
 
 def template_context(state_dir: str | Path) -> dict[str, str]:
+    """``haproxy_llm`` of the template; the Lua's hash goes into the config, so that a
+    new scheduler.lua (an lbtune upgrade) is a config change and reloads."""
     files = LlmFiles.in_dir(state_dir)
-    return {"lua": str(files.lua), "map": str(files.map), "metrics_path": METRICS_PATH}
+    sha = hashlib.sha256(lua_source().encode()).hexdigest()[:16]
+    return {"lua": str(files.lua), "map": str(files.map), "metrics_path": METRICS_PATH, "sha": sha}
 
 
 def write_files(files: LlmFiles, text: str) -> None:
@@ -171,3 +177,23 @@ def prepare(
     files = LlmFiles.in_dir(site.state_dir)
     write_files(files, map_text(site, params, long_servers))
     return files
+
+
+def live_knobs(
+    runtime: HaproxyRuntime, files: LlmFiles, specs: Mapping[str, ParamSpec]
+) -> dict[str, ParamValue]:
+    """The ``llm.*`` knobs as the running worker holds them (``show map``), typed by their
+    specs; empty when the worker has no such map (it does not run the scheduler)."""
+    out: dict[str, ParamValue] = {}
+    for key, text in read_live(runtime, files).items():
+        spec = specs.get(KNOB_PREFIX + key)
+        if spec is None:
+            continue
+        try:
+            value: ParamValue = (
+                int(text) if spec.type == "int" else float(text) if spec.type == "float" else text
+            )
+        except ValueError:
+            continue
+        out[KNOB_PREFIX + key] = value
+    return out

@@ -177,6 +177,9 @@ class HaproxyTarget:
             live[f"weight.{server}"] = w
         for server, m in maxconn.items():
             live[f"maxconn.{server}"] = m
+        if llm.is_llm(live):  # the scheduler's knobs as the worker holds them
+            files = llm.LlmFiles.in_dir(self.state_dir)
+            live.update(llm.live_knobs(self.runtime, files, space.params))
         return space.complete({}, live)
 
     # -- apply ---------------------------------------------------------------------------

@@ -61,6 +61,9 @@ def test_switching_to_llm_reloads_and_its_knobs_then_change_live(cluster: Cluste
     live = llm.read_live(cluster.target.runtime, llm.LlmFiles.in_dir(cluster.target.state_dir))
     assert live["w_prefix"] == "2.5" and live["admission"] == "reject"
     assert cluster.target.read_live()["llm.w_prefix"] == 2.5
+    # read-back is the worker's map, not lbtune's record: a change made elsewhere shows
+    cluster.target.runtime.execute([f"set map {_map(cluster)} w_prefix 3.25"])
+    assert cluster.target.read_live()["llm.w_prefix"] == 3.25
     assert result.applied["algorithm"] == "llm"
 
 

@@ -69,6 +69,9 @@ local counters = {
     truncated = 0, cost_us_sum = 0, cost_n = 0, cost_us_max = 0,
 }
 local next_id = 0
+local COST_BUCKETS = { 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000 }
+local cost_hist = {}
+for i = 1, #COST_BUCKETS + 1 do cost_hist[i] = 0 end
 
 local function now_ms()
     local t = core.now()
@@ -328,7 +331,7 @@ local function route(txn, srv, tokens)
 end
 
 local function llm_pick(txn)
-    local t0 = core.now()
+    local c0 = os.clock()  -- process CPU seconds: core.now() only moves once per poll loop
     local deadline = nil
     while true do
         local ok, srv, info = pcall(decide, txn)
@@ -362,11 +365,15 @@ local function llm_pick(txn)
         end
     end
     if deadline == nil then
-        local t1 = core.now()
-        local us = (t1.sec - t0.sec) * 1000000 + (t1.usec - t0.usec)
+        local us = math.floor((os.clock() - c0) * 1000000 + 0.5)
         counters.cost_us_sum = counters.cost_us_sum + us
         counters.cost_n = counters.cost_n + 1
         if us > counters.cost_us_max then counters.cost_us_max = us end
+        local b = #COST_BUCKETS + 1
+        for i, le in ipairs(COST_BUCKETS) do
+            if us <= le then b = i break end
+        end
+        cost_hist[b] = cost_hist[b] + 1
     end
 end
 
@@ -501,7 +508,14 @@ local function exposition()
     add(string.format("lbtune_llm_scrape_errors_total %d", counters.scrape_errors))
     add("# TYPE lbtune_llm_scrapes_total counter")
     add(string.format("lbtune_llm_scrapes_total %d", counters.scrapes))
-    add("# TYPE lbtune_llm_pick_microseconds summary")
+    add("# HELP lbtune_llm_pick_microseconds Process CPU time of llm_pick (all threads: an upper bound).")
+    add("# TYPE lbtune_llm_pick_microseconds histogram")
+    local cum = 0
+    for i, le in ipairs(COST_BUCKETS) do
+        cum = cum + cost_hist[i]
+        add(string.format('lbtune_llm_pick_microseconds_bucket{le="%d"} %d', le, cum))
+    end
+    add(string.format('lbtune_llm_pick_microseconds_bucket{le="+Inf"} %d', counters.cost_n))
     add(string.format("lbtune_llm_pick_microseconds_sum %d", counters.cost_us_sum))
     add(string.format("lbtune_llm_pick_microseconds_count %d", counters.cost_n))
     add("# TYPE lbtune_llm_pick_microseconds_max gauge")
