@@ -43,6 +43,12 @@ class TimePoint:
 
 
 @dataclass(frozen=True)
+class RatePoint:
+    t: float
+    completed_per_s: float
+
+
+@dataclass(frozen=True)
 class HistBin:
     lo_ms: float
     hi_ms: float
@@ -75,6 +81,15 @@ def ms(seconds: float | None) -> float | None:
 
 def pct(fraction: float | None) -> float | None:
     return None if fraction is None else fraction * 100.0
+
+
+BALANCE_NAME = "Replica balance (std-dev)"
+"""The one name of ``server.replica_balance`` in every report (docs/metrics.md)."""
+
+
+def load_unit(summary: RunSummary) -> str:
+    """What offered load counts: users (closed loop) or arrivals per second (open loop)."""
+    return "users" if summary.mode == "closed" else "req/s"
 
 
 def warnings(summary: RunSummary) -> list[str]:
@@ -118,9 +133,9 @@ def headline(summary: RunSummary) -> Table:
         ("TPOT P50", ms(lat.tpot.p50), "ms"),
         ("Error rate", pct(outs.error_rate), "%"),
         ("Throughput decay", summary.throughput_decay, ""),
-        ("Knee (offered load)", summary.knee_offered_load, ""),
+        ("Knee (offered load)", summary.knee_offered_load, load_unit(summary)),
         ("Recovery after spike", summary.recovery_s, "s"),
-        ("Replica balance (std-dev)", None if server is None else server.replica_balance, ""),
+        (BALANCE_NAME, None if server is None else server.replica_balance, ""),
         (
             "Prefix-cache hit rate",
             None if server is None else pct(server.prefix_cache_hit_rate),
@@ -227,8 +242,9 @@ def stage_table(summary: RunSummary) -> Table:
         for s in summary.stages
     )  # fmt: skip
     cols = (
-        "#", "Stage", "Start (s)", "End (s)", "Offered load", "Sent", "Throughput (req/s)",
-        "TTFT P99 (ms)", "E2E P99 (ms)", "Errors (%)", "Meets SLO", "Recovery (s)",
+        "#", "Stage", "Start (s)", "End (s)", f"Offered load ({load_unit(summary)})", "Sent",
+        "Throughput (req/s)", "TTFT P99 (ms)", "E2E P99 (ms)", "Errors (%)", "Meets SLO",
+        "Recovery (s)",
     )  # fmt: skip
     return Table(cols, rows)
 
@@ -261,11 +277,35 @@ def crosscheck_table(summary: RunSummary) -> Table:
             )
         for q in cc.quantiles:
             verdict = "n/a" if q.agree is None else ("agree" if q.agree else "DISAGREE")
-            tol = None
+            tol: str | None = None
             if q.low is not None and q.high is not None:
                 tol = f"{q.low * 1000:.1f} to {q.high * 1000:.1f} ms"
-            rows.append((f"{q.name} (ms)", ms(q.exact), ms(q.prometheus), tol, verdict))
+            exact = q.exact
+            if exact is None:  # not compared (too few samples): still show the summary's figure
+                exact, tol = _summary_quantile(summary, q.name), q.detail
+            rows.append((f"{q.name} (ms)", ms(exact), ms(q.prometheus), tol, verdict))
     return Table(("Figure", "Records", "Prometheus", "Tolerance", "Verdict"), tuple(rows))
+
+
+def _summary_quantile(summary: RunSummary, name: str) -> float | None:
+    """``ttft_p50`` -> ``summary.latency.ttft.p50`` (None for a name it does not have)."""
+    metric, _, key = name.rpartition("_")
+    stats = getattr(summary.latency, metric, None)
+    value = getattr(stats, key, None) if stats is not None else None
+    return value if isinstance(value, float) else None
+
+
+def throughput_over_time(
+    records: Sequence[RequestRecord], run_start: float, bin_s: float = 1.0
+) -> list[RatePoint]:
+    """Successful requests completed per second, binned by end time (empty bins are 0)."""
+    ends = [math.floor((r.ended_at - run_start) / bin_s) for r in records if r.outcome == "ok"]
+    if not ends:
+        return []
+    counts: dict[int, int] = {}
+    for b in ends:
+        counts[b] = counts.get(b, 0) + 1
+    return [RatePoint(b * bin_s, counts.get(b, 0) / bin_s) for b in range(min(ends), max(ends) + 1)]
 
 
 def latency_over_time(

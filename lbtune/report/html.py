@@ -18,7 +18,7 @@ CSS = """
 * { box-sizing: border-box; }
 body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
        color: var(--fg); background: var(--bg); }
-main { max-width: 1200px; margin: 0 auto; padding: 24px; }
+main { max-width: 1360px; margin: 0 auto; padding: 24px; }
 h1 { font-size: 24px; margin: 0 0 4px; }
 h2 { font-size: 17px; margin: 28px 0 10px; border-bottom: 1px solid var(--line);
      padding-bottom: 4px; }
@@ -31,16 +31,19 @@ h2 { font-size: 17px; margin: 28px 0 10px; border-bottom: 1px solid var(--line);
 .card .k { color: var(--muted); font-size: 12px; }
 .card .v { font-size: 22px; font-weight: 600; }
 .card .u { color: var(--muted); font-size: 12px; margin-left: 3px; }
-.plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 14px; }
+.plots { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(100%, 560px), 1fr));
+         gap: 14px; }
 figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 6px;
          padding: 8px; }
 figure img { width: 100%; height: auto; display: block; }
 figcaption { color: var(--muted); font-size: 12px; padding-top: 4px; }
-.scroll { overflow-x: auto; }
+.scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; background: #fff; border: 1px solid var(--line);
         font-variant-numeric: tabular-nums; }
-th, td { padding: 5px 10px; border-bottom: 1px solid var(--line); text-align: right;
+th, td { padding: 5px 8px; border-bottom: 1px solid var(--line); text-align: right;
          white-space: nowrap; }
+th { white-space: normal; max-width: 8em; vertical-align: bottom; }
+td.t.long { white-space: normal; min-width: 12em; }
 th.t, td.t { text-align: left; }
 th { background: #eef1f4; font-weight: 600; }
 td.pass, td.agree, td.yes { color: var(--ok); font-weight: 600; }
@@ -49,11 +52,28 @@ ul.notes li { margin: 3px 0; }
 """
 
 PLOT_CAPTIONS = {
-    "latency": "Latency percentiles over time; the shaded band is the measurement window.",
+    "latency": "TTFT (left) and end-to-end latency (right) over time, P50 and P99 per second of "
+    "send time; the shaded band is the measurement window.",
     "ttft": "TTFT distribution in the measurement window, with P50, P99 and the SLO.",
     "throughput": "Completed throughput against offered load per stage (green: meets the SLO).",
+    "throughput_time": "Completed requests per second over the run (one stage: no offered-load "
+    "curve to draw); the shaded band is the measurement window.",
     "replicas": "Per-replica request share, busy fraction and latency.",
 }
+
+
+def ttft_caption(summary: RunSummary) -> str:
+    """What the TTFT histogram draws, and why a line is missing (too few samples)."""
+    lat, slo = summary.latency.ttft, summary.slo
+    lines = ["P50" if lat.p50 is not None else None, "P99" if lat.p99 is not None else None]
+    if slo is not None and slo.ttft_s is not None:
+        lines.append("the SLO")
+    drawn = [x for x in lines if x]
+    text = "TTFT distribution in the measurement window"
+    text += f", with {' and '.join(drawn)} as dashed lines." if drawn else "."
+    if lat.p99 is None:
+        text += f" No P99 line: {lat.count} samples are too few for a P99 (100 needed)."
+    return text
 
 
 def esc(value: object) -> str:
@@ -84,7 +104,10 @@ def table(t: Table) -> str:
 
 
 def img(png: bytes, alt: str, caption: str) -> str:
+    """A figure whose alt text names the plot's axes, read from the PNG (plots.axes_text)."""
     data = base64.b64encode(png).decode("ascii")
+    axes = plots.png_axes_text(png)
+    alt = f"{alt}: {axes}" if axes else alt
     return (
         f'<figure><img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
         f"<figcaption>{esc(caption)}</figcaption></figure>"
@@ -106,9 +129,22 @@ def render_plots(summary: RunSummary, records: Sequence[RequestRecord]) -> dict[
             frame.ms(s.latency.ttft.p99),
             slo_ttft_ms,
         ),
-        "throughput": plots.throughput_vs_load(frame.throughput_vs_load(s), s.knee_offered_load),
+        **_throughput_plot(s, records, window),
         "replicas": plots.replica_load(frame.replica_load(s)),
     }
+
+
+def _throughput_plot(
+    s: RunSummary, records: Sequence[RequestRecord], window: tuple[float, float]
+) -> dict[str, bytes]:
+    """Throughput against offered load when there are stages to compare, else over time."""
+    points = frame.throughput_vs_load(s)
+    if len({p.offered_load for p in points}) > 1:
+        return {
+            "throughput": plots.throughput_vs_load(points, s.knee_offered_load, frame.load_unit(s))
+        }
+    series = frame.throughput_over_time(records, s.run_start)
+    return {"throughput_time": plots.throughput_over_time(series, window)}
 
 
 def _cards(summary: RunSummary) -> str:
@@ -149,9 +185,8 @@ def render(summary: RunSummary, records: Sequence[RequestRecord]) -> str:
     if s.slo is not None:
         body.append("<h2>SLO checks</h2>" + table(frame.slo_table(s)))
     body.append('<h2>Plots</h2><div class="plots">')
-    body += [
-        img(images[k], k, PLOT_CAPTIONS[k]) for k in ("latency", "ttft", "throughput", "replicas")
-    ]
+    captions = {**PLOT_CAPTIONS, "ttft": ttft_caption(s)}
+    body += [img(png, k, captions[k]) for k, png in images.items()]
     body.append("</div>")
     body.append("<h2>Summary</h2>" + table(frame.headline(s)))
     body.append("<h2>Latency</h2>" + table(frame.latency_table(s)))

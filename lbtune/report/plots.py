@@ -11,7 +11,7 @@ import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from lbtune.report.frame import HistBin, LoadPoint, ReplicaPoint, TimePoint
+from lbtune.report.frame import HistBin, LoadPoint, RatePoint, ReplicaPoint, TimePoint
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -28,11 +28,51 @@ def _figure(width: float = 8.0, height: float = 3.6, ncols: int = 1) -> tuple[Fi
     return fig, list(axes)
 
 
+AXES_KEY = "Description"
+"""The PNG text chunk that names each panel's axes (:func:`axes_text`); the HTML
+report reads it back into the image's alt text, so the page says what the axes are."""
+
+
 def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     # No "Software" text chunk: the page must hold no external reference, even encoded.
-    fig.savefig(buf, format="png", metadata={"Software": None})
+    fig.savefig(buf, format="png", metadata={"Software": None, AXES_KEY: axes_text(fig)})
     return buf.getvalue()
+
+
+def axes_text(fig: Figure) -> str:
+    """``title: x = <label>, y = <label>`` per panel with data, ``colour = <label>`` per colour
+    bar; ``(none)`` where a label is missing. A "no data" panel (no ticks) is left out."""
+    parts = []
+    for ax in fig.axes:
+        cbar = getattr(ax, "_colorbar", None)
+        if cbar is not None:
+            label = ax.get_ylabel() if cbar.orientation == "vertical" else ax.get_xlabel()
+            parts.append(f"colour = {label or '(none)'}")
+            continue
+        if not len(ax.get_xticks()) and not len(ax.get_yticks()):
+            continue
+        x = ax.get_xlabel() or "(none)"
+        y = ax.get_ylabel() or "(none)"
+        parts.append(f"{ax.get_title() or 'plot'}: x = {x}, y = {y}")
+    return "; ".join(parts)
+
+
+def png_axes_text(png: bytes) -> str | None:
+    """The :data:`AXES_KEY` text chunk of a PNG written by :func:`_png`, if any."""
+    import struct
+
+    pos = 8
+    while pos + 8 <= len(png):
+        (length,) = struct.unpack(">I", png[pos : pos + 4])
+        kind = png[pos + 4 : pos + 8]
+        data = png[pos + 8 : pos + 8 + length]
+        if kind == b"tEXt" and data.startswith(AXES_KEY.encode() + b"\0"):
+            return data[len(AXES_KEY) + 1 :].decode("latin-1")
+        if kind == b"IEND":
+            break
+        pos += 12 + length
+    return None
 
 
 def _no_data(ax: Axes, what: str) -> None:
@@ -54,29 +94,32 @@ def _series(points: Sequence[TimePoint], attr: str) -> tuple[list[float], list[f
 def latency_over_time(
     points: Sequence[TimePoint], window: tuple[float, float], slo_ttft_ms: float | None
 ) -> bytes:
-    """TTFT and E2E P50/P99 per second; the measurement window shaded."""
-    fig, (ax,) = _figure()
-    ax.set_title("Latency percentiles over time (per second, by send time)")
+    """TTFT and E2E P50/P99 per second, each on its own panel (E2E runs to seconds where
+    TTFT is milliseconds: on one axis TTFT would lie flat on zero); the window shaded."""
+    fig, (left, right) = _figure(width=9.0, ncols=2)
+    left.set_title("TTFT over time (per second, by send time)")
+    right.set_title("End-to-end latency over time")
     if not points:
-        _no_data(ax, "no successful request")
+        _no_data(left, "no successful request")
+        _no_data(right, "no successful request")
         return _png(fig)
-    for attr, label, color, style in (
-        ("ttft_p50_ms", "TTFT P50", BLUE, "-"),
-        ("ttft_p99_ms", "TTFT P99", BLUE, "--"),
-        ("e2e_p50_ms", "E2E P50", ORANGE, "-"),
-        ("e2e_p99_ms", "E2E P99", ORANGE, "--"),
-    ):
-        xs, ys = _series(points, attr)
-        if xs:
-            ax.plot(xs, ys, style, color=color, label=label, linewidth=1.4)
-    ax.axvspan(window[0], window[1], color=GREEN, alpha=0.08, label="measurement window")
-    if slo_ttft_ms is not None:
-        ax.axhline(slo_ttft_ms, color=RED, linewidth=1, linestyle=":", label="TTFT SLO")
-    ax.set_xlabel("time since start (s)")
-    ax.set_ylabel("ms")
-    ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.05)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    panels = (
+        (left, "TTFT", "ttft_p50_ms", "ttft_p99_ms", BLUE, slo_ttft_ms),
+        (right, "E2E", "e2e_p50_ms", "e2e_p99_ms", ORANGE, None),
+    )
+    for ax, name, p50, p99, color, slo in panels:
+        for attr, label, style in ((p50, f"{name} P50", "-"), (p99, f"{name} P99", "--")):
+            xs, ys = _series(points, attr)
+            if xs:
+                ax.plot(xs, ys, style, color=color, label=label, linewidth=1.4)
+        ax.axvspan(window[0], window[1], color=GREEN, alpha=0.08, label="measurement window")
+        if slo is not None:
+            ax.axhline(slo, color=RED, linewidth=1, linestyle=":", label=f"{name} SLO")
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel(f"{name} (ms)")
+        ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.05)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
     return _png(fig)
 
 
@@ -113,7 +156,27 @@ def ttft_distribution(
     return _png(fig)
 
 
-def throughput_vs_load(points: Sequence[LoadPoint], knee_load: float | None) -> bytes:
+def throughput_over_time(points: Sequence[RatePoint], window: tuple[float, float]) -> bytes:
+    """Completed requests per second (by end time): the run's throughput as it went."""
+    fig, (ax,) = _figure()
+    ax.set_title("Completed throughput over time (per second, by end time)")
+    if not points:
+        _no_data(ax, "no completed request")
+        return _png(fig)
+    ax.plot([p.t for p in points], [p.completed_per_s for p in points], color=BLUE,
+            linewidth=1.4, label="completed (ok)")  # fmt: skip
+    ax.axvspan(window[0], window[1], color=GREEN, alpha=0.08, label="measurement window")
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("completed req/s")
+    ax.set_ylim(bottom=0, top=max(p.completed_per_s for p in points) * 1.2 or 1.0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    return _png(fig)
+
+
+def throughput_vs_load(
+    points: Sequence[LoadPoint], knee_load: float | None, load_unit: str = "users or req/s"
+) -> bytes:
     fig, (ax,) = _figure()
     ax.set_title("Completed throughput against offered load")
     if not points:
@@ -139,9 +202,10 @@ def throughput_vs_load(points: Sequence[LoadPoint], knee_load: float | None) -> 
         ax.annotate(p.label, (p.offered_load, p.throughput_rps), fontsize=7,
                     textcoords="offset points", xytext=(4, 4))  # fmt: skip
     if knee_load is not None:
-        ax.axvline(knee_load, color=GREEN, linestyle=":", label=f"knee at {knee_load:g}")
+        label = f"knee at {knee_load:g} {load_unit}"
+        ax.axvline(knee_load, color=GREEN, linestyle=":", label=label)
         ax.legend(fontsize=8)
-    ax.set_xlabel("offered load (users or req/s)")
+    ax.set_xlabel(f"offered load ({load_unit})")
     ax.set_ylabel("completed req/s")
     ax.set_ylim(0, max(p.throughput_rps for p in points) * 1.2 or 1.0)
     ax.margins(x=0.08)
@@ -152,7 +216,7 @@ def throughput_vs_load(points: Sequence[LoadPoint], knee_load: float | None) -> 
 def replica_load(points: Sequence[ReplicaPoint]) -> bytes:
     fig, (left, right) = _figure(width=9.0, ncols=2)
     left.set_title("Per-replica load")
-    right.set_title("Per-replica latency (ms)")
+    right.set_title("Per-replica latency")
     if not points:
         _no_data(left, "no replica")
         _no_data(right, "no replica")
@@ -173,6 +237,7 @@ def replica_load(points: Sequence[ReplicaPoint]) -> bytes:
     rotation = 0 if len(names) <= 6 else 30
     left.set_xticks(xs, names, rotation=rotation, ha="center" if rotation == 0 else "right")
     left.set_ylim(0, 100)
+    left.set_ylabel("% (share of requests, time busy)")
     left.legend(fontsize=8)
     left.grid(alpha=0.3, axis="y")
     series: list[tuple[str, list[Any], str]] = [
@@ -187,8 +252,13 @@ def replica_load(points: Sequence[ReplicaPoint]) -> bytes:
             [x + (i - 1.5) * w for x in xs], [v or 0.0 for v in values], w, label=label, color=color
         )
     right.set_xticks(xs, names, rotation=rotation, ha="center" if rotation == 0 else "right")
+    right.set_ylabel("latency (ms, log scale)")
+    if any(v for _, values, _ in series for v in values):
+        right.set_yscale("log")  # TTFT is ms where E2E is seconds: both stay visible
+    left.set_xlabel("replica")
+    right.set_xlabel("replica")
     if any(v is None for _, values, _ in series for v in values):
-        right.set_xlabel("missing bars: too few samples for that percentile", fontsize=7)
+        right.set_xlabel("replica (no bar: too few samples for that figure)")
     right.legend(fontsize=7)
     right.grid(alpha=0.3, axis="y")
     return _png(fig)

@@ -40,7 +40,7 @@ FIGURE_ROWS: tuple[tuple[str, str, float], ...] = (
     ("P50 time to first token (ms)", "p50_ttft_s", 1000.0),
     ("throughput (req/s)", "requests_per_s", 1.0),
     ("goodput (req/s)", "goodput_per_s", 1.0),
-    ("GPU-util std-dev across replicas", "balance", 1.0),
+    ("replica balance (std-dev)", "balance", 1.0),
     ("failed requests (%)", "error_rate", 100.0),
     ("throughput decay", "decay", 1.0),
 )
@@ -122,7 +122,7 @@ def before_after(result: StudyResult) -> Table:
     row("P50 time to first token (ms)", b.p50_ttft_s, w.p50_ttft_s, 1000.0)
     row("throughput (req/s)", b.requests_per_s, w.requests_per_s)
     row("goodput (req/s)", _get(bf, "goodput_per_s"), _get(wf, "goodput_per_s"))
-    row("GPU-util std-dev across replicas", _get(bf, "balance"), _get(wf, "balance"))
+    row("replica balance (std-dev)", _get(bf, "balance"), _get(wf, "balance"))
     row("failed requests (%)", b.error_rate, w.error_rate, 100.0)
     row("throughput decay", _get(bf, "decay"), _get(wf, "decay"))
     rel = None
