@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# tests/conformance runs against a real vLLM CPU server too: install it (once, ~2.5 min,
+# 3.4 GB in .venv-vllm) unless LBTUNE_SKIP_VLLM=1, which skips that half of the suite.
+[ "${LBTUNE_SKIP_VLLM:-0}" = 1 ] || scripts/setup-vllm.sh
 exec .venv/bin/python -m pytest "$@"
