@@ -43,7 +43,7 @@ table { border-collapse: collapse; background: #fff; border: 1px solid var(--lin
 th, td { padding: 5px 8px; border-bottom: 1px solid var(--line); text-align: right;
          white-space: nowrap; }
 th { white-space: normal; max-width: 8em; vertical-align: bottom; }
-td.t.long { white-space: normal; min-width: 12em; }
+td.long { white-space: normal; min-width: 16em; text-align: left; }
 th.t, td.t { text-align: left; }
 th { background: #eef1f4; font-weight: 600; }
 td.pass, td.agree, td.yes { color: var(--ok); font-weight: 600; }
@@ -76,6 +76,10 @@ def ttft_caption(summary: RunSummary) -> str:
     return text
 
 
+LONG_CELL = 48
+"""Cells longer than this many characters wrap (``td.long``)."""
+
+
 def esc(value: object) -> str:
     """HTML-escaped text; ``://`` written as entities, so a URL shown as text (the target,
     a Prometheus address in a note) leaves no literal ``http://`` in the page source."""
@@ -94,6 +98,8 @@ def table(t: Table) -> str:
             text = fmt(c)
             verdict = text in ("pass", "FAIL", "agree", "DISAGREE", "yes", "no")
             cls = f' class="t {esc(text)}"' if verdict else align[i]
+            if len(text) > LONG_CELL:  # a note or a reason: wrap it rather than widen the table
+                cls = ' class="t long"'
             cells.append(f"<td{cls}>{esc(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     rows = "".join(body)

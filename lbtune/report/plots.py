@@ -45,6 +45,8 @@ def axes_text(fig: Figure) -> str:
     bar; ``(none)`` where a label is missing. A "no data" panel (no ticks) is left out."""
     parts = []
     for ax in fig.axes:
+        if not ax.get_visible():  # an unused cell of a grid
+            continue
         cbar = getattr(ax, "_colorbar", None)
         if cbar is not None:
             label = ax.get_ylabel() if cbar.orientation == "vertical" else ax.get_xlabel()

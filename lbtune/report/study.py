@@ -18,6 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lbtune.report.frame import Cell, Table
+from lbtune.report.study_plots import (
+    SLICE_CAPTION,
+    best_params_html,
+    best_params_markdown,
+    slice_plot,
+)
 
 if TYPE_CHECKING:
     from lbtune.objective import Figures
@@ -286,7 +292,7 @@ def render_markdown(result: StudyResult) -> str:
         "",
     ]
     if best is not None:
-        lines += ["## Best parameters", "", "```json", json.dumps(best.params, indent=1), "```", ""]
+        lines += best_params_markdown(result, best.params)
     if result.importances:
         lines += ["## Parameter importances (PED-ANOVA)", ""]
         lines += [f"- `{k}`: {v:.3f}" for k, v in result.importances.items()] + [""]
@@ -303,7 +309,7 @@ def render_html(result: StudyResult) -> str:
     figs = "".join(img(png, key, caption) for key, (png, caption) in plots.items())
     notes = "".join(f"<li>{esc(n)}</li>" for n in result.notes)
     best = result.trial(result.best)
-    params = esc(json.dumps(best.params, indent=1)) if best is not None else "none"
+    params = best_params_html(result, best.params) if best is not None else "none"
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>lbtune optimize {esc(result.study)}</title><style>{CSS}</style></head><body><main>"
@@ -316,7 +322,7 @@ def render_html(result: StudyResult) -> str:
         f"<h2>Confirmation</h2>{table(confirmation_table(result))}"
         f"<h3>Rounds</h3>{table(rounds_table(result))}"
         f"<h2>Plots</h2><div class='plots'>{figs}</div>"
-        f"<h2>Best parameters</h2><pre>{params}</pre>"
+        f"<h2>Best parameters</h2>{params}"
         f"<h2>Trials</h2>{table(trials_table(result))}"
         + (f"<h2>Notes</h2><ul class='notes'>{notes}</ul>" if notes else "")
         + "</main></body></html>\n"
@@ -338,6 +344,7 @@ def render_plots(result: StudyResult) -> dict[str, tuple[bytes, str]]:
         base = result.trial(result.baseline)
         if base is not None and base.objective is not None:
             ax.axhline(base.objective, color="#7f7f7f", ls="--", label="live baseline")
+        ax.set_title("Optimisation history")
         ax.set_xlabel("trial")
         ax.set_ylabel("composite score (lower is better)")
         ax.legend(loc="upper right", fontsize=8)
@@ -348,11 +355,13 @@ def render_plots(result: StudyResult) -> dict[str, tuple[bytes, str]]:
     if result.importances:
         names = list(result.importances)[::-1]
         ax.barh(names, [result.importances[n] for n in names])
+        ax.set_title("Parameter importances")
         ax.set_xlabel("importance (PED-ANOVA)")
+        ax.set_ylabel("knob")
     else:
         _no_data(ax, "too few completed trials")
     out["importances"] = (_png(fig), "Parameter importances of the composite score.")
-    out["parallel"] = (_parallel(result), "Parallel coordinates (colour: score, dark = better).")
+    out["slices"] = (slice_plot(result), SLICE_CAPTION)
     if result.spec.kind == "pareto":
         out["pareto"] = (_pareto(result), "Pareto front: P99 e2e against P99 TTFT (front in red).")
     return out

@@ -1,0 +1,164 @@
+"""The study report's per-knob view: slice plots and the knobs that mattered.
+
+* :func:`slice_plot` — one panel per knob (as optuna-dashboard's slice plot): x = the
+  knob's value, y = the composite score, colour = trial number with a colour bar. Only
+  knobs that took more than one value in the study's completed trials get a panel.
+* :func:`split_params` — a parameter set split into the knobs that act under it and the
+  rest: a knob whose ``when`` condition (:mod:`lbtune.targets.space`) fails under the
+  chosen values (hash knobs under round robin), or one the study never moved from one
+  value (``agent.*`` while no agent runs: the target fixes them), is folded away.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lbtune.search.result import StudyResult, TrialResult
+    from lbtune.targets.space import ParameterSpace
+
+COLUMNS = 3
+SLICE_CAPTION = (
+    "Score against each knob's value, one panel per knob the study varied (most important "
+    "first); colour: trial number. Lower is better."
+)
+
+
+def _done(result: StudyResult) -> list[TrialResult]:
+    return [t for t in result.trials if t.state == "COMPLETE" and t.objective is not None]
+
+
+def varied_knobs(result: StudyResult) -> list[str]:
+    """Knobs with more than one value over the completed trials; most important first."""
+    done = _done(result)
+    names = sorted({k for t in done for k in t.params})
+    varied = [n for n in names if len({repr(t.params.get(n)) for t in done}) > 1]
+    rank = {n: i for i, n in enumerate(result.importances)}
+    return sorted(varied, key=lambda n: (rank.get(n, len(rank)), n))
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def slice_plot(result: StudyResult) -> bytes:
+    """One panel per varied knob: score against the knob's value, coloured by trial."""
+    from lbtune.report.plots import _no_data, _png
+
+    done = _done(result)
+    knobs = varied_knobs(result)
+    if len(done) < 2 or not knobs:
+        from lbtune.report.plots import _figure
+
+        fig, (ax,) = _figure(height=2.4)
+        ax.set_title("Score per knob value")
+        _no_data(ax, "no knob took two values in two completed trials")
+        return _png(fig)
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.figure import Figure
+
+    rows = math.ceil(len(knobs) / COLUMNS)
+    ncols = min(COLUMNS, len(knobs))
+    fig = Figure(figsize=(3.4 * ncols + 1.0, 2.7 * rows), dpi=100, layout="constrained")
+    grid = fig.subplots(rows, ncols, squeeze=False)
+    numbers = [t.number for t in done]
+    norm = Normalize(
+        min(numbers), max(numbers) if max(numbers) > min(numbers) else min(numbers) + 1
+    )
+    cmap = colormaps["viridis"]
+    scores = [float(t.objective or 0.0) for t in done]
+    for i, ax in enumerate(grid.flat):
+        if i >= len(knobs):
+            ax.set_visible(False)
+            continue
+        name = knobs[i]
+        raw = [t.params.get(name) for t in done]
+        if all(_is_number(v) for v in raw):
+            xs: Sequence[float] = [float(v) for v in raw]  # type: ignore[arg-type]
+        else:
+            cats = sorted({str(v) for v in raw})
+            xs = [float(cats.index(str(v))) for v in raw]
+            ax.set_xticks(range(len(cats)), cats, fontsize=8)
+            ax.margins(x=0.2)
+        ax.scatter(xs, scores, c=numbers, cmap=cmap, norm=norm, s=22, edgecolors="none")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(name, fontsize=8)
+        ax.set_ylabel("score (lower is better)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=grid, shrink=0.9)
+    bar.set_label("trial number")
+    return _png(fig)
+
+
+def _space_of(result: StudyResult, names: Sequence[str]) -> ParameterSpace | None:
+    """The target's packaged space, expanded over the replicas the parameter names show."""
+    from lbtune.errors import LbtuneError
+    from lbtune.targets import TARGETS
+    from lbtune.targets.space import ParameterSpace
+
+    spec = TARGETS.get(result.target)
+    if spec is None:
+        return None
+    module = importlib.import_module(spec.split(":", 1)[0])
+    path = Path(str(module.__file__)).with_name("space.yaml")
+    replicas = sorted({n.split(".", 1)[1] for n in names if n.startswith(("weight.", "maxconn."))})
+    try:
+        return ParameterSpace.load(path, replicas=replicas)
+    except (LbtuneError, OSError):
+        return None
+
+
+def split_params(
+    result: StudyResult, params: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(effective, folded)``: the knobs that act under ``params``; the rest, each with why."""
+    space = _space_of(result, list(params))
+    done = _done(result) or list(result.trials)
+    effective: dict[str, Any] = {}
+    folded: dict[str, str] = {}
+    for name, value in params.items():
+        spec = None if space is None else space.params.get(name)
+        if space is not None and spec is not None and not space.is_active(name, params):
+            cond = ", ".join(f"{k} = {v}" for k, v in spec.when.items())
+            folded[name] = f"{value!r}: acts only when {cond}"
+        elif len(done) > 1 and len({repr(t.params.get(name)) for t in done}) == 1:
+            folded[name] = f"{value!r}: fixed during this study (the same in every trial)"
+        else:
+            effective[name] = value
+    return effective, folded
+
+
+def best_params_markdown(result: StudyResult, params: Mapping[str, Any]) -> list[str]:
+    """The "Best parameters" section: effective knobs as JSON, the folded ones listed after."""
+    import json
+
+    effective, folded = split_params(result, params)
+    lines = ["## Best parameters", "", "```json", json.dumps(effective, indent=1), "```", ""]
+    if folded:
+        lines += [f"{len(folded)} knobs without effect here (folded away):", ""]
+        lines += [f"- `{k}` {why}" for k, why in folded.items()] + [""]
+    return lines
+
+
+def best_params_html(result: StudyResult, params: Mapping[str, Any]) -> str:
+    """``<pre>`` of the effective knobs and a closed ``<details>`` with the rest."""
+    import json
+
+    from lbtune.report.html import esc
+
+    effective, folded = split_params(result, params)
+    out = f"<pre>{esc(json.dumps(effective, indent=1))}</pre>"
+    if folded:
+        items = "".join(f"<li><code>{esc(k)}</code> {esc(why)}</li>" for k, why in folded.items())
+        out += (
+            f"<details><summary>{len(folded)} knobs without effect here (folded away)</summary>"
+            f"<ul class='notes'>{items}</ul></details>"
+        )
+    return out

@@ -1,0 +1,41 @@
+"""The study report's per-knob view: slice plots, and the knobs folded away."""
+
+from __future__ import annotations
+
+from lbtune.report.plots import png_axes_text
+from lbtune.report.study_plots import best_params_markdown, slice_plot, split_params, varied_knobs
+from tests.report.test_browser_layout import study
+
+
+def test_knobs_that_do_nothing_under_the_chosen_values_are_folded_away() -> None:
+    result = study()
+    best = result.trial(4)
+    assert best is not None and best.params["algorithm"] == "leastconn"
+    effective, folded = split_params(result, best.params)
+    assert {"algorithm", "weight.h100-0", "weight.l4-0"} <= set(effective)
+    assert "acts only when algorithm = random" in folded["random_draws"]
+    assert "acts only when algorithm = hash" in folded["hash_bytes"]
+    assert "fixed during this study" in folded["agent.a"]  # never moved: no agent ran
+    assert "queue_timeout_s" in folded and not set(effective) & set(folded)
+    text = "\n".join(best_params_markdown(result, best.params))
+    assert '"hash_bytes"' not in text and "`hash_bytes` 256: acts only when" in text
+
+
+def test_under_hash_the_hash_knobs_act() -> None:
+    result = study()
+    hashed = result.trial(3)
+    assert hashed is not None
+    effective, folded = split_params(result, hashed.params)
+    assert "acts only when" not in folded.get("hash_bytes", "")  # active under hash
+    assert "random_draws" in folded and "random_draws" not in effective
+
+
+def test_one_slice_panel_per_varied_knob_with_a_colour_bar() -> None:
+    result = study()
+    knobs = varied_knobs(result)
+    assert knobs[0] == "algorithm"  # the most important first
+    axes = png_axes_text(slice_plot(result)) or ""
+    panels = [p for p in axes.split("; ") if " x = " in p]
+    assert [p.split(":")[0] for p in panels] == knobs
+    assert all(p.endswith("y = score (lower is better)") for p in panels)
+    assert "colour = trial number" in axes
