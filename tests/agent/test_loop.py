@@ -12,7 +12,7 @@ import pytest
 
 from lbtune.agent.config import AgentConfig
 from lbtune.agent.exporter import AgentMetrics
-from lbtune.agent.loop import Agent, AgentThread, run
+from lbtune.agent.loop import Agent, AgentThread, StepResult, run
 from lbtune.agent.scoring import ReplicaInputs
 from lbtune.metrics.prom import PrometheusUnreachable
 from lbtune.targets.haproxy.balancer import HaproxyWeights
@@ -75,7 +75,7 @@ def test_prometheus_down_holds_weights_and_logs_once(
     caplog.set_level(logging.DEBUG, logger="lbtune.agent")
     before = weights(sock)
     metrics = AgentMetrics()
-    results = []
+    results: list[StepResult] = []
     run(cfg(), max_iterations=4, weights=hap(sock), metrics=metrics, on_step=results.append)
     assert [r.ok for r in results] == [False] * 4
     assert weights(sock) == before
@@ -116,7 +116,7 @@ def test_a_balancer_that_does_not_answer_is_logged_once(
 ) -> None:
     caplog.set_level(logging.INFO, logger="lbtune.agent")
     source = FakeSource({"fast": IDLE})
-    results = []
+    results: list[StepResult] = []
     run(
         cfg(),
         max_iterations=3,

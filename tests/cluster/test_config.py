@@ -70,7 +70,7 @@ def test_unknown_gpu_names_file_field_and_choices(tmp_path: Path) -> None:
             f"name: x\nports: free\nreplicas: [{{gpu: l4-24g, models: [{M8}]}}]\n",
             "ports: Expected 'auto'",
         ),
-        ("name: x\n", "Give either 'replicas'"),
+        ("name: x\n", "Give one of 'replicas'"),
         (f"replicas: [{{gpu: l4-24g, models: [{M8}]}}]\n", "name: Field required"),
         (
             "name: x\nexternal: [{name: a, url: 'https://h:1', models: [m]}]\n",

@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -72,7 +73,7 @@ def test_the_router_runs_and_prometheus_scrapes_it(rcluster: Endpoints) -> None:
 
 
 def test_a_streaming_chat_goes_through_the_router(rcluster: Endpoints) -> None:
-    body = {
+    body: dict[str, Any] = {
         "model": M8,
         "messages": [{"role": "user", "content": "tell me a story"}],
         "max_tokens": 16,
@@ -110,7 +111,7 @@ def test_cache_aware_keeps_a_shared_prefix_on_one_replica(rcluster: Endpoints) -
     for turn in range(4):
         for group in range(3):
             system = f"You are assistant number {group}. " + "Answer briefly and kindly. " * 60
-            body = {
+            body: dict[str, Any] = {
                 "model": M8,
                 "max_tokens": 2,
                 "messages": [

@@ -15,6 +15,7 @@ apply, serve a real request through the balancer that carries the replica header
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -189,7 +190,7 @@ def test_a_request_after_an_apply_is_served_and_names_its_replica(
     entry, ep = deployed
     target.apply(other_params(target.space(), seed=5))
     target.apply(target.space().baseline())  # a real change back to a set that serves
-    body = {
+    body: dict[str, Any] = {
         "model": ep.models[0],
         "messages": [{"role": "user", "content": "hello"}],
         "max_tokens": 4,

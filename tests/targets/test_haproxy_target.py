@@ -6,6 +6,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -117,7 +118,11 @@ def baseline(target: HaproxyTarget) -> Iterator[HaproxyTarget]:
 
 
 def chat(target: HaproxyTarget, content: str = "hi") -> requests.Response:
-    body = {"model": M8, "max_tokens": 2, "messages": [{"role": "user", "content": content}]}
+    body: dict[str, Any] = {
+        "model": M8,
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": content}],
+    }
     return requests.post(
         f"{target.endpoints.balancer_url}/v1/chat/completions", json=body, timeout=30
     )
