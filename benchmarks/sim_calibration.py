@@ -14,7 +14,7 @@ Sources (full citations in docs/simulator.md, "Calibration"):
   (github.com/microsoft/vidur, data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv,
   TP 1, median of each operator, ms per layer). Covers the decoder GEMMs, the elementwise
   kernels and the embedding; not attention, not the LM head.
-* VIDUR-ATTN: the same repository's decode-attention profile on the A100
+* VIDUR-ATTN: the same repository's attention profile on the A100
   (data/profiling/a100/attention.csv, FlashAttention backend): the only decode shape we read is
   Llama-70B-class at TP 2 (per GPU one layer: 32 query heads, 4 KV heads of 128, i.e. 2 KiB of
   KV per token); ``kv_cache_size`` read as each decode's context. Medians: 0.015 ms for one
