@@ -49,12 +49,13 @@ replicas:
   - {{gpu: l4-24g, count: 1, models: [{M8}]}}
 """
 # Prompts long enough that TTFTs are tens of ms, well above the generator's timing bound;
-# outputs long enough that an L4 request outlasts a window.
+# outputs long enough that an L4 request outlasts a window; a warm-up (4 s) long enough
+# for the L4's queue to fill (at 2 s, window 1 still saw it filling: 0.83x once).
 SCENARIO = f"""\
 name: slow3load
 seed: 3
-duration_s: 8.5
-warmup_s: 2
+duration_s: 10.5
+warmup_s: 4
 cooldown_s: 1
 slo: {{ttft: 1s, e2e: 5s}}
 load: {{type: constant, users: 12}}
@@ -114,7 +115,7 @@ def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path
         for pruner in ("median", "none"):
             results[pruner] = run_optimize(
                 OptimizeOptions(
-                    budget=6, scenario=str(tmp_path / "load.yaml"), trial_duration_s=8.5,
+                    budget=6, scenario=str(tmp_path / "load.yaml"), trial_duration_s=10.5,
                     window_s=WINDOW_S, study=f"slow3-{pruner}", pruner=pruner, seed=1,
                     weights="e2e=0,ttft=1,decay=0",
                     storage=f"sqlite:///{tmp_path}/studies.db", state_dir=state,
