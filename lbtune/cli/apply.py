@@ -162,14 +162,26 @@ def apply_command(
     from lbtune.errors import ConfigError
 
     if show:
+        from lbtune.report.study_plots import split_by_space
+
         t = _target(target, state_dir, space)
         live = t.read_live()
+        effective, folded = split_by_space(t.space(), live)
         if as_json:
-            typer.echo(json.dumps({"target": t.name, "params": live}, indent=2))
+            out = {"target": t.name, "params": live, "without_effect": folded}
+            typer.echo(json.dumps(out, indent=2))
         else:
-            typer.echo(
-                yaml.safe_dump({"target": t.name, "params": live}, sort_keys=False), nl=False
-            )
+            doc = {"target": t.name, "params": effective}
+            typer.echo(yaml.safe_dump(doc, sort_keys=False), nl=False)
+            if folded:  # comments, grouped by reason: the output stays a valid --params file
+                n = len(folded)
+                typer.echo(f"# {n} knobs without effect now (folded away; --json lists all):")
+                groups: dict[str, list[str]] = {}
+                for name, why in folded.items():
+                    value, _, reason = why.partition(": ")
+                    groups.setdefault(reason, []).append(f"{name}={value}")
+                for reason, knobs in groups.items():
+                    typer.echo(f"#   {reason}: {', '.join(knobs)}")
         return
     if (params is None) == (study is None):
         raise ConfigError("Give exactly one of --params FILE or --study NAME (or --show)")

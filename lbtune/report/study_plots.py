@@ -115,12 +115,17 @@ def _space_of(result: StudyResult, names: Sequence[str]) -> ParameterSpace | Non
         return None
 
 
-def split_params(
-    result: StudyResult, params: Mapping[str, Any]
+def split_by_space(
+    space: ParameterSpace | None,
+    params: Mapping[str, Any],
+    unmoved: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """``(effective, folded)``: the knobs that act under ``params``; the rest, each with why."""
-    space = _space_of(result, list(params))
-    done = _done(result) or list(result.trials)
+    """``(effective, folded)``: the knobs that act under ``params``; the rest, each with why.
+
+    Folded: a knob whose ``when`` condition fails under ``params``, one the space marks
+    ``fixed`` (the target fixes the agent's knobs while no agent runs), and the names in
+    ``unmoved`` (with their reason).
+    """
     effective: dict[str, Any] = {}
     folded: dict[str, str] = {}
     for name, value in params.items():
@@ -128,11 +133,29 @@ def split_params(
         if space is not None and spec is not None and not space.is_active(name, params):
             cond = ", ".join(f"{k} = {v}" for k, v in spec.when.items())
             folded[name] = f"{value!r}: acts only when {cond}"
-        elif len(done) > 1 and len({repr(t.params.get(name)) for t in done}) == 1:
-            folded[name] = f"{value!r}: fixed during this study (the same in every trial)"
+        elif spec is not None and spec.fixed:
+            folded[name] = (
+                f"{value!r}: fixed in this cluster "
+                "(weights while the agent sets them, agent.* without an agent)"
+            )
+        elif unmoved and name in unmoved:
+            folded[name] = f"{value!r}: {unmoved[name]}"
         else:
             effective[name] = value
     return effective, folded
+
+
+def split_params(
+    result: StudyResult, params: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """:func:`split_by_space` for a study: also folds knobs no trial moved."""
+    done = _done(result) or list(result.trials)
+    unmoved = {
+        n: "fixed during this study (the same in every trial)"
+        for n in params
+        if len(done) > 1 and len({repr(t.params.get(n)) for t in done}) == 1
+    }
+    return split_by_space(_space_of(result, list(params)), params, unmoved)
 
 
 def best_params_markdown(result: StudyResult, params: Mapping[str, Any]) -> list[str]:

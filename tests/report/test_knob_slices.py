@@ -39,3 +39,19 @@ def test_one_slice_panel_per_varied_knob_with_a_colour_bar() -> None:
     assert [p.split(":")[0] for p in panels] == knobs
     assert all(p.endswith("y = score (lower is better)") for p in panels)
     assert "colour = trial number" in axes
+
+
+def test_a_fixed_knob_is_folded_for_apply_show() -> None:
+    from lbtune.report.study_plots import _space_of, split_by_space
+    from lbtune.targets.space import ParameterSpace
+
+    space = _space_of(study(), ["weight.h100-0"])
+    assert space is not None
+    fixed = {
+        n: s.model_copy(update={"fixed": n.startswith("agent.")}) for n, s in space.params.items()
+    }
+    live = {**space.baseline(), "algorithm": "hash"}
+    effective, folded = split_by_space(ParameterSpace(space.target, fixed), live)
+    assert "hash_bytes" in effective and "weight.h100-0" in effective
+    assert "fixed in this cluster" in folded["agent.a"]
+    assert "acts only when algorithm = random" in folded["random_draws"]
