@@ -1,0 +1,204 @@
+"""The LLM scheduler's own cost per request, measured in HAProxy (algorithm: llm).
+
+Three fake replicas are frontends of a second HAProxy (`/metrics` answers fixed vLLM gauges,
+everything else a small JSON 200), so the replicas cost next to nothing. The balancer is the
+HAProxy target's own config and apply path. An asyncio client sends chat requests (~2 KB
+prompts, 20 shared prefixes) open-loop at ``--rate`` req/s over ``--conns`` keep-alive
+connections for ``--duration`` s, first under ``leastconn``, then under ``llm``.
+
+Reported: the scheduler's pick time from its own histogram (``lbtune_llm_pick_microseconds``:
+process CPU time around ``llm_pick``; P50/P99 are the upper edges of the buckets that hold
+them), its mean, and the client-side latency P50/P99 of both algorithms (the difference is
+the whole cost seen by a client, noise included).
+
+    .venv/bin/python benchmarks/llm_pick_cost.py --rate 500 --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+from lbtune.cluster.state import Endpoints, ReplicaEndpoint
+from lbtune.metrics.quantiles import percentile
+from lbtune.targets.haproxy import config
+from lbtune.targets.haproxy.balancer import servers_missing
+from lbtune.targets.haproxy.files import HaproxyFiles, Site
+from lbtune.targets.haproxy.target import HaproxyTarget
+
+M8 = "llama-3.1-8b-instruct"
+GPUS = [("h100-0", "h100-80g"), ("a100-0", "a100-80g"), ("l4-0", "l4-24g")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def replicas_cfg(ports: list[int]) -> str:
+    metrics = (
+        'vllm:num_requests_waiting{model_name=\\"m\\"} 1\\n'
+        'vllm:kv_cache_usage_perc{model_name=\\"m\\"} 0.2\\n'
+    )
+    lines = ["defaults", "    mode http", "    timeout client 10s", "    timeout connect 1s"]
+    for i, p in enumerate(ports):
+        lines += [
+            f"frontend r{i}",
+            f"    bind 127.0.0.1:{p}",
+            f'    http-request return status 200 content-type text/plain string "{metrics}" '
+            "if { path /metrics }",
+            "    http-request return status 200 content-type application/json string '{\"ok\":1}'",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def endpoints(state: Path, ports: list[int], lb: int, stats: int) -> Endpoints:
+    return Endpoints(
+        config_name="bench", config_path="-", state_dir=str(state), balancer="haproxy",
+        balancer_url=f"http://127.0.0.1:{lb}", stats_url=f"http://127.0.0.1:{stats}/stats",
+        balancer_metrics_url="-", balancer_components=["haproxy"], balancer_jobs=["haproxy"],
+        balancer_details=HaproxyFiles.in_dir(state).details(), replica_header="X-Lbtune-Replica",
+        prometheus_url="http://127.0.0.1:1", exporter_port=1, exporter_url="-", prometheus_yml="-",
+        replicas=[
+            ReplicaEndpoint(name=n, url=f"http://127.0.0.1:{p}", models=[M8], gpu=g)
+            for (n, g), p in zip(GPUS, ports, strict=True)
+        ],
+        time_scale=1.0, ground_truth_path=None,
+    )  # fmt: skip
+
+
+def bodies(n: int, seed: int = 1) -> list[bytes]:
+    rng = random.Random(seed)
+    prefixes = [" ".join(f"p{k}w{i}" for i in range(250)) for k in range(20)]
+    out = []
+    for i in range(n):
+        content = rng.choice(prefixes) + f" question {i} " + "x" * rng.randint(0, 400)
+        doc = {"model": M8, "max_tokens": 16, "messages": [{"role": "user", "content": content}]}
+        out.append(json.dumps(doc).encode())
+    return out
+
+
+async def load(port: int, rate: float, duration: float, conns: int) -> list[float]:
+    """Open loop: request i is due at i/rate; each connection takes the next due one."""
+    n = int(rate * duration)
+    payloads = bodies(n)
+    lat: list[float] = []
+    t0 = time.perf_counter() + 0.2
+    nxt = 0
+
+    async def worker() -> None:
+        nonlocal nxt
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        while nxt < n:
+            i = nxt
+            nxt += 1
+            due = t0 + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            body = payloads[i]
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                f"application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode()
+            start = time.perf_counter()
+            writer.write(head + body)
+            status = await reader.readline()
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            await reader.readexactly(length)
+            if b" 200 " in status:
+                lat.append(time.perf_counter() - start)
+        writer.close()
+
+    await asyncio.gather(*(worker() for _ in range(conns)))
+    return lat
+
+
+def pick_cost(stats_url: str) -> dict[str, float]:
+    text = requests.get(stats_url + "/llm/metrics", timeout=5).text
+    buckets: list[tuple[float, float]] = []
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("lbtune_llm_pick_microseconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
+        elif line.startswith(("lbtune_llm_scrape", "lbtune_llm_fallback")):
+            out[line.split()[0]] = float(line.split()[-1])
+        elif line.startswith("lbtune_llm_pick_microseconds_") and "{" not in line:
+            out[line.split()[0].rsplit("_", 1)[1]] = float(line.split()[-1])
+    total = buckets[-1][1] if buckets else 0.0
+    for q in (50, 99):
+        out[f"p{q}_le_us"] = next((le for le, c in buckets if c >= total * q / 100), float("nan"))
+    out["mean_us"] = out.get("sum", 0.0) / max(1.0, out.get("count", 0.0))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--rate", type=float, default=500.0)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--conns", type=int, default=32)
+    args = ap.parse_args()
+    binary = shutil.which("haproxy")
+    if binary is None:
+        sys.exit("haproxy is needed")
+    state = Path(tempfile.mkdtemp(prefix="lbt-cost-", dir="/tmp"))
+    (state / "logs").mkdir()
+    ports = [free_port() for _ in GPUS]
+    (state / "replicas.cfg").write_text(replicas_cfg(ports))
+    lb, stats = free_port(), free_port()
+    ep = endpoints(state, ports, lb, stats)
+    files = HaproxyFiles.in_dir(state)
+    files.cfg.write_text(config.render_untuned(Site.from_endpoints(ep)))
+    log = (state / "logs" / "haproxy.log").open("w")
+    procs = [
+        subprocess.Popen([binary, "-f", str(state / "replicas.cfg")], stdout=log, stderr=log),
+        subprocess.Popen(
+            [binary, "-W", "-S", files.master_socket, "-f", str(files.cfg)], stdout=log, stderr=log
+        ),
+    ]
+    try:
+        target = HaproxyTarget(ep)
+        deadline = time.monotonic() + 20
+        while servers_missing(target.runtime, [n for n, _ in GPUS], ep.balancer_url):
+            if time.monotonic() > deadline:
+                sys.exit("HAProxy did not come up: " + (state / "logs" / "haproxy.log").read_text())
+            time.sleep(0.05)
+        result: dict[str, object] = {"rate": args.rate, "duration_s": args.duration}
+        for algo in ("leastconn", "llm"):
+            target.apply({"algorithm": algo})
+            lat = asyncio.run(load(lb, args.rate, args.duration, args.conns))
+            want = int(args.rate * args.duration)
+            result[algo] = {
+                "ok": len(lat),
+                "sent": want,
+                "client_p50_ms": percentile(lat, 50) * 1000,
+                "client_p99_ms": percentile(lat, 99) * 1000,
+            }
+        result["pick"] = pick_cost(f"http://127.0.0.1:{stats}")
+        print(json.dumps(result, indent=2))
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
+        log.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
