@@ -74,7 +74,8 @@ def trace_ref(
     path: str | Path, fmt: str | None = None, speedup: float | None = None, **more: Any
 ) -> str:
     """The scenario reference of a trace replay: ``trace:PATH?format=F&speedup=K``."""
-    opts = {"format": fmt or guess_format(path), "speedup": 1.0 if speedup is None else speedup}
+    opts: dict[str, Any] = {"format": fmt or guess_format(path)}
+    opts.update(speedup=1.0 if speedup is None else speedup, start=0.0)  # the window, always
     opts.update(more)
     query = "&".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in opts.items() if v is not None)  # fmt: skip

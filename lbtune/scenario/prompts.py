@@ -87,6 +87,12 @@ def _stream() -> tuple[str, tuple[int, ...]]:
     return "".join(pieces), tuple(offsets)
 
 
+def warm() -> None:
+    """Build the word stream now (about 50 ms, once per process), not on the first request:
+    an open-loop generator would otherwise send its first requests that much late."""
+    _stream()
+
+
 def _slice(start: int, n: int) -> str:
     text, off = _stream()
     parts: list[str] = []
@@ -117,6 +123,7 @@ class TextSynth:
         self._hf: Any = None
         if tokenizer_path is not None:
             self._hf = _load_hf(tokenizer_path)
+        warm()
 
     @property
     def tokenizer(self) -> str:

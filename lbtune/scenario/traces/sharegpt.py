@@ -37,6 +37,7 @@ def _records(text: str, shown: str) -> list[tuple[int, Any]]:
         )
     pos += 1
     out: list[tuple[int, Any]] = []
+    line, counted = 1, 0  # newlines are counted once, as the position moves on
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
@@ -44,7 +45,8 @@ def _records(text: str, shown: str) -> list[tuple[int, Any]]:
             raise bad(shown, text.count("\n") + 1, None, "unterminated JSON array")
         if text[pos] == "]":
             return out
-        line = text.count("\n", 0, pos) + 1
+        line += text.count("\n", counted, pos)
+        counted = pos
         try:
             obj, pos = dec.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
