@@ -315,3 +315,6 @@ def _print_summary(console: object, s: RunSummary) -> None:
         for row in frame.rows:
             t.add_row(*(fmt_cell(c) for c in row))
         console.print(t)
+    from lbtune.report.frame import verdict
+
+    console.print(verdict(s), style="bold", markup=False, highlight=False, soft_wrap=True)

@@ -116,6 +116,37 @@ def warnings(summary: RunSummary) -> list[str]:
     return out
 
 
+def _ms_text(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def verdict(summary: RunSummary) -> str:
+    """One plain sentence on what the figures mean: SLO, served rate, first-token times."""
+    s, lat = summary, summary.latency
+    failed = [c.name for c in s.slo_checks if c.ok is False]
+    if failed:
+        head = f"SLO NOT met ({', '.join(failed)})"
+    elif any(c.ok for c in s.slo_checks):
+        head = "SLO met"
+    else:
+        head = "no SLO checked"
+    out = [f"{s.throughput.requests_per_s:.1f} req/s served"]
+    if lat.ttft is not None and lat.ttft.p50 is not None:
+        first = f"half the requests had their first token within {_ms_text(lat.ttft.p50)}"
+        if lat.ttft.p99 is not None:
+            first += f", 99 % within {_ms_text(lat.ttft.p99)}"
+        out.append(first)
+    if lat.e2e is not None and lat.e2e.p99 is None:
+        n = lat.e2e.count
+        out.append(f"no P99 yet: {n} requests in the window, 100 needed (--until-samples 100)")
+    errors = s.outcomes.error_rate
+    if errors:
+        out.append(f"{errors * 100:.1f} % of requests failed")
+    if s.generator.degraded:
+        out.append("the load generator fell behind, so latencies may read high (see the warning)")
+    return f"Verdict: {head}. " + "; ".join(out) + "."
+
+
 def headline(summary: RunSummary) -> Table:
     """The key figures of the measurement window."""
     lat, tput, outs = summary.latency, summary.throughput, summary.outcomes

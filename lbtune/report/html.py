@@ -36,6 +36,8 @@ h2 { font-size: 17px; margin: 28px 0 10px; border-bottom: 1px solid var(--line);
 figure { margin: 0; background: #fff; border: 1px solid var(--line); border-radius: 6px;
          padding: 8px; }
 figure img { width: 100%; height: auto; display: block; }
+figure.wide { grid-column: 1 / -1; }
+figure.wide img { max-width: 1100px; margin: 0 auto; }
 figcaption { color: var(--muted); font-size: 12px; padding-top: 4px; }
 .scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; background: #fff; border: 1px solid var(--line);
@@ -49,6 +51,7 @@ th { background: #eef1f4; font-weight: 600; }
 td.pass, td.agree, td.yes { color: var(--ok); font-weight: 600; }
 td.FAIL, td.DISAGREE, td.no { color: var(--bad); font-weight: 600; }
 ul.notes li { margin: 3px 0; }
+.verdict { font-size: 15px; font-weight: 600; margin: 10px 0; }
 """
 
 PLOT_CAPTIONS = {
@@ -109,13 +112,18 @@ def table(t: Table) -> str:
     )
 
 
+WIDE_PLOTS = frozenset({"slices"})
+"""Plots that take a whole row of the grid (many small panels)."""
+
+
 def img(png: bytes, alt: str, caption: str) -> str:
     """A figure whose alt text names the plot's axes, read from the PNG (plots.axes_text)."""
     data = base64.b64encode(png).decode("ascii")
     axes = plots.png_axes_text(png)
+    wide = ' class="wide"' if alt in WIDE_PLOTS else ""
     alt = f"{alt}: {axes}" if axes else alt
     return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
+        f'<figure{wide}><img src="data:image/png;base64,{data}" alt="{esc(alt)}">'
         f"<figcaption>{esc(caption)}</figcaption></figure>"
     )
 
@@ -187,6 +195,7 @@ def render(summary: RunSummary, records: Sequence[RequestRecord]) -> str:
         f" · schema {s.schema_version}</div>"
     )
     body += [f'<div class="warn">⚠ {esc(w)}</div>' for w in frame.warnings(s)]
+    body.append(f'<p class="verdict">{esc(frame.verdict(s))}</p>')
     body.append(_cards(s))
     if s.slo is not None:
         body.append("<h2>SLO checks</h2>" + table(frame.slo_table(s)))

@@ -56,6 +56,7 @@ def render(summary: RunSummary) -> str:
     warnings = frame.warnings(s)
     if warnings:
         parts.append("\n>\n".join(f"> **⚠ {w}**" for w in warnings) + "\n\n")
+    parts.append(f"**{frame.verdict(s)}**\n\n")
     gen = s.generator
     parts.append(
         f"- Target: `{s.target}`\n"

@@ -91,6 +91,8 @@ def slice_plot(result: StudyResult) -> bytes:
         ax.set_xlabel(name, fontsize=8)
         ax.set_ylabel("score (lower is better)", fontsize=8)
         ax.tick_params(labelsize=7)
+        if all(_is_number(v) for v in raw):
+            ax.locator_params(axis="x", nbins=4)  # long integers (bytes) would overlap
         ax.grid(alpha=0.3)
     bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=grid, shrink=0.9)
     bar.set_label("trial number")

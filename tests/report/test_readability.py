@@ -71,3 +71,17 @@ def test_crosscheck_shows_the_summary_figure_when_it_could_not_compare() -> None
     (row,) = frame.crosscheck_table(cc).rows
     assert row[1] == frame.ms(s.latency.ttft.p50) and row[1] is not None
     assert row[3] == "too few samples (40) to compare" and row[4] == "n/a"
+
+
+def test_verdict_says_what_the_figures_mean() -> None:
+    s = data.summary()
+    text = frame.verdict(s)
+    assert text.startswith("Verdict: SLO ")
+    assert "req/s served" in text and "first token within" in text
+    few = dataclasses.replace(
+        s, latency=dataclasses.replace(
+            s.latency, e2e=dataclasses.replace(s.latency.e2e, p99=None, count=40)
+        )
+    )  # fmt: skip
+    assert "no P99 yet: 40 requests in the window, 100 needed" in frame.verdict(few)
+    assert frame.verdict(s) in html.render(s, data.records())
