@@ -52,14 +52,18 @@ __all__ = [
     "timing_bound",
 ]
 
-LATENESS_P99_LIMIT_S = 0.010
-"""Open loop: sends later than this (P99) shift the arrival process visibly."""
+LATENESS_P99_LIMIT_S = 0.025
+"""Open loop: sends later than this (P99) shift the arrival process visibly (25 ms is
+a few per cent of the gap between sends at the tens of requests/s one LLM replica
+takes; a scheduler tick on a busy 2-core machine stays well below it)."""
 IDLE_SHARE_LIMIT = 0.05
 """Closed loop: users idle more than 5 % of their time offered 5 % less concurrency."""
-BOUND_SHARE_LIMIT = 0.02
-"""A TTFT figure that the generator's timing could overstate by more than 2 %."""
-BOUND_FLOOR_S = 0.001
-"""...and by more than 1 ms (below that, stamps are as good as the clock reads)."""
+BOUND_SHARE_LIMIT = 0.05
+"""A TTFT figure that the generator's timing could overstate by more than 5 % (verdicts
+that matter move figures by ten per cent and more; their CIs are wider than this)."""
+BOUND_FLOOR_S = 0.005
+"""...and by more than 5 ms (the accuracy the generator is built to: TTFT error P99
+<= 5 ms at 256 streams, ``benchmarks/ttft_accuracy.py``)."""
 _TICK_S = 0.010
 
 
