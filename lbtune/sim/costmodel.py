@@ -8,7 +8,7 @@ share costs four terms, and the step pays a small host overhead once::
         linear_m      roof(W_lin / BW_eff,  2 P_lin tokens / F_eff)        decoder GEMMs
       + lm_head_m     roof(W_lm / BW_eff,   2 P_lm rows / F_eff)           sampled rows only
       + elementwise_m L roof(floor_e,  tokens B_e / (L BW_elem))            norms, RoPE, SiLU, add
-      + attention_m   L roof(floor_a,  (kv_read B_kv / BW_attn
+      + attention_m   L roof_p(floor_a, (kv_read B_kv / BW_attn
                                         + (prefix_pairs / F_attn + causal_pairs / F_causal) f) / L)
 
 where a prefill chunk's (query, key) pairs split into those against earlier tokens
@@ -77,6 +77,19 @@ def roof(memory_s: float, compute_s: float) -> float:
     return math.hypot(memory_s, compute_s)
 
 
+ATTN_OVERLAP_P = 1.25
+"""How much of the attention kernel's latency floor overlaps its KV streaming: the per-layer
+time is ``(floor**p + work**p) ** (1 / p)`` (p = 1: none, p = 2: as the GEMMs' roofline).
+Fitted with the floor and the KV bandwidth to Vidur's A100 decode-attention grid
+(docs/simulator.md)."""
+
+
+def attn_roof(floor_s: float, work_s: float) -> float:
+    """The attention kernel's floor and its work, overlapping as :data:`ATTN_OVERLAP_P` says."""
+    p = ATTN_OVERLAP_P
+    return float((floor_s**p + work_s**p) ** (1.0 / p))
+
+
 # --- the terms (seconds), each a pure function of the profiles and a count ------------------
 
 
@@ -141,7 +154,7 @@ def attention_time(
         return 0.0
     memory = kv_read_tokens * model.kv_bytes_per_token / gpu.effective_attn_bandwidth
     work = memory + attention_compute_time(gpu, model, pairs, causal_pairs)
-    return model.n_layers * roof(gpu.attn_floor_s, work / model.n_layers)
+    return model.n_layers * attn_roof(gpu.attn_floor_s, work / model.n_layers)
 
 
 @dataclass(frozen=True)

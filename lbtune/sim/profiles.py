@@ -170,8 +170,10 @@ _A100_BW_EFF = _LLAMA3_8B_LINEAR_BYTES / (2039e9 * 32 * 0.276e-3)  # -> 0.7753
 _A100_FLOP_EFF = 0.735  # least-squares over 128..8192 tokens of the sqrt roofline (see docs)
 _A100_ELEM_FLOOR = 0.027e-3
 _A100_ELEM_EFF = (32 * (10 * 4096 + 3 * 14336) * 2) / (2039e9 * 32 * (1.4055 - 0.027) / 8191 * 1e-3)
-_A100_ATTN_FLOOR = 0.014e-3  # Vidur a100/attention.csv, 1-21 short decodes: 0.012-0.016 ms
-_A100_ATTN_BW_EFF = 0.63  # Vidur a100/attention.csv, 32-64 decodes over 2688 tokens of KV
+# Vidur a100/attention.csv, decodes (1 over 32 tokens; 32, 48, 64, 96 over 384; 32, 64 over
+# 2688): floor, KV bandwidth and the overlap exponent costmodel.ATTN_OVERLAP_P fitted together.
+_A100_ATTN_FLOOR = 0.014e-3
+_A100_ATTN_BW_EFF = round(1170e9 / 2039e9, 3)  # -> 0.574
 # Vidur a100/attention.csv, one layer of 32 query heads of 128: a fresh 4096-token prefill takes
 # 2.314 ms (8.39M causal pairs), 3584 tokens after 512 cached 1.942 ms (6.42M causal + 1.84M
 # against the prefix): causal pairs at 19 % of peak, pairs against earlier tokens at ~56 %.

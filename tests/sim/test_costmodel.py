@@ -94,7 +94,8 @@ def test_elementwise_term_by_hand() -> None:
 def test_attention_term_by_hand() -> None:
     # 64 decodes over 2048 tokens: KV reads only
     kv = 64 * 2049 * M8.kv_bytes_per_token / H100.effective_attn_bandwidth
-    expected = 32 * math.hypot(H100.attn_floor_s, kv / 32)
+    p = cm.ATTN_OVERLAP_P
+    expected = 32 * (H100.attn_floor_s**p + (kv / 32) ** p) ** (1 / p)
     assert cm.attention_time(H100, M8, 64 * 2049, 0.0) == pytest.approx(expected)
     assert cm.breakdown(H100, M8, cm.decode_batch_load(64, 2048)).attention == pytest.approx(
         expected
@@ -108,8 +109,11 @@ def test_attention_term_by_hand() -> None:
         + 1024 * 1025 / 2 * f / H100.effective_causal_flops
     )
     assert cm.breakdown(H100, M8, load).attention == pytest.approx(
-        32 * math.hypot(H100.attn_floor_s, work / 32)
+        32 * (H100.attn_floor_s**p + (work / 32) ** p) ** (1 / p)
     )
+    # the floor and the work overlap partly: more than the larger, less than the sum
+    assert max(H100.attn_floor_s, kv / 32) < cm.attn_roof(H100.attn_floor_s, kv / 32)
+    assert cm.attn_roof(H100.attn_floor_s, kv / 32) < H100.attn_floor_s + kv / 32
     assert H100.effective_causal_flops < H100.effective_attn_flops
     assert cm.attention_time(H100, M8, 0, 0.0) == 0.0
 
@@ -206,6 +210,10 @@ def test_calibration_point_within_tolerance(point: object) -> None:
 
 @pytest.mark.parametrize("growth", CAL.growths(), ids=lambda g: g.name)
 def test_growth_within_tolerance(growth: object) -> None:
+    if growth.known:  # type: ignore[attr-defined]
+        # a documented miss stays a miss: the reason is printed, and it must not be hiding a fit
+        assert not growth.within  # type: ignore[attr-defined]
+        return
     assert growth.within, (growth.name, growth.model, growth.source)  # type: ignore[attr-defined]
 
 
