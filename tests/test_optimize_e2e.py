@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.conftest import running_cluster
 
@@ -136,9 +137,9 @@ def test_study_killed_mid_trial_resumes_confirms_and_rolls_out(tmp_path: Path) -
 def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) -> None:
     """A tiny real study; its report's before/after figures recomputed from the records.
 
-    The live config sends almost everything to the slow L4, so round robin or least-conn
-    beats it and confirmation runs. Every before/after figure (tails, P50 TTFT,
-    throughput, sample counts) is recomputed from the confirmation runs'
+    The live config sends almost everything to the L4, slowed down 2x for the test, so
+    round robin or least-conn beats it and confirmation runs. Every before/after figure
+    (tails, P50 TTFT, throughput, sample counts) is recomputed from the confirmation runs'
     ``requests.parquet`` and ``run.json`` windows of the rounds the comparison used, and
     must be exactly equal.
     """
@@ -153,24 +154,32 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
     from lbtune.targets import get_target
 
     scenario = tmp_path / "quick.yaml"
-    scenario.write_text(SCENARIO)
+    # Fewer users than the kill/resume test: a lightly loaded generator stays within its
+    # timing bound on a busy machine, so the confirmation runs are trusted.
+    scenario.write_text(SCENARIO.replace("users: 12", "users: 8"))
     state = tmp_path / "state"
     out = tmp_path / "r"
-    with running_cluster(state, time_scale=8.0) as endpoints:
+    with running_cluster(state) as endpoints:
         target = get_target("haproxy", endpoints)
         skewed = {**target.space().baseline(), "weight.h100-0": 1, "weight.l4-0": 256}
         target.apply(skewed)
+        l4 = next(r for r in endpoints.replicas if r.name == "l4-0")
+        requests.post(
+            f"{l4.url}/admin/slowdown", json={"factor": 2.0}, timeout=5
+        ).raise_for_status()
         res = run_optimize(
             OptimizeOptions(
                 budget=3, scenario=str(scenario), trial_duration_s=8, study="paired",
                 storage=f"sqlite:///{tmp_path / 's.db'}", state_dir=state, confirm_runs=1,
-                confirm_top=1, confirm_max_rounds=3, apply=False, out_dir=out, seed=5,
+                confirm_top=1, confirm_max_rounds=2, apply=False, out_dir=out, seed=5,
             )
         )  # fmt: skip
     c = res.confirmation
-    assert c is not None and c.comparisons, None if c is None else (c.verdict, c.note)
+    trials = [(t.number, t.role, t.state, t.objective, t.fail_reason) for t in res.trials]
+    assert c is not None and c.comparisons, (None if c is None else c.note, trials)
     comp = shown_comparison(res)
-    assert comp is not None and comp.rounds and c.baseline_trial == 0
+    why = [(r.round, r.arm, r.reason) for r in c.rounds if not r.measured]
+    assert comp is not None and comp.rounds and c.baseline_trial == 0, why
     q = c.quantile
     name = f"P{q:g}"
 
@@ -208,6 +217,9 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
         same_round.append(expect)
     print("before/after (printed):", printed)
     print("before/after (same-round recomputation):", same_round)
+    t0 = res.trial(0)
+    if t0 is not None and t0.figures is not None:  # what the old table used as "before"
+        print("trial 0's search run (no longer a column):", t0.figures.p99_e2e_s * 1000.0)
     data = json.loads((out / "study.json").read_text())
     shown = next(x for x in data["confirmation"]["comparisons"] if x["trial"] == comp.trial)
     e2e, _, _ = recompute("A")
