@@ -20,6 +20,9 @@ class FakeReplica:
         self.metrics_ok = True
         self.hits = 0
         self.delay_s = 0.0
+        self.stream_gap_s = 0.0
+        """When set, answer with headers at once and the body this much later (or on gap)."""
+        self.gap = threading.Event()
         self._lock = threading.Lock()
         outer = self
 
@@ -57,6 +60,16 @@ class FakeReplica:
                     outer.hits += 1
                 if outer.delay_s:
                     threading.Event().wait(outer.delay_s)
+                if outer.stream_gap_s:  # headers now, the body (one SSE event) later
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    self.wfile.flush()
+                    outer.gap.wait(outer.stream_gap_s)
+                    event = b"data: [DONE]\n\n"
+                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event))
+                    return
                 self._send(200, json.dumps({"replica": outer.name}).encode())
 
         class Server(ThreadingHTTPServer):

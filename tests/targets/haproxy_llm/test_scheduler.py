@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from lbtune.targets.haproxy import llm
 from tests.targets.haproxy_llm.conftest import M8, Cluster
@@ -71,11 +72,11 @@ def test_a_long_prompt_avoids_the_replica_whose_kv_is_nearly_full(llm_on: Cluste
     # h100-0 has ~430k tokens of KV: 4 % free is ~17k tokens minus the 5 % headroom: none.
     # With every weight at 0 only the KV filter keeps the long prompts away from it.
     llm_on.set_kv({"h100-0": 0.96})
-    seen = Counter(llm_on.chat(words(4000)).headers[HEADER] for _ in range(12))
+    seen = Counter(llm_on.chat(words(1000)).headers[HEADER] for _ in range(12))
     assert seen["h100-0"] == 0 and sum(seen.values()) == 12
     # ... while it still takes prompts when it has room again
     llm_on.set_kv({"h100-0": 0.0})
-    seen = Counter(llm_on.chat(words(4000)).headers[HEADER] for _ in range(24))
+    seen = Counter(llm_on.chat(words(1000)).headers[HEADER] for _ in range(24))
     assert seen["h100-0"] > 0
 
 
@@ -112,23 +113,36 @@ def _sum(m: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in m.items() if k.startswith(prefix))
 
 
-def test_inflight_tokens_are_counted_while_a_request_runs_and_released_after(
+def test_inflight_tokens_are_held_until_the_response_ends_then_released(
     llm_on: Cluster,
 ) -> None:
     for r in llm_on.replicas.values():
-        r.delay_s = 1.0
-    picks = _sum(llm_on.metrics(), "lbtune_llm_picks_total")
-    out: list[int] = []
-    t = threading.Thread(target=lambda: out.append(llm_on.chat(words(400)).status_code))
-    t.start()
+        r.stream_gap_s, r.gap = 20.0, threading.Event()
+    try:
+        resp = requests.post(
+            llm_on.url + "/v1/chat/completions",
+            json={
+                "model": M8,
+                "stream": True,
+                "messages": [{"role": "user", "content": words(400)}],
+            },
+            stream=True,
+            timeout=30,
+        )
+        assert resp.status_code == 200  # headers are here, the body is not
+        held = _sum(llm_on.metrics(), "lbtune_llm_inflight_tokens")
+        assert held >= 400 * 33 / 4 * 0.9  # ~3.6k estimated tokens
+        for r in llm_on.replicas.values():
+            r.gap.set()
+        assert b"[DONE]" in resp.content
+    finally:
+        for r in llm_on.replicas.values():
+            r.gap.set()
+            r.stream_gap_s = 0.0
     deadline = time.monotonic() + 10
-    while _sum(m := llm_on.metrics(), "lbtune_llm_picks_total") == picks:
-        assert time.monotonic() < deadline, "the request was never picked"
+    while _sum(llm_on.metrics(), "lbtune_llm_inflight_tokens") != 0:
+        assert time.monotonic() < deadline, "in-flight tokens never released"
         time.sleep(0.02)
-    assert out or _sum(m, "lbtune_llm_inflight_tokens") >= 400 * 33 / 4 * 0.9
-    t.join(timeout=20)
-    assert out == [200]
-    assert _sum(llm_on.metrics(), "lbtune_llm_inflight_tokens") == 0
 
 
 def test_admission_reject_answers_429_with_retry_after(llm_on: Cluster) -> None:

@@ -82,7 +82,7 @@ local function replica(name)
     local r = replicas[name]
     if r == nil then
         r = { waiting = 0, kv = 0, ttft = 0, t = nil, inflight = 0,
-              lru_new = {}, lru_old = {}, n_new = 0, up = true }
+              lru_new = {}, lru_old = {}, n_new = 0, up = true, since = 0 }
         replicas[name] = r
     end
     return r
@@ -177,7 +177,8 @@ local function fits(name, r, tokens, be, fresh, headroom)
         if cap == nil then
             return r.kv < 1 - headroom
         end
-        return tokens <= (1 - r.kv - headroom) * cap
+        -- tokens routed there since the scrape are not in its kv yet
+        return tokens + r.since <= (1 - r.kv - headroom) * cap
     end
     if cap == nil then
         return true
@@ -325,6 +326,7 @@ local function route(txn, srv, tokens)
     local id = tostring(next_id)
     pending[id] = { srv = srv, tokens = tokens, t = now_ms() }
     replica(srv).inflight = replica(srv).inflight + tokens
+    replica(srv).since = replica(srv).since + tokens
     counters.picks[srv] = (counters.picks[srv] or 0) + 1
     txn:set_var("txn.llm_id", id)
     txn:set_var("txn.llm_srv", srv)
@@ -447,6 +449,7 @@ local function scrape(name, addr, last)
         last.s, last.n = s, n
     end
     r.t = now_ms()
+    r.since = 0
     return true
 end
 
