@@ -82,3 +82,28 @@ def test_shared_blocks_hit_the_replicas_prefix_caches(cluster: Any, tmp_path: Pa
         assert r.scheduled_at == pytest.approx(first + r.index * 0.040, abs=1e-3)
     assert shared.plan.scenario.source is not None
     assert "x2 speed" in shared.plan.scenario_name
+
+
+def test_stress_trace_shortcut_runs_the_trace_and_names_it(cluster: Any, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.scenario.traces.conftest import azure_text
+
+    trace = tmp_path / "azure.csv"
+    trace.write_text(azure_text(16, gap=0.2))
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "lbtune", "stress", "--trace", str(trace), "--speedup", "2",
+         "--state-dir", str(cluster.state_dir), "--out", str(out), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["scenario"] == "trace azure.csv (azure, from 0 s, all requests, x2 speed)"
+    assert "trace azure.csv" in (out / "report.md").read_text()
+    from lbtune.loadgen.recordio import read_records
+
+    recs = read_records(out / "requests.parquet")
+    assert len(recs) == 16
+    assert sorted(r.prompt_tokens or 0 for r in recs)[0] >= 40  # the trace's lengths (+template)
