@@ -167,24 +167,33 @@ def stress_command(
     if ci:
         ci_mode.plain_logging()
     err = ci_mode.console(stderr=True) if ci else Console(stderr=True)
+    term = _OnSigterm()
     try:
-        if ci:
-            result = run_stress(
-                opts, on_progress=ci_mode.StressLines(format_progress), say=ci_mode.line
-            )
-        elif not err.is_terminal:  # piped: a plain line every few seconds, not a live display
-            from lbtune.cli.ticker import EVERY_S
-
-            result = run_stress(
-                opts,
-                on_progress=ci_mode.StressLines(format_progress, every_s=EVERY_S),
-                say=ci_mode.line,
-            )
-        else:
-            with _LiveProgress(err, enabled=True) as live:
+        with term:
+            if ci:
                 result = run_stress(
-                    opts, on_progress=live.update, say=lambda m: err.print(f"[dim]{m}[/]")
+                    opts,
+                    on_progress=ci_mode.StressLines(format_progress),
+                    say=ci_mode.line,
+                    stop=term.stop,
                 )
+            elif not err.is_terminal:  # piped: a plain line every few seconds, not live
+                from lbtune.cli.ticker import EVERY_S
+
+                result = run_stress(
+                    opts,
+                    on_progress=ci_mode.StressLines(format_progress, every_s=EVERY_S),
+                    say=ci_mode.line,
+                    stop=term.stop,
+                )
+            else:
+                with _LiveProgress(err, enabled=True) as live:
+                    result = run_stress(
+                        opts,
+                        on_progress=live.update,
+                        say=lambda m: err.print(f"[dim]{m}[/]"),
+                        stop=term.stop,
+                    )
     except Exception as exc:
         ci_mode.junit_on_error(junit, "stress", exc)
         raise
@@ -208,8 +217,9 @@ def stress_command(
         err.print(f"report: {report_dir}", markup=False)
     _ci_outputs(summary, report_dir, junit, err)
     if result.load.stopped_early:
-        err.print("interrupted: the report holds what was measured until then")
-        raise typer.Exit(130)
+        why = "terminated (SIGTERM)" if term.stop.is_set() else "interrupted"
+        err.print(f"{why}: the report holds what was measured until then")
+        raise typer.Exit(TERMINATED_EXIT if term.stop.is_set() else 130)
     breaches = ci_mode.slo_breaches(summary)
     if ci and breaches:
         err.print("SLO breached (--ci: exit 1): " + ", ".join(breaches), markup=False)
@@ -226,6 +236,41 @@ def _ci_outputs(summary: RunSummary, report_dir: str | None, junit: Path | None,
         write_junit(junit, [stress_suite(summary, report_dir)])
         err.print(f"junit: {junit}", markup=False)
     ci_mode.append_step_summary(ci_mode.stress_markdown(summary, report_dir))
+
+
+TERMINATED_EXIT = 128 + 15
+"""Exit status of a stress ended by SIGTERM (what a shell reports for a process it killed)."""
+
+
+class _OnSigterm:
+    """While entered, SIGTERM (what CI runners and systemd send) stops the run like Ctrl-C:
+    the first sets ``stop`` (drain, partial report), a second one stops waiting for the
+    drain. Only in the main thread; elsewhere it does nothing."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.stop = threading.Event()
+        self._old: Any = None
+
+    def _handler(self, signum: int, frame: object) -> None:
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+        self.stop.set()
+
+    def __enter__(self) -> _OnSigterm:
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
 
 
 class _LiveProgress:

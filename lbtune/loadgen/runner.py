@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import queue
 import signal
 import socket
@@ -141,7 +142,7 @@ class _Child:
             stdout=subprocess.PIPE,
             stderr=self._log,
             start_new_session=True,  # the runner decides when its children stop
-        )
+        )  # ... and they die with it (the worker's --parent-pid)
         self.final: dict[str, Any] | None = None
         self._t = threading.Thread(target=self._read, args=(lines,), daemon=True)
         self._t.start()
@@ -162,6 +163,11 @@ class _Child:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
+
+    def kill_group(self) -> None:
+        """SIGKILL the child's whole process group (it leads its own session)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def finish(self) -> int | None:
         self._t.join(timeout=2)
@@ -198,7 +204,7 @@ def run_load(
     (rdir / "load-config.json").write_text(json.dumps(child_cfg, indent=2))
     run_id = uuid.uuid4().hex[:8]
     base = [sys.executable, "-m", "lbtune.loadgen.worker", "--config", cfg_json]
-    base += ["--run-id", run_id]
+    base += ["--run-id", run_id, "--parent-pid", str(os.getpid())]
     lines: queue.Queue[Any] = queue.Queue()
     children: list[_Child] = []
     if role in ("local", "master"):
@@ -266,7 +272,7 @@ def run_load(
     finally:
         for c in children:
             if c.proc.poll() is None:
-                c.signal(signal.SIGKILL)
+                c.kill_group()
                 c.proc.wait(timeout=5)
         exit_codes = {c.name: c.finish() for c in children}
         while not lines.empty():

@@ -12,13 +12,21 @@ Roles: ``local`` (one process does it all), ``master`` (runs the shape and the
 clock, sends no requests) and ``worker`` (sends; connects to a master).
 SIGTERM/SIGINT: stop sending, let in-flight requests end for ``grace_s``
 (those cut off are recorded as ``cancelled``), write the records, exit 0.
+
+A generator never outlives the process that started it (``--parent-pid``): the kernel
+sends it SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), and a watchdog greenlet
+checks once a second that its parent is still the one it was started by; when it is
+not, the generator stops as on SIGTERM and, should the drain hang, exits hard after
+``grace_s`` + 5 s. Started with a parent already gone, it exits 3 at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
+import os
 import signal
 import sys
 from dataclasses import asdict
@@ -52,6 +60,28 @@ def _sample(s: HealthSample) -> None:
     _emit({"type": "sample", **asdict(s), "open": STATE.open.snapshot()})
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(sig: int) -> None:
+    """Ask the kernel for ``sig`` when the parent dies (Linux; a no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch_parent(parent: int, stop: Any, grace: float) -> None:
+    """Stop (as on SIGTERM) once ``parent`` is no longer this process's parent; exit hard
+    if the drain has not ended ``grace`` + 5 s later."""
+    while os.getppid() == parent:
+        gevent.sleep(1.0)
+    stop.set()
+    gevent.sleep(grace + 5.0)
+    os._exit(3)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lbtune.loadgen.worker")
     ap.add_argument("--config", required=True, help="LoadConfig as JSON")
@@ -60,7 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-count", type=int, default=1)
     ap.add_argument("--name", default="local")
     ap.add_argument("--run-id", default="")
+    ap.add_argument("--parent-pid", type=int, default=0, help="Exit when this parent dies.")
     args = ap.parse_args(argv)
+    if args.parent_pid:
+        _die_with_parent(signal.SIGTERM)
+        if os.getppid() != args.parent_pid:  # died before the death signal was armed
+            _emit({"type": "error", "error": f"parent {args.parent_pid} is gone: not starting"})
+            return 3
     cfg = json.loads(args.config)
 
     STATE.configure(
@@ -102,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = gevent.event.Event()
     gevent.signal_handler(signal.SIGTERM, stop.set)
     gevent.signal_handler(signal.SIGINT, stop.set)
+    if args.parent_pid:
+        gevent.spawn(_watch_parent, args.parent_pid, stop, grace)
 
     if args.role == "worker":
         return _run_worker(env, cfg, args, stop, grace)

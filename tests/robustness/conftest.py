@@ -1,0 +1,72 @@
+"""Fixtures for the robustness probe: an echo target, the CLI as a user runs it, and
+the processes a run leaves behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+LBTUNE = [sys.executable, "-m", "lbtune"]
+
+
+@dataclass(frozen=True)
+class Ran:
+    rc: int
+    stdout: str
+    stderr: str
+
+    def lines(self) -> list[str]:
+        """stderr's non-empty lines."""
+        return [ln for ln in self.stderr.splitlines() if ln.strip()]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> Ran:
+    """``lbtune ARGS`` in a subprocess, bounded in time."""
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    env.pop("LBTUNE_CI", None)
+    p = subprocess.run(
+        [*LBTUNE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
+    )
+    return Ran(p.returncode, p.stdout, p.stderr)
+
+
+def start_echo(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lbtune.loadgen.echo", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    port = int(json.loads(proc.stdout.readline())["port"])
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def echo_url() -> Iterator[str]:
+    """An echo target in its own process: TTFT 20 ms, 5 ms between tokens."""
+    proc, url = start_echo("--ttft", "0.02", "--itl", "0.005")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=5)
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Pids of live processes whose command line contains ``marker`` (zombies excluded)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z":
+            pids.append(int(d.name))
+    return pids
