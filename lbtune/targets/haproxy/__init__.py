@@ -9,5 +9,6 @@
 * :mod:`~lbtune.targets.haproxy.files` — the state dir's HAProxy files, the site, ``haproxy -c``.
 * :mod:`~lbtune.targets.haproxy.runtime` — the one runtime-API client and ``show stat`` parser.
 * :mod:`~lbtune.targets.haproxy.master` — the master CLI: reload, worker identity.
+* :mod:`~lbtune.targets.haproxy.llm` — the LLM-aware Lua scheduler (``algorithm: llm``).
 * :mod:`~lbtune.targets.haproxy.agent_check` — an end-to-end check of the feedback agent.
 """
