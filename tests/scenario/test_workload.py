@@ -98,7 +98,11 @@ def test_shared_prefix_requests_share_first_tokens() -> None:
     share = sum(r.prefix_group is not None for r in reqs) / len(reqs)
     assert share == pytest.approx(0.6, abs=0.07)
     # Requests without a shared prefix do not share a beginning by accident.
-    heads = [tokens.split(r.messages[0]["content"])[:6] for r in reqs if r.prefix_group is None]
+    heads = [
+        tokens.split(r.messages[0]["content"])[:6]
+        for r in reqs
+        if r.prefix_group is None and r.messages is not None
+    ]
     assert len({tuple(h) for h in heads}) == len(heads)
 
 
