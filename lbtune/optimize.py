@@ -109,8 +109,8 @@ class StudyProgress:
 
 def _spec(kind: str, slo: str | None, weights: str | None, scenario: str) -> ObjectiveSpec:
     from lbtune.metrics.summary import Slo
-    from lbtune.scenario import load_scenario
     from lbtune.runplan import parse_slo
+    from lbtune.scenario import load_scenario
 
     scen = load_scenario(scenario)
     s = scen.slo
