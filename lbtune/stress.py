@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from lbtune.errors import ConfigError, TargetError
+from lbtune.errors import ConfigError, NothingMeasured, TargetError
 from lbtune.runplan import RunPlan, plan_run, write_run_plan
 from lbtune.runplan import parse_slo as parse_slo  # re-exported: callers import it from here
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from lbtune.loadgen.runner import LoadResult, Progress
     from lbtune.metrics.summary import RunSummary
     from lbtune.report import ReportPaths
+    from lbtune.scenario.plan import Stage
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +252,9 @@ def run_stress(
         from lbtune.history import index_stress
 
         index_stress(opts, result)
+    why = None if load.stopped_early else nothing_measured(plan, load)
+    if why is not None:
+        raise NothingMeasured(f"{why}; nothing was measured. Run directory: {out_dir}")
     if opts.strict and result.degraded:
         raise GeneratorDegraded(
             "the load generator fell behind ("
@@ -258,6 +262,35 @@ def run_stress(
             + f"); figures are not trusted (--strict). Report: {out_dir}"
         )
     return result
+
+
+def nothing_measured(plan: RunPlan, load: LoadResult) -> str | None:
+    """Why a run that ran its course measured nothing (no request sent, or every one failed
+    before any response), or None when it measured something."""
+    from lbtune.loadgen.recordio import read_records
+
+    records = [r for r in read_records(load.records_path) if r.outcome != "cancelled"]
+    failures = "; ".join(load.failures[:3])
+    if not records:
+        if failures:
+            return f"the load generator sent no request ({failures})"
+        if plan.load.mode == "open" and plan.load.arrivals == 0:
+            return (
+                f"the load plan holds no arrival in {plan.load.duration_s:g} s: raise --rate "
+                "or --duration"
+            )
+        return "the load generator sent no request (see the *.log files of the run)"
+    answered = [r for r in records if r.status_code is not None or r.headers_at is not None]
+    if answered:
+        return None
+    from collections import Counter
+
+    top = Counter((r.outcome, r.error or "") for r in records).most_common(1)[0][0]
+    detail = f"{top[0]}: {top[1]}" if top[1] else top[0]
+    return (
+        f"all {len(records)} requests failed before any response from {plan.target.url or 'the target'} "
+        f"(most often {detail[:200]})" + (f"; {failures}" if failures else "")
+    )
 
 
 def _target_facts(target: ResolvedTarget) -> tuple[str | None, str, dict[str, Any] | None]:
@@ -397,12 +430,24 @@ def _summarize(
         scenario=plan.scenario_name,
         target=target.url,
         slo=plan.slo_value(),
-        stages=plan.stages(),
+        stages=_ran_stages(plan, load.ended_at - run_start),
         server=server,
         generator=gen,
         incomplete=load.stopped_early,
         notes=notes,
     )
+
+
+def _ran_stages(plan: RunPlan, ran_s: float) -> tuple[Stage, ...]:
+    """The planned stages cut at what ran: a run stopped early (``--until-samples``,
+    Ctrl-C) would otherwise divide the last stage's completions by seconds that never
+    ran (a held stage planned to 600 s read as a throughput decay of 0.999)."""
+    out = []
+    for stage in plan.stages():
+        if stage.start_s >= ran_s:
+            break
+        out.append(replace(stage, end_s=min(stage.end_s, ran_s)))
+    return tuple(out)
 
 
 def _until_note(plan: RunPlan, reached_at: float | None, run_start: float) -> str:

@@ -10,6 +10,7 @@ from lbtune.errors import ConfigError
 from lbtune.runplan import RUN_PLAN_FILE, RunPlan, plan_run, read_run_plan, write_run_plan
 from lbtune.scenario import builtin_names, load_scenario, plan_load
 from lbtune.stress import StressOptions
+from tests.metrics.records import rec
 
 
 @pytest.mark.parametrize("name", builtin_names())
@@ -223,3 +224,24 @@ def test_after_a_run_with_too_few_the_hint_is_sized_from_its_rate() -> None:
         "the window held 0 successful requests: too few for a P99 (100 needed); "
         "next time use --until-samples 100"
     )
+
+
+def test_stages_are_cut_at_what_ran() -> None:
+    """A run stopped by --until-samples before its 600 s bound: the held stage's throughput
+    is over the seconds that ran, so the decay is not 1 - tiny/best."""
+    from lbtune.metrics.stages import stage_stats, throughput_decay
+    from lbtune.stress import _ran_stages
+
+    plan = plan_run(StressOptions(scenario="chat", duration_s=20, until_samples=100))
+    assert plan.stages()[-1].label == "hold" and plan.stages()[-1].end_s == 600
+    cut = _ran_stages(plan, 45.0)
+    assert cut[-1].label == "hold" and cut[-1].end_s == 45.0
+    assert all(s.end_s <= 45.0 for s in cut)
+    assert _ran_stages(plan, 10.0)[-1].end_s == 10.0
+    assert all(s.label != "hold" for s in _ran_stages(plan, 10.0))
+    # one completion a second throughout: no decay over what ran, a huge one over the plan
+    records = [rec(t, sent=1000.0 + t, e2e=0.5) for t in range(45)]
+    ran = stage_stats(records, cut, run_start=1000.0, slo=None)
+    planned = stage_stats(records, plan.stages(), run_start=1000.0, slo=None)
+    assert (throughput_decay(ran) or 0.0) < 0.2
+    assert (throughput_decay(planned) or 0.0) > 0.9
