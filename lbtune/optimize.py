@@ -316,7 +316,8 @@ def run_optimize(
 
     index_study(opts, result)
     if unmeasurable is not None:
-        raise unmeasurable
+        where = f" (report: {out_dir})" if opts.write_report else ""
+        raise BaselineUnmeasurable(f"{unmeasurable}{where}") from unmeasurable
     phase("done")
     return result
 
