@@ -79,6 +79,9 @@ def test_every_family_with_its_type_and_labels(server: Server) -> None:
         assert series, f"{name}: no samples"
         for labels in series:
             assert ("model_name", server.model) in labels, f"{name}: {sorted(labels)}"
+            # lbtune groups by Prometheus' own target label `replica`: a server-written
+            # one would be renamed exported_replica and break every `by (replica)`
+            assert "replica" not in dict(labels), f"{name}: {sorted(labels)}"
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:kv_cache_usage_perc"):  # fmt: skip
         # one engine per replica: `count(...)` is the number of replicas
