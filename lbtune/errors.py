@@ -3,7 +3,8 @@
 Exit codes (documented in the README): 0 ok; 1 a regression, an SLO breach or an
 untrusted measurement (``--strict``); 2 bad input or an unreachable target or
 Prometheus; 3 an infrastructure failure (the embedded cluster, a missing
-program, a failed apply); 130 interrupted (Ctrl-C).
+program, a failed apply, a run that measured nothing); 130 interrupted (Ctrl-C);
+143 terminated (SIGTERM, ``stress``: the partial report is written as on Ctrl-C).
 
 Every subclass of :class:`LbtuneError` is shown by the CLI as one line on stderr,
 without a traceback, and the process exits with ``exit_code``. Anything else that
@@ -47,6 +48,13 @@ class DependencyError(LbtuneError):
 
 class ApplyError(LbtuneError):
     """A playbook or runtime change failed; the last known good config was kept."""
+
+    exit_code = 3
+
+
+class NothingMeasured(LbtuneError):
+    """A run sent no request, or every request failed before any response: an
+    infrastructure failure (the generator or the path to the target), not a measurement."""
 
     exit_code = 3
 

@@ -287,8 +287,9 @@ def nothing_measured(plan: RunPlan, load: LoadResult) -> str | None:
 
     top = Counter((r.outcome, r.error or "") for r in records).most_common(1)[0][0]
     detail = f"{top[0]}: {top[1]}" if top[1] else top[0]
+    where = plan.target.url or "the target"
     return (
-        f"all {len(records)} requests failed before any response from {plan.target.url or 'the target'} "
+        f"all {len(records)} requests failed before any response from {where} "
         f"(most often {detail[:200]})" + (f"; {failures}" if failures else "")
     )
 

@@ -104,6 +104,9 @@ class LoadResult:
     stopped_early: bool
     """``stop`` was set or Ctrl-C was pressed before the duration ended."""
     exit_codes: dict[str, int | None] = field(default_factory=dict)
+    failures: tuple[str, ...] = ()
+    """What went wrong in the generators: their error messages, and the last line of the
+    log of each one that exited abnormally (e.g. ``MemoryError``)."""
 
     @property
     def completed(self) -> int:
@@ -143,7 +146,9 @@ class _Child:
             stderr=self._log,
             start_new_session=True,  # the runner decides when its children stop
         )  # ... and they die with it (the worker's --parent-pid)
+        self.log_path = log_path
         self.final: dict[str, Any] | None = None
+        self.errors: list[str] = []
         self._t = threading.Thread(target=self._read, args=(lines,), daemon=True)
         self._t.start()
 
@@ -157,6 +162,8 @@ class _Child:
                 continue
             if msg.get("type") == "final":
                 self.final = msg
+            elif msg.get("type") == "error":
+                self.errors.append(str(msg.get("error")))
             lines.put((self.name, msg))
 
     def signal(self, sig: int) -> None:
@@ -173,6 +180,19 @@ class _Child:
         self._t.join(timeout=2)
         self._log.close()
         return self.proc.poll()
+
+    def failures(self) -> list[str]:
+        """Its error messages, and its log's last line when it exited abnormally."""
+        out = [f"{self.name}: {e}" for e in self.errors]
+        if self.proc.returncode not in (0, None) or (self.final is None and self.name != "master"):
+            try:
+                tail = self.log_path.read_bytes()[-4096:].decode(errors="replace")
+            except OSError:
+                tail = ""
+            last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+            rc = self.proc.returncode
+            out.append(f"{self.name} exited {rc}" + (f": {last[:300]}" if last else ""))
+        return out
 
 
 def run_load(
@@ -308,6 +328,7 @@ def run_load(
         ended_at=time(),
         stopped_early=stopped_early,
         exit_codes=exit_codes,
+        failures=tuple(f for c in children for f in c.failures()),
     )
 
 
