@@ -18,6 +18,8 @@ VLLM_PREFIX_HITS = "vllm:prefix_cache_hits_total"
 VLLM_PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
 VLLM_SUCCESS = "vllm:request_success_total"
+SERVED_REASONS = '{finished_reason=~"stop|length|repetition"}'
+"""The ``finished_reason`` values of a request that was served to its end."""
 VLLM_TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 DCGM_SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
@@ -106,7 +108,8 @@ def server_side_queries(
             VLLM_PREFIX_HITS, VLLM_PREFIX_QUERIES, w, by=None
         ),
         "preemptions": increase_by(VLLM_PREEMPTIONS, w),
-        "requests_finished": increase_by(VLLM_SUCCESS, w),
+        # Served requests only: vLLM also counts finished_reason="error" (and "abort").
+        "requests_finished": increase_by(VLLM_SUCCESS, w, selector=SERVED_REASONS),
         "server_ttft_p50": histogram_quantile(0.5, VLLM_TTFT_BUCKET, w, by=REPLICA),
         "server_ttft_p99": histogram_quantile(0.99, VLLM_TTFT_BUCKET, w, by=REPLICA),
         # GPUs (DCGM: utilisation in percent, SM activity 0..1) and the fallback busy fraction.

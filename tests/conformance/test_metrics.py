@@ -165,11 +165,6 @@ def _disconnect_mid_stream(server: Server) -> None:
     conn.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lbtune/metrics/promql.py: requests_finished sums every finished_reason (not ours "
-    "to change; reported). vLLM counts failed requests under finished_reason='error'",
-)
 def test_lbtune_does_not_count_errors_or_aborts_as_finished() -> None:
     """lbtune's `requests_finished` must select the reasons that mean a served request."""
     query = promql.server_side_queries(60.0)["requests_finished"]
