@@ -94,6 +94,8 @@ class ResolvedTarget:
     exporter_port: int | None
     endpoints: Endpoints | None
     cluster_started: bool
+    models: set[str] | None = None
+    """The models the target serves (its replicas', or its ``/v1/models``); None: unknown."""
 
 
 @dataclass(frozen=True)
@@ -131,27 +133,22 @@ def check_target_allowed(url: str, allow_remote: bool) -> None:
         )
 
 
-def check_reachable(url: str, timeout_s: float = 5.0) -> None:
-    """A TCP connect to the target within ``timeout_s``, or a TargetError saying so."""
-    import socket
+def check_reachable(url: str, timeout_s: float = 5.0) -> set[str] | None:
+    """A real request to the target (``GET /v1/models``, never a bare TCP connect that a
+    balancer counts as a failed request) within ``timeout_s``, or a TargetError saying so.
+    Returns the models it lists (None: no model list)."""
+    from lbtune.loadgen.preflight import served_models
 
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
-    except OSError as exc:
-        raise TargetError(
-            f"target {url} is unreachable ({exc.strerror or exc}); start the balancer, or omit "
-            "--target to use the embedded cluster"
-        ) from None
+    return served_models(url, timeout_s=timeout_s, tries=3)
 
 
 def resolve_target(opts: StressOptions, say: Callable[[str], None]) -> ResolvedTarget:
     """The URL to load, its Prometheus, and the exporter port the cluster scrapes."""
     if opts.target_url is not None:
         check_target_allowed(opts.target_url, opts.allow_remote)
-        check_reachable(opts.target_url)
-        return ResolvedTarget(opts.target_url.rstrip("/"), opts.prometheus_url, None, None, False)
+        served = check_reachable(opts.target_url)
+        url = opts.target_url.rstrip("/")
+        return ResolvedTarget(url, opts.prometheus_url, None, None, False, served)
     from lbtune.cluster import api
 
     st = api.status(opts.state_dir)
@@ -168,6 +165,7 @@ def resolve_target(opts: StressOptions, say: Callable[[str], None]) -> ResolvedT
         exporter_port=endpoints.exporter_port,
         endpoints=endpoints,
         cluster_started=started,
+        models={m for r in endpoints.replicas for m in r.models},
     )
 
 
@@ -191,10 +189,12 @@ def run_stress(
     processes read it from there, and it is rewritten with the run's start and absolute
     measurement window when the run ends (``StressResult.plan``).
     """
+    from lbtune.loadgen.preflight import check_models
     from lbtune.loadgen.runner import LoadConfig, run_load
 
     plan = plan_run(opts)
     target = resolve_target(opts, say)
+    check_models(plan.scenario.model_names(), target.models, f"target {target.url}")
     prom = _prometheus(target.prometheus_url)
     plan = plan.with_target(*_target_facts(target))
 

@@ -39,7 +39,7 @@ from time import time
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from lbtune.errors import ConfigError, TargetError
+from lbtune.errors import ConfigError
 from lbtune.loadgen.collect import Progress, RecordTail
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from lbtune.loadgen.health import GeneratorHealth, HealthSample, WorkerHealth, summarize
@@ -129,11 +129,9 @@ def _check_target(cfg: LoadConfig) -> None:
             f"target {u.hostname} is not on loopback; pass allow_remote (--allow-remote) "
             "to load-test a remote cluster"
         )
-    port = u.port or (443 if u.scheme == "https" else 80)
-    try:
-        socket.create_connection((u.hostname, port), timeout=5).close()
-    except OSError as e:
-        raise TargetError(f"target {u.hostname}:{port} is unreachable ({e}); is it running?") from e
+    from lbtune.loadgen.preflight import served_models
+
+    served_models(cfg.target_url, timeout_s=5)  # a real request: a bare connect is an ereq
 
 
 class _Child:

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,28 @@ def processes_mentioning(marker: str) -> list[int]:
         if marker in cmd and state != "Z":
             pids.append(int(d.name))
     return pids
+
+
+@pytest.fixture(scope="session")
+def mini2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One embedded mini2 cluster (HAProxy, two simulated replicas) for the whole package."""
+    from tests.conftest import running_cluster
+
+    with running_cluster(tmp_path_factory.mktemp("mini2")) as ep:
+        yield ep
+
+
+def haproxy_frontends(ep: Any) -> dict[str, dict[str, str]]:
+    """The balancer's HAProxy FRONTEND rows (the stats page's own excluded), by proxy."""
+    import csv
+    import io
+    import urllib.request
+
+    with urllib.request.urlopen(ep.stats_url + ";csv", timeout=5) as resp:
+        text = resp.read().decode().lstrip("# ")
+    rows = csv.DictReader(io.StringIO(text))
+    return {r["pxname"]: r for r in rows if r["svname"] == "FRONTEND" and r["pxname"] != "stats"}
+
+
+def frontend_total(ep: Any, column: str) -> int:
+    return sum(int(r[column] or 0) for r in haproxy_frontends(ep).values())
