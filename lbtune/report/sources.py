@@ -194,10 +194,18 @@ def _study_side_of(p: Path, data: dict[str, Any], name: str, pick: Pick) -> Side
     if winner is not None and pick == "result" and (data.get("rollout") or {}).get("rolled_back"):
         notes.append(f"the winner (trial {winner}) was rolled back after its verification")
         winner = None
-    if winner is not None and pick in ("result", "best"):
-        i = next(i for i, c in enumerate(conf["comparisons"]) if c["trial"] == winner)
-        trial, figs = winner, conf["comparisons"][i]["figures"]
-        what, labels = f"winner (trial {winner}, confirmed)", _confirm_dirs(p, f"B{i + 1}")
+    # A confirmed winner and the baseline are compared over the rounds both ran in
+    # (the comparison's own rounds and figures), never over the baseline's every round.
+    paired = next(
+        ((i, c) for i, c in enumerate(conf.get("comparisons", [])) if c["trial"] == winner),
+        None,
+    )
+    rounds = None if paired is None or not paired[1].get("rounds") else paired[1]["rounds"]
+    if winner is not None and pick in ("result", "best") and paired is not None:
+        i, comparison = paired
+        trial, figs = winner, comparison["figures"]
+        what = f"winner (trial {winner}, confirmed)"
+        labels = _confirm_dirs(p, f"B{i + 1}", rounds)
     elif pick == "best" and data.get("best_trial") not in (None, base):
         trial = data["best_trial"]
         figs = trials[trial]["figures"]
@@ -207,7 +215,9 @@ def _study_side_of(p: Path, data: dict[str, Any], name: str, pick: Pick) -> Side
         trial = base
         if pick == "best":
             notes.append("the baseline is the study's best: A and B are the same configuration")
-        if confirmed and conf.get("baseline_figures"):
+        if confirmed and paired is not None and paired[1].get("baseline_figures"):
+            figs, labels = paired[1]["baseline_figures"], _confirm_dirs(p, "A", rounds)
+        elif confirmed and conf.get("baseline_figures"):
             figs, labels = conf["baseline_figures"], _confirm_dirs(p, "A")
         else:
             figs, labels = trials[base]["figures"], [_trial_dir(p, base)]
@@ -255,11 +265,14 @@ def _trial_dir(p: Path, n: int) -> Path:
     return p.parent / "runs" / f"trial-{n:04d}"
 
 
-def _confirm_dirs(p: Path, arm: str) -> list[Path]:
-    """``runs/confirm-K-<arm>`` per round K; the ``-retry`` one when the first failed."""
+def _confirm_dirs(p: Path, arm: str, rounds: list[int] | None = None) -> list[Path]:
+    """``runs/confirm-K-<arm>`` per round K (only ``rounds``, when given); the ``-retry``
+    one when the first failed."""
     runs = p.parent / "runs"
     out = []
     for d in sorted(runs.glob(f"confirm-*-{arm}")):
+        if rounds is not None and d.name.split("-")[1] not in {str(r) for r in rounds}:
+            continue
         retry = d.with_name(d.name + "-retry")
         out.append(retry if retry.is_dir() else d)
     return out

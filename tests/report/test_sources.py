@@ -123,3 +123,19 @@ def test_a_rolled_back_winner_is_not_the_result(study_dir: Path) -> None:
     assert side.label == "study s1: baseline (trial 0), no confirmed winner"
     assert any("rolled back" in n for n in side.notes)
     assert load_pair(study_dir, None)[1].label.endswith("winner (trial 2, confirmed)")
+
+
+def test_a_study_pair_uses_only_the_rounds_both_arms_ran(study_dir: Path) -> None:
+    """The winner was measured in round 2 only: the baseline side is round 2's run and the
+    comparison's own baseline figures, not the baseline pooled over every round."""
+    data = json.loads((study_dir / "study.json").read_text())
+    (comparison,) = data["confirmation"]["comparisons"]
+    comparison["rounds"] = [2]
+    comparison["baseline_figures"] = {**data["confirmation"]["baseline_figures"], "p99_e2e_s": 7.0}
+    (study_dir / "study.json").write_text(json.dumps(data))
+    a, b = load_pair(study_dir, None)
+    assert a.runs == b.runs == 1
+    assert a.figures["e2e_p99"] == 7.0
+    assert a.arrays is not None
+    one = RunArrays.from_records(run_records(T0 + 400, 1.0), Window(T0 + 404, T0 + 418))
+    assert a.arrays.window_s == pytest.approx(one.window_s)
