@@ -3,8 +3,10 @@
 * Storage is any Optuna RDB URL; the default is SQLite (``reports/studies.db``).
 * The reference trials are enqueued first (``study.enqueue_trial``) with a ``role``
   user attribute: ``live`` (what the target runs now, read back), ``round-robin``
-  (the space's baseline: plain round robin, equal weights) and ``least-conn`` when
-  the space has that algorithm. Identical parameter sets are enqueued once.
+  (the space's baseline, equal weights, with the knobs' ``references: {round-robin: ...}``
+  values) and ``least-conn`` (the same with their ``least-conn`` values: ``leastconn``,
+  ``least_conn``, ``LEAST_REQUEST``, whatever the target spells it) when its space
+  declares one. Identical parameter sets are enqueued once.
 * A failed trial is told ``FAIL`` with a ``fail_reason`` user attribute and the
   loop goes on. Two failures are re-measured once, inside the same trial (same
   number, one budget slot), before the loop goes on: a failed **trial 0** (the live
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
     import optuna
 
     from lbtune.targets.base import ParamSet
-    from lbtune.targets.space import ParameterSpace
+    from lbtune.targets.space import ParameterSpace, ReferenceRole
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +117,38 @@ def make_sampler(name: str, seed: int | None, n_startup: int) -> optuna.samplers
 
 
 def sqlite_dir(storage: str) -> None:
-    """Create the directory of a ``sqlite:///relative/or/abs.db`` URL."""
-    if storage.startswith("sqlite:///"):
-        path = Path(storage.removeprefix("sqlite:///"))
-        if str(path) != ":memory:":
-            path.parent.mkdir(parents=True, exist_ok=True)
+    """Check ``--storage`` before Optuna opens it, one line (ConfigError) for each fault: an
+    unreadable RDB URL, an unknown database, a database driver that is not installed; and
+    a ``sqlite:///path.db`` whose directory does not exist. Only the default storage's
+    directory (``reports/``) is created: a mistyped path must not create directories."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(storage)
+        url.get_dialect().import_dbapi()
+    except ImportError as exc:
+        raise ConfigError(
+            f"--storage {storage}: its database driver is not installed ({exc}); install it, "
+            f"or use the default {DEFAULT_STORAGE}"
+        ) from None
+    except ArgumentError as exc:  # NoSuchModuleError too: an unknown database
+        raise ConfigError(
+            f"--storage {storage!r}: not a database URL Optuna can open ({exc}); "
+            f"e.g. {DEFAULT_STORAGE} or postgresql://user@host/db"
+        ) from None
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return
+    parent = Path(url.database).parent
+    if parent.is_dir():
+        return
+    if storage == DEFAULT_STORAGE:
+        parent.mkdir(parents=True, exist_ok=True)
+        return
+    raise ConfigError(
+        f"--storage {storage}: directory {parent} does not exist; create it first "
+        "(lbtune does not create directories for a storage URL)"
+    )
 
 
 def open_study(
@@ -159,20 +188,14 @@ def open_study(
 
 
 def reference_trials(space: ParameterSpace, live: ParamSet) -> list[tuple[str, ParamSet]]:
-    """``[(role, params)]``: live, round robin (the baseline), least-conn; deduplicated."""
+    """``[(role, params)]``: live, round robin, least-conn where the space declares it
+    (:meth:`ParameterSpace.reference`); deduplicated."""
     refs: list[tuple[str, ParamSet]] = [("live", space.complete({}, live))]
-    rr = space.baseline()
-    refs.append(("round-robin", rr))
-    algo = next(
-        (
-            n
-            for n, s in space.params.items()
-            if s.type == "categorical" and "leastconn" in (s.choices or [])
-        ),
-        None,
-    )
-    if algo is not None:
-        refs.append(("least-conn", {**rr, algo: "leastconn"}))
+    roles: tuple[ReferenceRole, ...] = ("round-robin", "least-conn")
+    for name in roles:
+        params = space.reference(name)
+        if params is not None:
+            refs.append((name, params))
     out: list[tuple[str, ParamSet]] = []
     for role, params in refs:
         if all(params != p for _, p in out):
