@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_SCENARIO = "mixed"
-DEFAULT_TARGET = "haproxy"
 DEFAULT_TRIAL_DURATION_S = 25.0
 """10 s warm-up + 10 s measured + 5 s cool-down of ``mixed``: ~30 s a trial with the
 apply and the summary, so ``--budget 50`` takes about 25–30 minutes with confirmation."""
@@ -142,8 +141,22 @@ def _stored_attrs(storage: str, name: str | None) -> tuple[str | None, dict[str,
     return name, dict(found.user_attrs) if found is not None else {}
 
 
-def resolve_options(opts: OptimizeOptions) -> OptimizeOptions:
-    """Fill unset options: stored in the study on ``--resume``, else the defaults."""
+def cluster_balancer(state_dir: Path | None, cluster_config: str | None) -> str:
+    """The balancer of the cluster optimize tunes: the one running in ``state_dir``,
+    else the one ``cluster_config`` (or the default preset) would start."""
+    from lbtune.cluster import api
+    from lbtune.cluster.config import load_config
+
+    st = api.status(state_dir)
+    if st.running and st.endpoints is not None:
+        return st.endpoints.balancer
+    return load_config(cluster_config)[0].balancer
+
+
+def resolve_options(opts: OptimizeOptions, harness: Harness | None = None) -> OptimizeOptions:
+    """Fill unset options: stored in the study on ``--resume``, else the defaults (the
+    target defaults to the tuned cluster's own balancer: ``harness``'s, else
+    :func:`cluster_balancer`)."""
     stored: dict[str, Any] = {}
     name = opts.study
     if opts.resume:
@@ -155,10 +168,13 @@ def resolve_options(opts: OptimizeOptions) -> OptimizeOptions:
             changes[key] = stored[key]
     out = replace(opts, **changes)
     defaults: dict[str, Any] = {
-        "scenario": DEFAULT_SCENARIO, "target": DEFAULT_TARGET, "objective": "composite",
+        "scenario": DEFAULT_SCENARIO, "objective": "composite",
         "trial_duration_s": DEFAULT_TRIAL_DURATION_S,
     }  # fmt: skip
     out = replace(out, **{k: v for k, v in defaults.items() if getattr(out, k) is None})
+    if out.target is None:
+        own = harness.target.name if harness is not None else None
+        out = replace(out, target=own or cluster_balancer(out.state_dir, out.cluster_config))
     if out.study is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = replace(out, study=f"{out.scenario}-{out.target}-{stamp}".replace("/", "-"))
@@ -195,7 +211,7 @@ def run_optimize(
     )  # fmt: skip
     from lbtune.search.trial import TrialRunner
 
-    opts = resolve_options(opts)
+    opts = resolve_options(opts, harness)
     assert opts.scenario and opts.target and opts.objective and opts.study
     stop = stop or threading.Event()
     spec = _spec(opts.objective, opts.slo, opts.weights, opts.scenario)

@@ -29,7 +29,9 @@ def optimize_command(
         None, "--scenario", "-s", help="Built-in scenario or a YAML file (default: mixed)."
     ),
     target: str | None = typer.Option(
-        None, "--target", help="Balancer to tune: haproxy or vllm-router (default: haproxy)."
+        None,
+        "--target",
+        help="Balancer to tune: haproxy, envoy, nginx or vllm-router (default: the cluster's own).",
     ),
     space: str | None = typer.Option(
         None, "--space", help="Parameter-space YAML (default: the target's own)."

@@ -14,6 +14,10 @@ A space file (``lbtune/targets/<target>/space.yaml``, or the user's own via
 makes a knob active only while other knobs have the given values (a value or a list of
 values); inactive knobs keep their value but the optimizer does not sample them.
 ``fixed: true`` keeps a knob at its baseline during a search (it can still be applied).
+``references`` names the value a knob takes in the study's reference trials, in the
+balancer's own spelling: ``{round-robin: roundrobin, least-conn: leastconn}`` (the
+``round-robin`` reference is the baseline with these values; ``least-conn`` exists only
+where some knob declares it; see :func:`lbtune.search.study.reference_trials`).
 
 :meth:`ParameterSpace.validate` refuses unknown knobs, wrong types and out-of-range
 values with a :class:`~lbtune.errors.ConfigError` that names the knob and what is allowed.
@@ -35,9 +39,10 @@ from lbtune.targets.base import ParamSet, ParamValue
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["ParamSpec", "ParameterSpace", "SpaceFile", "load_params_file"]
+__all__ = ["ParamSpec", "ParameterSpace", "ReferenceRole", "SpaceFile", "load_params_file"]
 
 Scalar = int | float | str | bool
+ReferenceRole = Literal["round-robin", "least-conn"]
 
 
 class ParamSpec(BaseModel):
@@ -59,6 +64,8 @@ class ParamSpec(BaseModel):
     fixed: bool = False
     live: bool | None = None
     """Documentation only: the target decides what is live (see ``docs/targets.md``)."""
+    references: dict[ReferenceRole, Scalar] = Field(default_factory=dict)
+    """This knob's value in each reference trial (``round-robin``, ``least-conn``)."""
     help: str = ""
 
     @model_validator(mode="after")
@@ -83,9 +90,11 @@ class ParamSpec(BaseModel):
                 raise ValueError("categorical knobs need a non-empty list of choices")
         elif self.low is not None or self.high is not None or self.choices is not None:
             raise ValueError("bool knobs take no low, high or choices")
-        problem = _check_value(self, self.baseline)
-        if problem:
-            raise ValueError(f"baseline {self.baseline!r}: {problem}")
+        checked: list[tuple[str, Scalar]] = [("baseline", self.baseline)]
+        for role, value in checked + list(self.references.items()):
+            problem = _check_value(self, value)
+            if problem:
+                raise ValueError(f"{role} {value!r}: {problem}")
         return self
 
     def allowed(self) -> str:
@@ -207,6 +216,18 @@ class ParameterSpace:
     def baseline(self) -> ParamSet:
         """Every knob at its untuned value."""
         return {n: _coerce(s, s.baseline) for n, s in self.params.items()}
+
+    def reference(self, role: ReferenceRole) -> ParamSet | None:
+        """The baseline with every knob's ``references[role]`` value; ``None`` when no
+        knob names that role, except ``round-robin``, which defaults to the baseline."""
+        named = {
+            n: _coerce(s, s.references[role])
+            for n, s in self.params.items()
+            if role in s.references
+        }
+        if not named and role != "round-robin":
+            return None
+        return {**self.baseline(), **named}
 
     def is_active(self, name: str, params: Mapping[str, ParamValue]) -> bool:
         """Whether ``name``'s ``when`` conditions hold in ``params`` (baseline where absent)."""

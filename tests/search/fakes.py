@@ -31,6 +31,7 @@ SPACE = {
             "type": "categorical",
             "choices": ["roundrobin", "leastconn", "random"],
             "baseline": "roundrobin",
+            "references": {"least-conn": "leastconn"},
         },
         "weight": {"type": "int", "low": 1, "high": 256, "baseline": 100, "per_server": True},
         "x": {"type": "float", "low": 0.0, "high": 1.0, "baseline": 0.5},

@@ -1,0 +1,138 @@
+"""``lbtune optimize`` on every balancer: its own reference trials, its own default target,
+and (integration) a short real study on mini2-envoy and mini2-nginx that runs, confirms and
+names the target in its report."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from lbtune.optimize import OptimizeOptions, resolve_options, run_optimize
+from lbtune.search.study import reference_trials
+from lbtune.targets import TARGETS
+from lbtune.targets.space import ParameterSpace, ParamSpec
+from tests.conftest import running_cluster
+from tests.search.fakes import FakeMeasure, FakeTarget, harness
+
+LEAST = {
+    "haproxy": ("algorithm", "leastconn"),
+    "nginx": ("algorithm", "least_conn"),
+    "envoy": ("lb_policy", "LEAST_REQUEST"),
+    "vllm-router": ("policy", "power_of_two"),
+}
+ROUND = {"haproxy": "roundrobin", "nginx": "round_robin", "envoy": "ROUND_ROBIN"}
+
+
+def _packaged_space(name: str) -> ParameterSpace:
+    module = importlib.import_module(TARGETS[name].split(":", 1)[0])
+    return ParameterSpace.load(Path(str(module.__file__)).with_name("space.yaml"), ["a", "b"])
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_references_come_in_the_targets_own_spelling(name: str) -> None:
+    space = _packaged_space(name)
+    refs = dict(reference_trials(space, space.baseline()))
+    assert name in LEAST, f"{name}: say which knob value is its least-request reference"
+    knob, least = LEAST[name]
+    assert refs["least-conn"][knob] == least
+    assert space.validate(refs["least-conn"]) == refs["least-conn"]
+    rr = space.reference("round-robin")
+    assert rr is not None and {k for k in rr if rr[k] != refs["least-conn"][k]} == {knob}
+    if name in ROUND:  # round robin is the baseline: deduplicated against the live trial
+        assert rr == space.baseline() and "round-robin" not in refs
+        assert rr[knob] == ROUND[name]
+
+
+def test_a_space_without_least_conn_reference_gets_none() -> None:
+    space = ParameterSpace(
+        "x", {"algo": ParamSpec(type="categorical", choices=["a", "leastconn"], baseline="a")}
+    )
+    assert [role for role, _ in reference_trials(space, {"algo": "leastconn"})] == [
+        "live",
+        "round-robin",
+    ]
+
+
+def test_a_reference_outside_the_choices_is_refused() -> None:
+    with pytest.raises(ValidationError, match="least-conn 'least_conn'"):
+        ParamSpec(
+            type="categorical",
+            choices=["roundrobin", "leastconn"],
+            baseline="roundrobin",
+            references={"least-conn": "least_conn"},
+        )
+
+
+@pytest.mark.parametrize("preset,balancer", [("mini2-envoy", "envoy"), ("mini2-nginx", "nginx")])
+def test_default_target_is_the_cluster_config_balancer(
+    tmp_path: Path, preset: str, balancer: str
+) -> None:
+    opts = OptimizeOptions(cluster_config=preset, state_dir=tmp_path / "not-running")
+    assert resolve_options(opts).target == balancer
+    assert resolve_options(OptimizeOptions(target="haproxy", cluster_config=preset)).target == (
+        "haproxy"
+    )
+
+
+def test_default_target_is_the_harness_target(tmp_path: Path) -> None:
+    target = FakeTarget()
+    opts = OptimizeOptions(state_dir=tmp_path / "not-running", cluster_config="mini2-nginx")
+    assert resolve_options(opts, harness(target, FakeMeasure(target))).target == "fake"
+
+
+SCENARIO = """\
+name: quick
+description: a short chat load for the per-target optimize tests
+seed: 5
+duration_s: 6
+warmup_s: 1
+cooldown_s: 1
+slo: {ttft: 1s, e2e: 10s}
+load: {type: constant, users: 6}
+api: chat
+models: {llama-3.1-8b-instruct: 1}
+prompt_tokens: {type: lognormal, median: 150, sigma: 0.8, min: 8, max: 2048}
+output_tokens: {type: lognormal, median: 60, sigma: 0.5, min: 16, max: 256}
+stream: true
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("preset,balancer", [("mini2-envoy", "envoy"), ("mini2-nginx", "nginx")])
+def test_short_study_on_the_balancer(tmp_path: Path, preset: str, balancer: str) -> None:
+    """Budget 3, 6 s trials, one confirmation round pair at most: the study ran the
+    target's own references on the cluster's own balancer (no --target), confirmed, and
+    its report names the target."""
+    from lbtune.targets import get_target
+
+    scenario = tmp_path / "quick.yaml"
+    scenario.write_text(SCENARIO)
+    state = tmp_path / "state"
+    out = tmp_path / "report"
+    with running_cluster(state, preset) as endpoints:
+        res = run_optimize(
+            OptimizeOptions(
+                budget=3, scenario=str(scenario), trial_duration_s=6, study="t",
+                storage=f"sqlite:///{tmp_path / 's.db'}", state_dir=state, confirm_runs=1,
+                confirm_max_rounds=2, apply=False, out_dir=out, seed=5,
+            )
+        )  # fmt: skip
+        live = get_target(balancer, endpoints).read_live()
+    assert res.target == balancer
+    roles = [t.role for t in res.trials]
+    assert roles[:2] == ["live", "least-conn"], roles
+    knob, least = LEAST[balancer]
+    least_trial = res.trials[1]
+    assert least_trial.params[knob] == least, least_trial.fail_reason
+    assert res.trials[0].state == "COMPLETE", res.trials[0].fail_reason
+    c = res.confirmation
+    assert c is not None and c.verdict in (
+        "improved", "no significant improvement", "baseline is best"
+    ), (None if c is None else c.note)  # fmt: skip
+    assert live[knob] == _packaged_space(balancer).baseline()[knob]  # apply=False: LKG back
+    md = (out / "report.md").read_text()
+    assert f"target `{balancer}`" in md
