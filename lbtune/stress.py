@@ -133,6 +133,23 @@ def check_target_allowed(url: str, allow_remote: bool) -> None:
         )
 
 
+def check_remote_options(opts: StressOptions) -> None:
+    """Every option that opens lbtune to another machine needs ``allow_remote``: a master
+    listening beyond loopback, a worker joining a remote master, a remote Prometheus."""
+    if opts.allow_remote:
+        return
+    asks = []
+    if opts.role == "master" and opts.master_bind not in LOOPBACK_HOSTS:
+        asks.append(f"--master-bind {opts.master_bind} listens beyond loopback")
+    if opts.role == "worker" and opts.master_host not in LOOPBACK_HOSTS:
+        asks.append(f"--master-host {opts.master_host} is another machine")
+    prom = urlsplit(opts.prometheus_url).hostname if opts.prometheus_url else None
+    if opts.prometheus_url is not None and prom not in LOOPBACK_HOSTS:
+        asks.append(f"--prometheus {opts.prometheus_url} is not on loopback")
+    if asks:
+        raise ConfigError("; ".join(asks) + ": that needs --allow-remote")
+
+
 def check_reachable(url: str, timeout_s: float = 5.0) -> set[str] | None:
     """A real request to the target (``GET /v1/models``, never a bare TCP connect that a
     balancer counts as a failed request) within ``timeout_s``, or a TargetError saying so.
@@ -192,6 +209,7 @@ def run_stress(
     from lbtune.loadgen.preflight import check_models
     from lbtune.loadgen.runner import LoadConfig, run_load
 
+    check_remote_options(opts)
     plan = plan_run(opts)
     target = resolve_target(opts, say)
     check_models(plan.scenario.model_names(), target.models, f"target {target.url}")

@@ -50,6 +50,9 @@ __all__ = ["LoadConfig", "LoadResult", "Progress", "run_load"]
 
 log = logging.getLogger(__name__)
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_STOP_SLACK_S = 10.0
+"""After a stop: the generators have ``grace_s`` to drain and this long to write their
+records and exit before they are killed."""
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,7 @@ def run_load(
                     pass
                 if not signalled and stop is not None and stop.is_set():
                     stopped_early = signalled = True
+                    hard_deadline = min(hard_deadline, time() + cfg.grace_s + _STOP_SLACK_S)
                     for c in children:
                         c.signal(signal.SIGTERM)
                 now = time()
@@ -284,6 +288,7 @@ def run_load(
                 stopped_early = True
                 if signalled:  # second Ctrl-C: stop waiting for the drain
                     hard_deadline = min(hard_deadline, time() + 2.0)
+                hard_deadline = min(hard_deadline, time() + cfg.grace_s + _STOP_SLACK_S)
                 signalled = True
                 for c in children:
                     c.signal(signal.SIGTERM)

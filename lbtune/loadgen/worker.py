@@ -46,6 +46,7 @@ from lbtune.loadgen.source import resolve  # noqa: E402
 from lbtune.loadgen.user import STATE, LLMUser, OpenLoopUser, PlanShape  # noqa: E402
 
 _DRAIN = "lbtune_drain"
+_MASTER_WAIT_S = 60.0
 _DRAINED = "lbtune_drained"
 
 
@@ -196,9 +197,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_worker(env: Environment, cfg: dict[str, Any], args: Any, stop: Any, grace: float) -> int:
+    connected = gevent.event.Event()
+
+    def unless_connected() -> None:
+        # Locust's worker runner blocks until its master answers (retrying for 5 min):
+        # a stop, or a minute without a master, ends a worker that never got one at once.
+        stopped = stop.wait(timeout=_MASTER_WAIT_S)
+        if connected.is_set():
+            return
+        where = f"{cfg['master_host']}:{cfg['master_port']}"
+        why = "stopped" if stopped else f"no answer within {_MASTER_WAIT_S:g} s"
+        _emit({"type": "error", "error": f"master {where} never answered ({why})"})
+        os._exit(0 if stopped else 3)
+
+    gevent.spawn(unless_connected)
     runner: Any = env.create_worker_runner(cfg["master_host"], int(cfg["master_port"]))
+    connected.set()
     if args.worker_index < 0:  # multi-machine: the master's index, the configured count
-        runner.connection_event.wait(30)
         STATE.configure(worker_index=max(0, runner.worker_index))
         STATE.configure(worker=f"{args.name}-{STATE.worker_index}")
     STATE.start(env, cfg["records_dir"])
