@@ -1,0 +1,66 @@
+"""Defect 16 of issue 16: options that reach beyond loopback need --allow-remote, and a
+worker whose master never answers honours Ctrl-C promptly."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.robustness.conftest import LBTUNE, processes_mentioning, run_cli
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--master", "--master-bind", "0.0.0.0"],
+        ["--master", "--master-bind", "192.0.2.1"],
+        ["--worker", "--master-host", "192.0.2.1"],
+        ["--worker", "--master-host", "example.invalid"],
+        ["--prometheus", "http://192.0.2.1:9090"],
+        ["--prometheus", "http://0.0.0.0:9090"],
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_a_remote_option_needs_allow_remote(tmp_path: Path, echo_url: str, args: list[str]) -> None:
+    r = run_cli("stress", "--target", echo_url, "-d", "2", *args, "--out", str(tmp_path / "o"))
+    assert r.rc == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = r.lines()
+    assert len(lines) == 1 and "--allow-remote" in lines[0], r.stderr
+    assert not (tmp_path / "o").exists(), "nothing may start"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.integration
+def test_a_worker_without_master_honours_ctrl_c(tmp_path: Path, echo_url: str) -> None:
+    out = tmp_path / "w"
+    proc = subprocess.Popen(
+        [*LBTUNE, "stress", "--target", echo_url, "--worker", "--master-port", str(_free_port()),
+         "-d", "30", "--out", str(out), "--ci"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not processes_mentioning(str(out)):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1.0)  # let the worker start waiting for its master
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=25)  # it took 93 s before the fix
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the worker did not honour Ctrl-C within 25 s")
+    assert "Traceback" not in err
+    assert proc.returncode == 130, err
+    assert processes_mentioning(str(out)) == []
