@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from lbtune.cluster.health import ClusterStatus
     from lbtune.cluster.state import Endpoints
+    from lbtune.targets.base import ReplicaRow
 
 app = typer.Typer(
     help=(
@@ -78,7 +79,7 @@ def _endpoints_table(ep: Endpoints, health: dict[str, str] | None = None) -> Non
         console.print(f"agent settings: {ep.agent_config}  (re-read on SIGHUP)")
 
 
-def _status_tables(st: ClusterStatus) -> None:
+def _status_tables(st: ClusterStatus, rows: list[ReplicaRow]) -> None:
     from rich.table import Table
 
     console = _console()
@@ -99,16 +100,23 @@ def _status_tables(st: ClusterStatus) -> None:
     for c in st.components:
         procs.add_row(c.name, str(c.pid), "yes" if c.running else "[red]no[/red]", c.log)
     console.print(procs)
+    seen = {row.replica: row for row in rows}
+    lb = st.endpoints.balancer
     load = Table(title="replica load")
-    for col in ("replica", "GPU", "running", "waiting", "KV usage"):
-        load.add_column(col, justify="right" if col in ("running", "waiting") else "left")
+    right = ("running", "waiting", f"{lb} weight", f"{lb} open")
+    for col in ("replica", "GPU", *right[:2], "KV usage", f"{lb} status", *right[2:]):
+        load.add_column(col, justify="right" if col in right else "left")
     for r in st.replicas:
+        row = seen.get(r.name)
         load.add_row(
             r.name,
             r.gpu or "-",
             num(r.running),
             num(r.waiting),
             "-" if r.kv_usage is None else f"{100 * r.kv_usage:.1f} %",
+            "-" if row is None else row.status,
+            "-" if row is None else num(row.weight),
+            "-" if row is None else num(row.active),
         )
     console.print(load)
     verdict = "[green]healthy[/green]" if st.healthy else "[red]unhealthy[/red]"
@@ -170,16 +178,23 @@ def status(
         bool, typer.Option("--json", help="Print endpoints, health and load as JSON (for scripts).")
     ] = False,
 ) -> None:
-    """Show health and per-replica load (running/waiting requests, KV usage).
+    """Show health and per-replica load (running/waiting requests, KV usage) and each
+    replica as the balancer sees it (its status, weight and open sessions/requests).
 
     Exits 0 when healthy, 1 when not running or unhealthy.
     """
+    from dataclasses import asdict
+
     from lbtune.cluster import api
+    from lbtune.targets import balancer
 
     st = api.status(state_dir)
+    ep = st.endpoints
+    rows = balancer(ep.balancer).replica_rows(ep) if ep is not None else []
     if as_json:
-        typer.echo(json.dumps(st.model_dump(mode="json"), indent=2))
+        doc = {**st.model_dump(mode="json"), "balancer_replicas": [asdict(r) for r in rows]}
+        typer.echo(json.dumps(doc, indent=2))
     else:
-        _status_tables(st)
+        _status_tables(st, rows)
     if not st.healthy:
         raise typer.Exit(1)

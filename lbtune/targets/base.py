@@ -58,6 +58,7 @@ __all__ = [
     "ParamValue",
     "RejectedBeforeApply",
     "ReplicaAddress",
+    "ReplicaRow",
     "ScrapeJob",
     "Supervisor",
     "Target",
@@ -259,6 +260,20 @@ class ScrapeJob:
     metrics_path: str = "/metrics"
 
 
+@dataclass(frozen=True)
+class ReplicaRow:
+    """One replica as the running balancer itself sees it (``lbtune cluster status``)."""
+
+    replica: str
+    """:attr:`ReplicaAddress.name`."""
+    status: str
+    """The balancer's own word for it (HAProxy ``UP``/``DRAIN``, Envoy ``healthy``...)."""
+    weight: int | None = None
+    """Its live weight (the same in each of the balancer's per-model pools), if any."""
+    active: int | None = None
+    """Sessions or requests open through the balancer to it now; ``None``: cannot say."""
+
+
 class Supervisor(Protocol):
     """The cluster's process supervisor, as :meth:`Balancer.launch` sees it.
 
@@ -348,6 +363,12 @@ class Balancer(Protocol):
         """What is wrong with the running balancer, one short line each (empty when
         healthy): ``lbtune cluster status`` and ``up`` (on an already running cluster)
         show these. Never raises."""
+        ...
+
+    def replica_rows(self, endpoints: Endpoints) -> list[ReplicaRow]:
+        """Each replica as the running balancer sees it (status, weight, open requests),
+        for ``lbtune cluster status``; empty when the balancer cannot be asked. Never
+        raises."""
         ...
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> Target:

@@ -201,3 +201,24 @@ def test_a_request_after_an_apply_is_served_and_names_its_replica(
     assert ep.replica_header == entry.replica_header
     if entry.replica_header is not None:
         assert resp.headers.get(entry.replica_header) in {r.name for r in ep.replicas}
+
+
+def test_replica_rows_name_every_replica_and_cluster_status_shows_them(
+    deployed: tuple[Balancer, Endpoints],
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from lbtune.cli import app
+
+    entry, ep = deployed
+    rows = entry.replica_rows(ep)
+    assert sorted(r.replica for r in rows) == sorted(r.name for r in ep.replicas)
+    assert all(r.status for r in rows)
+    assert all(r.active is None or r.active >= 0 for r in rows)
+    res = CliRunner().invoke(app, ["cluster", "status", "--state-dir", ep.state_dir, "--json"])
+    shown = json.loads(res.stdout)["balancer_replicas"]
+    assert sorted(r["replica"] for r in shown) == sorted(r.name for r in ep.replicas)
+    text = CliRunner().invoke(app, ["cluster", "status", "--state-dir", ep.state_dir]).stdout
+    assert f"{entry.name} status" in text

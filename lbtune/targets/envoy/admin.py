@@ -30,6 +30,8 @@ class HostState:
     """EDS health status DRAINING (what weight 0 renders)."""
     healthy: bool
     """No failure flag set (active health check, outlier ejection, EDS status)."""
+    active: int = 0
+    """``rq_active``: requests open to this host in this cluster now."""
 
 
 class EnvoyAdmin:
@@ -73,6 +75,7 @@ class EnvoyAdmin:
                 eds = health.get("eds_health_status", "HEALTHY")
                 flags = [k for k, v in health.items() if k != "eds_health_status" and v is True]
                 sock = h.get("address", {}).get("socket_address", {})
+                stats = {st.get("name"): st.get("value", 0) for st in h.get("stats", [])}
                 out.append(
                     HostState(
                         cluster=c["name"],
@@ -81,6 +84,7 @@ class EnvoyAdmin:
                         weight=int(h.get("weight", 1)),
                         draining=eds == "DRAINING",
                         healthy=not flags and eds in ("HEALTHY", "DRAINING"),
+                        active=int(stats.get("rq_active", 0)),
                     )
                 )
         return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lbtune.cluster.state import Endpoints
-from lbtune.errors import ClusterError, ConfigError
+from lbtune.errors import ClusterError, ConfigError, TargetError
 from lbtune.targets.base import (
     DEFAULT_REPLICA_HEADER,
     BalancerLaunch,
@@ -19,12 +19,13 @@ from lbtune.targets.base import (
     LaunchSpec,
     LiveWeights,
     RejectedBeforeApply,
+    ReplicaRow,
     ScrapeJob,
     Supervisor,
 )
 from lbtune.targets.envoy import binary, config, deploy
 from lbtune.targets.envoy.admin import EnvoyAdmin
-from lbtune.targets.envoy.config import Layout
+from lbtune.targets.envoy.config import ALL_CLUSTER, Layout
 from lbtune.targets.envoy.target import SPACE_FILE, EnvoyTarget
 from lbtune.targets.space import ParameterSpace
 
@@ -103,6 +104,25 @@ class EnvoyBalancer:
             return [str(exc)]
         found = deploy.missing(layout, EnvoyAdmin(layout.admin_url, timeout=1.0))
         return [found] if found else []
+
+    def replica_rows(self, endpoints: Endpoints) -> list[ReplicaRow]:
+        """``/clusters``: the ``all`` cluster's health and weight, ``rq_active`` summed
+        over the per-model clusters."""
+        try:
+            layout = deploy.read_layout(endpoints.state_dir)
+            hosts = EnvoyAdmin(layout.admin_url, timeout=1.0).hosts()
+        except (ConfigError, TargetError):
+            return []
+        rows = []
+        for r in endpoints.replicas:
+            mine = [h for h in hosts if h.hostname == r.name]
+            main = next((h for h in mine if h.cluster == ALL_CLUSTER), None)
+            if main is None:
+                continue
+            status = "draining" if main.draining else "healthy" if main.healthy else "unhealthy"
+            weight = 0 if main.draining else main.weight
+            rows.append(ReplicaRow(r.name, status, weight, sum(h.active for h in mine)))
+        return rows
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> EnvoyTarget:
         return EnvoyTarget(

@@ -19,6 +19,7 @@ from lbtune.targets.base import (
     BalancerLaunch,
     ClusterShape,
     LaunchSpec,
+    ReplicaRow,
     ScrapeJob,
     Supervisor,
 )
@@ -124,6 +125,22 @@ class HaproxyBalancer:
             runtime, [r.name for r in endpoints.replicas], endpoints.balancer_url
         )
         return [] if found is None else [found]
+
+    def replica_rows(self, endpoints: Endpoints) -> list[ReplicaRow]:
+        """``show stat``: the ``all`` backend's status, sessions summed over the backends."""
+        try:
+            stats = HaproxyRuntime(HaproxyFiles.of(endpoints).runtime_socket).stat()
+        except (TargetError, ClusterError, OSError):
+            return []
+        rows = []
+        for r in endpoints.replicas:
+            mine = [s for s in stats if s.server == r.name]
+            if not mine:
+                continue
+            main = next((s for s in mine if s.backend == ALL_BACKEND), mine[0])
+            active = sum(s.scur for s in mine)
+            rows.append(ReplicaRow(r.name, main.status, main.weight, active))
+        return rows
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> HaproxyTarget:
         return HaproxyTarget(endpoints, space_file=space_file)

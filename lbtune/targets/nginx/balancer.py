@@ -23,6 +23,7 @@ from lbtune.targets.base import (
     LaunchSpec,
     LiveWeights,
     ReplicaAddress,
+    ReplicaRow,
     ScrapeJob,
     Supervisor,
 )
@@ -148,6 +149,20 @@ class NginxBalancer:
             return [str(exc)]
         found = [health_missing(site.url), exporter_missing(endpoints.balancer_metrics_url)]
         return [p for p in found if p is not None]
+
+    def replica_rows(self, endpoints: Endpoints) -> list[ReplicaRow]:
+        """The live ``nginx.conf``'s servers and weights: open-source nginx reports no
+        per-server state or connections (its exporter has only totals)."""
+        try:
+            live = self.target(endpoints).read_live()
+        except (ConfigError, TargetError, OSError):
+            return []
+        rows = []
+        for r in endpoints.replicas:
+            weight = live.get(f"weight.{r.name}")
+            if isinstance(weight, int):
+                rows.append(ReplicaRow(r.name, "down" if weight == 0 else "in config", weight))
+        return rows
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> NginxTarget:
         return NginxTarget(site_of(endpoints), space_file=space_file)

@@ -18,6 +18,7 @@ from lbtune.targets.base import (
     ClusterShape,
     LaunchSpec,
     LiveWeights,
+    ReplicaRow,
     ScrapeJob,
     Supervisor,
 )
@@ -86,6 +87,18 @@ class VllmRouterBalancer:
     def problems(self, endpoints: Endpoints) -> list[str]:
         found = process.health_missing(endpoints.balancer_url)
         return [] if found is None else [found]
+
+    def replica_rows(self, endpoints: Endpoints) -> list[ReplicaRow]:
+        """The replicas in the running router's ``--worker-urls`` (it reports no
+        per-worker state lbtune reads; its policy is the same for every worker)."""
+        try:
+            _, command = process.live_command(StatePaths(Path(endpoints.state_dir)))
+        except (LbtuneError, OSError):
+            return []
+        urls = {u.rstrip("/") for u in command.worker_urls}
+        return [
+            ReplicaRow(r.name, "worker") for r in endpoints.replicas if r.url.rstrip("/") in urls
+        ]
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> VllmRouterTarget:
         return VllmRouterTarget(endpoints, space_file=space_file)
