@@ -243,7 +243,10 @@ def compare(
     tested = a.arrays is not None and b.arrays is not None
     pa = point(a.arrays) if a.arrays is not None and tested else dict(a.figures)
     pb = point(b.arrays) if b.arrays is not None and tested else dict(b.figures)
-    shown = [f for f in FIGURES if pa.get(f.key) is not None or pb.get(f.key) is not None]
+    few = _too_few(a, b) if tested else {}
+    shown = [
+        f for f in FIGURES if pa.get(f.key) is not None or pb.get(f.key) is not None or f.key in few
+    ]
     boots_a: Mapping[str, np.ndarray[Any, Any]] = {}
     boots_b: Mapping[str, np.ndarray[Any, Any]] = {}
     if tested:
@@ -253,7 +256,9 @@ def compare(
             resample(a.arrays, resamples, rng_a),
             resample(b.arrays, resamples, rng_b),
         )
-    n_tested = sum(1 for f in shown if _finite(pa.get(f.key)) and _finite(pb.get(f.key)))
+    n_tested = sum(
+        1 for f in shown if _finite(pa.get(f.key)) and _finite(pb.get(f.key)) and f.key not in few
+    )
     alpha = (1 - level) / max(1, n_tested)
     out: list[FigureChange] = []
     for fig in shown:
@@ -264,7 +269,9 @@ def compare(
         ci: tuple[float, float] | None = None
         note = ""
         status: Status = "untested"
-        if change is None:
+        if fig.key in few:
+            note = few[fig.key]
+        elif change is None:
             note = "missing on one side" if va is None or vb is None else "A is zero: no ratio"
             if (va is None or vb is None) and fig.key in _PERCENTILE_FIGURES:
                 note += " (too few samples for this percentile, see docs/metrics.md)"
@@ -296,6 +303,26 @@ def compare(
         a=a, b=b, figures=tuple(out), level=level, resamples=resamples, seed=seed,
         fail_on=gates, notes=_notes(a, b, tested),
     )  # fmt: skip
+
+
+def _too_few(a: Side, b: Side) -> dict[str, str]:
+    """Percentile figures that A's or B's samples cannot support (fewer than
+    :data:`~lbtune.metrics.quantiles.MIN_SAMPLES` on either side): no verdict on them."""
+    from lbtune.metrics.bootstrap import sample_counts
+    from lbtune.metrics.quantiles import MIN_SAMPLES
+
+    assert a.arrays is not None and b.arrays is not None
+    na, nb = sample_counts(a.arrays), sample_counts(b.arrays)
+    out: dict[str, str] = {}
+    for key in _PERCENTILE_FIGURES:
+        pct = key.rsplit("_", 1)[1]
+        need = MIN_SAMPLES[pct]
+        if min(na[key], nb[key]) < need:
+            out[key] = (
+                f"not enough samples (A {na[key]}, B {nb[key]}; a {pct.upper()} needs {need} "
+                "on each side): not tested"
+            )
+    return out
 
 
 def _notes(a: Side, b: Side, tested: bool) -> tuple[str, ...]:
