@@ -28,6 +28,8 @@ QUIET = {
     "llm.w_queue": 0.0, "llm.w_kv": 0.0, "llm.w_load": 0.0, "llm.w_ttft": 0.0,
     "llm.w_prefix": 0.0, "llm.w_session": 0.0, "llm.long_bias": 0.0, "llm.short_bias": 0.0,
     "llm.admission": "route", "llm.refresh_ms": 50, "llm.stale_ms": 2000,
+    "llm.picker": "max", "llm.short_tokens": 512, "llm.long_tokens": 4096,
+    "llm.kv_headroom": 0.05, "llm.queue_timeout_ms": 5000,
 }  # fmt: skip
 
 
@@ -208,3 +210,19 @@ def test_missing_metrics_fall_back_to_own_load_with_a_2xx(llm_on: Cluster) -> No
         assert resp.status_code == 200
         seen[resp.headers[HEADER]] += 1
     assert seen["h100-0"] > 0
+
+
+def test_length_classes_bias_long_prompts_to_long_context_replicas(llm_on: Cluster) -> None:
+    llm_on.target.apply({"llm.long_bias": 1.0, "llm.short_bias": 1.0, "llm.long_tokens": 2048})
+    long_seen = {llm_on.chat(words(400)).headers[HEADER] for _ in range(12)}  # ~3.5k tokens
+    assert long_seen <= {"h100-0", "a100-0"} and long_seen  # ≥ 90 % of the largest GPU
+    short_seen = {llm_on.chat("hi " + words(5)).headers[HEADER] for _ in range(6)}
+    assert short_seen == {"l4-0"}  # the short bias goes to the other replicas
+
+
+def test_power_of_two_choices_never_picks_the_worst_of_three(llm_on: Cluster) -> None:
+    llm_on.replicas["h100-0"].waiting = 12
+    llm_on.target.apply({"llm.w_queue": 1.0, "llm.picker": "p2c"})
+    llm_on.wait_metric('lbtune_llm_waiting{server="h100-0"}', lambda v: v == 12)
+    seen = Counter(llm_on.chat(words(50)).headers[HEADER] for _ in range(30))
+    assert seen["h100-0"] == 0 and seen["a100-0"] > 0 and seen["l4-0"] > 0
