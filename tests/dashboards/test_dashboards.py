@@ -9,6 +9,12 @@ equivalent ``count by``) and of the rules is evaluated at a moment inside the ru
 must return at least one finite sample. An alert's expression is checked without its
 threshold comparison (the signal it watches must exist; it need not fire), and every
 rule must report ``health: ok`` to Prometheus.
+
+The dashboard has a panel row per registered balancer (``Balancer: <name> (job <job>``,
+the job being the registry name); the HAProxy row is checked with the rest above. Every
+other balancer's row is checked on its own test cluster (its ``test_preset``, a few
+requests sent through it): each expression must parse in that cluster's Prometheus and
+each metric name in it must have a series there.
 """
 
 from __future__ import annotations
@@ -37,15 +43,48 @@ RULES_TEST = ROOT / "dashboards" / "rules_test.yml"
 RATE_INTERVAL = "10s"
 _LABEL_VALUES = re.compile(r"^label_values\((.+),\s*(\w+)\)$")
 _THRESHOLD = re.compile(r"^(.*?)\s*(>|<|>=|<=|==|!=)\s*[-+0-9.e]+\s*$", re.S)
+_BALANCER_ROW = re.compile(r"^Balancer: .*?\(job ([A-Za-z0-9_-]+)")
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_NAME = re.compile(r"(?<![\w:])([A-Za-z_:][A-Za-z0-9_:]*)(?![\w:])(?!\s*\()")
+_KEYWORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
 
 
-def dashboard_queries() -> list[tuple[str, str]]:
-    """(where, PromQL) for every target of every panel and every query variable."""
+def panels_by_balancer() -> dict[str | None, list[dict[str, Any]]]:
+    """The panels of each balancer row (by job name); ``None``: the panels of other rows."""
+    out: dict[str | None, list[dict[str, Any]]] = {None: []}
+    row: str | None = None
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        if panel["type"] == "row":
+            m = _BALANCER_ROW.match(panel["title"])
+            row = m.group(1) if m else None
+            out.setdefault(row, [])
+        else:
+            out[row].append(panel)
+    return out
+
+
+def panel_queries(panels: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [
+        (f"panel {p['title']!r} {t['refId']}", grafana_expand(t["expr"]))
+        for p in panels
+        for t in p.get("targets", [])
+    ]
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (not functions, labels or keywords)."""
+    bare = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", bare)
+    bare = _GROUPING.sub(" ", bare)
+    return {n for n in _NAME.findall(bare) if n.lower() not in _KEYWORDS}
+
+
+def dashboard_queries(balancer: str = "haproxy") -> list[tuple[str, str]]:
+    """(where, PromQL) for every target of every panel outside the balancer rows and in
+    ``balancer``'s row, and every query variable."""
     dash = json.loads(DASHBOARD.read_text())
-    out = []
-    for panel in dash["panels"]:
-        for t in panel.get("targets", []):
-            out.append((f"panel {panel['title']!r} {t['refId']}", grafana_expand(t["expr"])))
+    rows = panels_by_balancer()
+    out = panel_queries(rows[None] + rows.get(balancer, []))
     for var in dash["templating"]["list"]:
         if var["type"] == "query":
             m = _LABEL_VALUES.match(var["definition"])
@@ -87,8 +126,28 @@ def test_dashboard_is_importable_grafana_json() -> None:
     text = DASHBOARD.read_text()
     for needle in ("lbtune_ttft_seconds", "vllm:kv_cache_usage_perc", "DCGM_FI_DEV_GPU_UTIL",
                    "vllm:prefix_cache_hits_total", "haproxy_backend_current_queue",
-                   "haproxy_server_current_sessions", "lbtune_agent_weight"):  # fmt: skip
+                   "haproxy_server_current_sessions", "lbtune_agent_weight",
+                   "envoy_cluster_upstream_rq_xx", "nginx_http_requests_total",
+                   "vllm_router_processed_requests_total"):  # fmt: skip
         assert needle in text
+
+
+def test_a_panel_row_per_registered_balancer() -> None:
+    from lbtune.targets import names
+
+    rows = panels_by_balancer()
+    assert set(rows) - {None} == set(names())
+    for name in names():
+        assert rows[name], f"the {name} row has no panels"
+        assert all(metric_names(e) for _, e in panel_queries(rows[name])), name
+
+
+def test_metric_names_are_read_from_promql() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (le, replica) (rate(a_bucket{x="y", le!="1"}[10s]))) '
+        "/ ignoring (code) b:c_total - sum(rate(d[1m] offset 5m)) and time() > 0"
+    )
+    assert metric_names(expr) == {"a_bucket", "b:c_total", "d"}
 
 
 def test_promtool_checks_and_unit_tests_the_rules() -> None:
@@ -181,3 +240,41 @@ def _query(prom: str, expr: str, at: float) -> list[dict[str, Any]]:
         return [{"value": result}]
     assert isinstance(result, list)
     return result
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["envoy", "nginx", "vllm-router"])
+def test_the_balancer_row_queries_parse_and_their_metrics_exist(name: str, tmp_path: Path) -> None:
+    from lbtune.cluster import api
+    from lbtune.errors import DependencyError
+    from lbtune.targets import balancer
+
+    queries = panel_queries(panels_by_balancer()[name])
+    wanted = set().union(*(metric_names(e) for _, e in queries))
+    state = tmp_path / "state"
+    try:
+        try:
+            ep = api.up(balancer(name).test_preset, state)
+        except DependencyError as exc:
+            pytest.skip(f"{name}: {exc}")
+        model = "llama-3.1-8b-instruct" if "llama-3.1-8b-instruct" in ep.models else ep.models[0]
+        for _ in range(4):
+            r = requests.post(
+                f"{ep.balancer_url}/v1/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 8},
+                timeout=30,
+            )  # fmt: skip
+            assert r.status_code == 200, r.text
+        missing = set(wanted)
+        deadline = time.monotonic() + 30
+        while missing and time.monotonic() < deadline:
+            found = requests.get(f"{ep.prometheus_url}/api/v1/label/__name__/values", timeout=5)
+            missing = wanted - set(found.json()["data"])
+            time.sleep(0.5)
+        assert not missing, f"{name}: no series in Prometheus for {sorted(missing)}"
+        for _, expr in queries:
+            _query(ep.prometheus_url, expr, time.time())  # asserts the expression parsed
+    finally:
+        api.down(state)
