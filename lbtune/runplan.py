@@ -261,7 +261,10 @@ def parse_slo(text: str | None, base: Slo) -> Slo:
                 raise ConfigError(
                     f"--slo errors: expected a fraction or a percentage, got {value!r}"
                 ) from None
-            changes[_SLO_KEYS[key]] = number / 100 if pct else number
+            rate = number / 100 if pct else number
+            if not 0 <= rate <= 1:
+                raise ConfigError(f"--slo errors: must be within 0..100 % (0..1), got {value!r}")
+            changes[_SLO_KEYS[key]] = rate
             continue
         m = _DURATION.match(value)
         if not m:

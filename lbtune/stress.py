@@ -126,6 +126,12 @@ def check_target_allowed(url: str, allow_remote: bool) -> None:
         raise ConfigError(
             f"--target: expected an http(s) URL like http://127.0.0.1:8000, got {url!r}"
         )
+    try:
+        parts.port  # noqa: B018 (urlsplit checks the port only when asked)
+    except ValueError:
+        raise ConfigError(
+            f"--target {url}: the port must be a number in 1..65535, e.g. http://127.0.0.1:8000"
+        ) from None
     if parts.hostname not in LOOPBACK_HOSTS and not allow_remote:
         raise ConfigError(
             f"--target {url}: {parts.hostname} is not a loopback address; sending load to "
@@ -148,6 +154,28 @@ def check_remote_options(opts: StressOptions) -> None:
         asks.append(f"--prometheus {opts.prometheus_url} is not on loopback")
     if asks:
         raise ConfigError("; ".join(asks) + ": that needs --allow-remote")
+
+
+def check_bounds(opts: StressOptions) -> None:
+    """The command-line load values lbtune can run (the bounds of the scenario model:
+    :mod:`lbtune.scenario.models`); one line each, before anything starts."""
+    import math
+
+    from lbtune.scenario.models import MAX_DURATION_S, MAX_RATE, MAX_USERS
+
+    for flag, v in (("--duration", opts.duration_s), ("--max-duration", opts.max_duration_s)):
+        if v is not None and not (math.isfinite(v) and 0 < v <= MAX_DURATION_S):
+            raise ConfigError(f"{flag}: must be > 0 and at most {MAX_DURATION_S:g} s, got {v:g}")
+    if opts.users is not None and not 1 <= opts.users <= MAX_USERS:
+        raise ConfigError(f"--users: must be 1..{MAX_USERS}, got {opts.users}")
+    if opts.rate is not None and not (math.isfinite(opts.rate) and 0 < opts.rate <= MAX_RATE):
+        raise ConfigError(f"--rate: must be > 0 and at most {MAX_RATE:g} req/s, got {opts.rate:g}")
+    if opts.workers < 0:
+        raise ConfigError(f"--workers: must be >= 0 (0: one local process), got {opts.workers}")
+    if opts.expect_workers is not None and opts.expect_workers < 1:
+        raise ConfigError(f"--expect-workers: must be >= 1, got {opts.expect_workers}")
+    if not 0 <= opts.master_port <= 65535:
+        raise ConfigError(f"--master-port: must be 1..65535, got {opts.master_port}")
 
 
 def check_reachable(url: str, timeout_s: float = 5.0) -> set[str] | None:
@@ -209,6 +237,7 @@ def run_stress(
     from lbtune.loadgen.preflight import check_models
     from lbtune.loadgen.runner import LoadConfig, run_load
 
+    check_bounds(opts)
     check_remote_options(opts)
     plan = plan_run(opts)
     target = resolve_target(opts, say)

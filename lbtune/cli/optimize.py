@@ -132,6 +132,7 @@ def optimize_command(
         scenario = trace_ref(trace, trace_format, speedup)
     elif trace_format is not None or speedup is not None:
         raise typer.BadParameter("--trace-format and --speedup apply to --trace")
+    _check_trial_duration(trial_duration)
     opts = OptimizeOptions(
         budget=budget, scenario=scenario, target=target, space=space, objective=objective,
         sampler=sampler, pruner=pruner, trial_duration_s=trial_duration, study=study,
@@ -188,6 +189,19 @@ def optimize_command(
         why = "; ".join(([r.detail] if r is not None and r.detail else []) + list(result.notes))
         err.print(f"--ci: exit {code}: {why or 'no trial could be measured'}", markup=False)
         raise typer.Exit(code)
+
+
+def _check_trial_duration(seconds: float | None) -> None:
+    """``--trial-duration``: > 0 and finite (0 failed every trial and exited 0)."""
+    import math
+
+    from lbtune.errors import ConfigError
+    from lbtune.scenario.models import MAX_DURATION_S
+
+    if seconds is not None and not (math.isfinite(seconds) and 0 < seconds <= MAX_DURATION_S):
+        raise ConfigError(
+            f"--trial-duration: must be > 0 and at most {MAX_DURATION_S:g} s, got {seconds:g}"
+        )
 
 
 def dashboard_command(

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from lbtune.errors import ConfigError
 from lbtune.loadgen.records import RequestRecord
 
 __all__ = [
@@ -127,10 +128,18 @@ def read_records(path: str | Path) -> list[RequestRecord]:
         return out
     if p.suffix == ".jsonl":
         return list(iter_jsonl(p))
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(p)
+    try:
+        table = pq.read_table(p)
+    except (OSError, ValueError, pa.ArrowException) as exc:  # missing, truncated, not Parquet
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{p}: not a readable requests.parquet ({why})") from None
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    missing = [f for f in _REQUIRED if f not in cols]
+    if missing:
+        raise ConfigError(f"{p}: not lbtune's request records (no {', '.join(missing)} column)")
     n = table.num_rows
     names = [f for f in FIELDS if f in cols]
     records = []
@@ -139,6 +148,10 @@ def read_records(path: str | Path) -> list[RequestRecord]:
         kw["chunk_times"] = tuple(kw.get("chunk_times") or ())
         records.append(RequestRecord(**kw))
     return records
+
+
+_REQUIRED = ("request_id", "index", "model", "api", "stream", "sent_at", "ended_at", "outcome")
+"""The columns without a default in :class:`RequestRecord`."""
 
 
 def write_parquet(records: Iterable[RequestRecord], path: str | Path) -> Path:

@@ -13,11 +13,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 import lbtune
 from lbtune.errors import ConfigError
+from lbtune.safeyaml import load_yaml_file
 from lbtune.scenario.models import Scenario
 from lbtune.scenario.traces.read import guess_format
 from lbtune.scenario.traces.replay import pin
@@ -125,15 +125,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         return trace_scenario(str(name_or_path))
     path = _resolve(name_or_path)
     where = _display(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}: invalid YAML{line}: {problem}") from None
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from None
+    data = load_yaml_file(path, where)  # non-UTF-8, bad YAML, an alias bomb: one line
     sc = scenario_from_dict(data, source=where, default_name=path.stem)
     return _pin(sc, path.resolve().parent)  # a relative trace path: next to the scenario
 

@@ -22,6 +22,16 @@ from lbtune.scenario.traces.spec import TraceSource
 DEFAULT_TRACE_MODEL = "llama-3.1-8b-instruct"
 """A trace scenario without ``models`` sends to the embedded cluster's model."""
 
+MAX_DURATION_S = 7 * 24 * 3600.0
+"""Longest run a scenario (or ``--duration``) may ask for: a week."""
+MAX_USERS = 50_000
+"""Most closed-loop users (one generator process holds some thousands)."""
+MAX_RATE = 10_000.0
+"""Highest open-loop arrival rate, req/s."""
+MAX_PROMPT_TOKENS = 1_048_576
+"""Longest prompt a scenario may draw (its distribution's 1 - 1e-9 quantile): longer
+prompts than any model's context would only exhaust the generator's memory."""
+
 ApiName = Literal["chat", "completions"]
 _DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
 
@@ -112,7 +122,10 @@ class Scenario(_Strict):
     description: str = ""
     seed: int = Field(default=0, ge=0, lt=2**63)
     duration_s: float = Field(
-        default=60.0, gt=0, description="Default test length (steps: their total)."
+        default=60.0,
+        gt=0,
+        le=MAX_DURATION_S,
+        description="Default test length (steps: their total); at most a week.",
     )
     warmup_s: float = Field(default=0.0, ge=0, description="Excluded from the figures.")
     cooldown_s: float = Field(default=0.0, ge=0, description="Excluded from the figures.")
@@ -186,6 +199,7 @@ class Scenario(_Strict):
                 f"warmup_s + cooldown_s ({self.warmup_s + self.cooldown_s:g} s) leave no "
                 f"measurement window in duration_s ({self.duration_s:g} s)"
             )
+        self._bounded()
         need = self.load.min_duration()
         if need > self.duration_s:
             raise ValueError(
@@ -200,6 +214,30 @@ class Scenario(_Strict):
             if dup:
                 raise ValueError(f"classes: duplicate name(s) {', '.join(sorted(dup))}")
         return self
+
+    def _bounded(self) -> None:
+        """Load and prompt lengths lbtune can generate (:data:`MAX_USERS`, :data:`MAX_RATE`,
+        :data:`MAX_PROMPT_TOKENS`)."""
+        peak = max(
+            (max(g.level0, g.level1) for g in self.load.segments(self.duration_s)), default=0.0
+        )
+        closed = self.load.mode() == "closed"
+        if closed and peak > MAX_USERS:
+            raise ValueError(f"load: {peak:g} users, more than the {MAX_USERS} lbtune runs")
+        if not closed and peak > MAX_RATE:
+            raise ValueError(f"load: {peak:g} req/s, more than the {MAX_RATE:g} lbtune sends")
+        dists = [("prompt_tokens", self.prompt_tokens)] + [
+            (f"classes.{c.name}.prompt_tokens", c.prompt_tokens)
+            for c in self.classes or []
+            if c.prompt_tokens is not None
+        ]
+        for where, d in dists:
+            top = d.quantile(1 - 1e-9)
+            if top > MAX_PROMPT_TOKENS:
+                raise ValueError(
+                    f"{where}: reaches {top:.3g} tokens, more than the {MAX_PROMPT_TOKENS} "
+                    "lbtune sends; lower it or set max:"
+                )
 
     @property
     def mode(self) -> Literal["closed", "open"]:
