@@ -276,5 +276,9 @@ def test_the_balancer_row_queries_parse_and_their_metrics_exist(name: str, tmp_p
         assert not missing, f"{name}: no series in Prometheus for {sorted(missing)}"
         for _, expr in queries:
             _query(ep.prometheus_url, expr, time.time())  # asserts the expression parsed
+        if name == "envoy":  # the row's legends name the per-model clusters whole
+            url = f"{ep.prometheus_url}/api/v1/label/envoy_cluster_name/values"
+            clusters = set(requests.get(url, timeout=5).json()["data"])
+            assert "model_llama-3_1-8b-instruct" in clusters, clusters
     finally:
         api.down(state)

@@ -245,6 +245,10 @@ def _cluster(name: str, layout: Layout, p: Mapping[str, ParamValue]) -> dict[str
     policy = str(p.get("lb_policy", "ROUND_ROBIN"))
     c: dict[str, Any] = {
         "name": name,
+        # Envoy's Prometheus tags cut a cluster name at its first dot (model_llama-3.1-8b
+        # became envoy_cluster_1_8b_..._upstream_rq_total{envoy_cluster_name="model_llama-3"}):
+        # its stats go under a dotless name.
+        "alt_stat_name": name.replace(".", "_"),
         "type": "EDS",
         "connect_timeout": "5s",
         "lb_policy": policy,
