@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 from lbtune.apply.lkg import Lkg, LkgStore, params_hash
 from lbtune.apply.lock import apply_lock
-from lbtune.apply.runner import LOCAL_INVENTORY, HostResult, run_playbook
+from lbtune.apply.runner import LOCAL_INVENTORY, HostResult, check_inventory, run_playbook
+from lbtune.apply.serving import cluster_endpoints, probe_models, refuse_unservable
 from lbtune.errors import ApplyError
 from lbtune.targets import balancer
 from lbtune.targets.base import ApplyResult, ParamSet, RejectedBeforeApply, Target
@@ -67,19 +68,20 @@ def _run(
         extravars={
             "lbtune_target": target.name,
             "lbtune_module": balancer(target.name).ansible_module,
-            "lbtune_state_dir": str(target.state_dir),
+            # the host's own lbtune_state_dir (a remote inventory's host var) wins
+            "lbtune_controller_state_dir": str(target.state_dir),
             "lbtune_params": dict(params),
             "lbtune_rollback": rollback,
             **dict(extravars or {}),
         },
     )
     if not run.ok:
-        rejected = any("RejectedBeforeApply" in h.msg for h in run.hosts)
-        exc_type = RejectedBeforeApply if rejected else ApplyError
+        touched = [h.host for h in run.hosts if _touched(h)]
         what = "rollback" if rollback else "apply"
-        raise exc_type(
-            f"ansible-playbook {PLAYBOOK} ({target.name} {what}) failed: {run.failure()}"
-        )
+        msg = f"ansible-playbook {PLAYBOOK} ({target.name} {what}) failed: {run.failure()}"
+        if not touched and any("RejectedBeforeApply" in h.msg for h in run.hosts):
+            raise RejectedBeforeApply(msg)
+        raise PlaybookFailed(msg, touched)
     first = next((h.result for h in run.hosts if h.result), {})
     diff = {k: (v[0], v[1]) for k, v in (first.get("diff") or {}).items()}
     result = ApplyResult(
@@ -91,6 +93,26 @@ def _run(
         seconds=run.seconds,
     )
     return result, run.hosts, run.log_path
+
+
+class PlaybookFailed(ApplyError):
+    """The playbook failed on some host; ``touched``: the hosts it may have changed (a
+    later batch never ran, a refused or unreachable-at-connect host was not touched)."""
+
+    def __init__(self, msg: str, touched: list[str]) -> None:
+        super().__init__(msg)
+        self.touched = touched
+
+
+_UNTOUCHED = ("RejectedBeforeApply:", "ConfigError:")
+
+
+def _touched(h: HostResult) -> bool:
+    if h.status == "changed":
+        return True
+    if h.status == "unreachable":  # not even connected: untouched; lost mid-module: maybe
+        return not any(m in h.msg for m in ("Failed to connect to the host", "ssh: connect to"))
+    return h.status == "failed" and not h.msg.startswith(_UNTOUCHED)
 
 
 def apply_params(
@@ -107,21 +129,29 @@ def apply_params(
 ) -> ApplyOutcome:
     """Validate (ConfigError, nothing touched), lock, apply, verify, record the LKG.
 
-    On a failure after the balancer may have been touched, re-apply the last known good
-    and raise ApplyError saying so. The first apply on a fresh cluster first records what
-    is live as the last known good (source ``baseline``).
+    Refused before anything is touched: a set that leaves a served model with no replica
+    able to take traffic. Verified after the apply by read-back and by one real request
+    per served model through the balancer. On a failure after the balancer may have been
+    touched, re-apply the last known good and raise ApplyError saying so. The first apply
+    on a fresh cluster first records what is live as the last known good (``baseline``).
     """
     space = target.space()
     checked = space.validate(params, source=source)  # errors name the source
     target.validate(checked)  # the balancer's own refusals, before the lock
+    if via == "ansible" and inventory is not None:
+        check_inventory(inventory)
     say = progress or log.info
     with apply_lock(target.state_dir):
         store = LkgStore(target.state_dir, target.name)
         lkg = store.get()
         local = _is_local(inventory)
-        if lkg is None and not check and local:
-            lkg = store.record(target.read_live(), "baseline (live before the first apply)")
-        expected = space.complete(checked, target.read_live()) if local else None
+        live = target.read_live() if local else None
+        expected = space.complete(checked, live) if live is not None else None
+        ep = cluster_endpoints(target) if local else None
+        if expected is not None and ep is not None:
+            refuse_unservable(target, expected, ep)  # before anything, the LKG included
+        if lkg is None and not check and live is not None:
+            lkg = store.record(live, "baseline (live before the first apply)")
         try:
             result, hosts, log_path = _run(
                 target, checked, via=via, check=check, inventory=inventory,
@@ -136,18 +166,31 @@ def apply_params(
                         f"{k}={live.get(k)!r} (wanted {expected[k]!r})" for k in bad[:4]
                     )
                     raise ApplyError(f"Read-back after the apply does not match: {shown}")
+            if not check and ep is not None:
+                probe_models(ep)
         except RejectedBeforeApply:
             raise
         except ApplyError as exc:
             if check or lkg is None:
                 raise
-            say(f"apply failed ({exc}); rolling back to the last known good {lkg.describe()}")
+            # Only the hosts this rollout touched: the others are still on the last known
+            # good (or unreachable), and a host that refused the set may refuse again.
+            touched = exc.touched if isinstance(exc, PlaybookFailed) else None
+            if touched == []:
+                raise ApplyError(f"{exc}; no host was changed: nothing to roll back") from None
+            only = {"lbtune_hosts": ",".join(touched)} if touched else None
+            which = f" (hosts {', '.join(touched)})" if touched else ""
+            back = f"rolling back to the last known good {lkg.describe()}{which}"
+            say(f"apply failed ({exc}); {back}")
             try:
-                _run(target, lkg.params, via=via, check=False, inventory=inventory, rollback=True)
+                _run(
+                    target, lkg.params, via=via, check=False, inventory=inventory,
+                    rollback=True, extravars=only,
+                )  # fmt: skip
             except ApplyError as exc2:
                 raise ApplyError(f"{exc}; the rollback failed too: {exc2}") from None
             raise ApplyError(
-                f"{exc}; rolled back to the last known good {lkg.describe()}"
+                f"{exc}; rolled back to the last known good {lkg.describe()}{which}"
             ) from None
         if record and not check and (lkg is None or lkg.sha256 != params_hash(result.applied)):
             lkg = store.record(result.applied, source)

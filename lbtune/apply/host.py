@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lbtune.apply.lkg import LkgStore, params_hash
+from lbtune.apply.serving import refuse_unservable
 from lbtune.cluster.state import Endpoints, StatePaths, read_endpoints
 from lbtune.errors import ConfigError, LbtuneError, TargetError
 from lbtune.targets import get_target
@@ -66,6 +67,8 @@ def run_on_host(req: HostRequest, make_target: MakeTarget | None = None) -> Appl
         )
     target = make_target(ep, req.options) if make_target else get_target(req.target, ep)
     if not req.rollback:
+        full = target.space().complete(target.validate(req.params), target.read_live())
+        refuse_unservable(target, full, ep)  # this host's own model -> replicas map
         return target.apply(req.params, check=req.check)
     if req.params and not req.check:
         store = LkgStore(target.state_dir, target.name)

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import lbtune
+from lbtune.errors import ConfigError
 
-__all__ = ["PLAYBOOKS_DIR", "HostResult", "PlaybookRun", "run_playbook"]
+__all__ = ["PLAYBOOKS_DIR", "HostResult", "PlaybookRun", "check_inventory", "run_playbook"]
 
 PLAYBOOKS_DIR = Path(lbtune.__file__).resolve().parent.parent / "playbooks"
 LOCAL_INVENTORY = PLAYBOOKS_DIR / "inventory" / "local.yml"
@@ -64,6 +65,7 @@ class PlaybookRun:
     hosts: list[HostResult]
     log_path: Path
     seconds: float
+    inventory: str = ""
 
     @property
     def ok(self) -> bool:
@@ -71,7 +73,9 @@ class PlaybookRun:
 
     def failure(self) -> str:
         bad = [h.line() for h in self.hosts if not h.ok]
-        if not bad:
+        if not bad and not self.hosts:
+            bad = [f"no host of the inventory {self.inventory} ran the play (no balancers in it?)"]
+        elif not bad:
             bad = [
                 f"ansible-playbook {self.playbook} ended with status {self.status} (rc {self.rc})"
             ]
@@ -81,6 +85,28 @@ class PlaybookRun:
 def _msg(res: dict[str, Any]) -> str:
     msg = res.get("msg") or res.get("stderr") or res.get("reason") or res.get("exception") or ""
     return " ".join(str(msg).split())[:500]
+
+
+def check_inventory(inventory: str | Path) -> None:
+    """ConfigError when ``inventory`` is missing or not text (Ansible would only warn,
+    find no host and end "successful")."""
+    path = Path(inventory)
+    if path.is_dir():
+        return
+    try:
+        head = path.read_bytes()  # an inventory file is small
+    except FileNotFoundError:
+        raise ConfigError(f"inventory {inventory}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"inventory {inventory}: cannot read it ({exc.strerror})") from None
+    try:
+        if b"\0" in head:
+            raise UnicodeDecodeError("utf-8", head, 0, 1, "NUL byte")
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"inventory {inventory}: not a text file (expected an Ansible YAML or INI inventory)"
+        ) from None
 
 
 def run_playbook(
@@ -95,6 +121,7 @@ def run_playbook(
     """Run ``playbooks/<playbook>`` through ansible-runner and collect per-host results."""
     import ansible_runner
 
+    check_inventory(inventory or LOCAL_INVENTORY)
     state = Path(state_dir)
     private = state / "ansible"
     private.mkdir(parents=True, exist_ok=True)
@@ -169,4 +196,5 @@ def run_playbook(
         hosts=list(hosts.values()),
         log_path=log_path,
         seconds=seconds,
+        inventory=str(inventory or LOCAL_INVENTORY),
     )

@@ -186,11 +186,13 @@ def apply_command(
     if (params is None) == (study is None):
         raise ConfigError("Give exactly one of --params FILE or --study NAME (or --show)")
     from lbtune.apply import apply_params
+    from lbtune.apply.paramfile import read_params_for
     from lbtune.targets.space import load_params_file
 
     if params is not None:
-        values, source = load_params_file(params), f"file:{params}"
+        load_params_file(params)  # a bad file is named before a missing cluster
         t = _target(target, state_dir, space)
+        values, source = read_params_for(params, t.name), f"file:{params}"
         values = t.space().validate(values, str(params))  # errors name the file, not file:
     else:
         assert study is not None

@@ -62,6 +62,7 @@ __all__ = [
     "ScrapeJob",
     "Supervisor",
     "Target",
+    "zero_weight_replicas",
 ]
 
 ParamValue = int | float | str | bool
@@ -166,6 +167,24 @@ class Target(Protocol):
         agent runs): their live value may move under lbtune, so ``lbtune.apply`` does not
         hold them to a value in its read-back. Usually ``frozenset()``."""
         ...
+
+    def replicas_out(self, params: ParamSet) -> frozenset[str]:
+        """The replicas that the full parameter set ``params`` leaves unable to take a new
+        request (weight 0, drained, ...), by :attr:`ReplicaAddress.name`. ``lbtune.apply``
+        refuses a set that leaves a served model with none (:mod:`lbtune.apply.serving`);
+        :func:`zero_weight_replicas` is the usual answer."""
+        ...
+
+
+def zero_weight_replicas(params: Mapping[str, object], knob: str = "weight") -> frozenset[str]:
+    """Replicas whose per-server ``<knob>.<replica>`` is 0 in ``params`` (what "cannot take
+    traffic" means for a balancer whose only such knob is a weight)."""
+    prefix = knob + "."
+    return frozenset(
+        k.removeprefix(prefix)
+        for k, v in params.items()
+        if k.startswith(prefix) and not isinstance(v, bool) and v == 0
+    )
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +26,15 @@ class FakeTarget:
 
     def validate(self, params: Mapping[str, object]) -> ParamSet:
         return {k: v for k, v in params.items() if isinstance(v, int | float | str | bool)}
+
+    def space(self) -> Any:
+        return SimpleNamespace(complete=lambda params, base: {**base, **params})
+
+    def read_live(self) -> ParamSet:
+        return {}
+
+    def replicas_out(self, params: ParamSet) -> frozenset[str]:
+        return frozenset(k.removeprefix("weight.") for k, v in params.items() if v == 0)
 
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
         self.calls.append(f"apply check={check}")

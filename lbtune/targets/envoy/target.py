@@ -31,7 +31,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from lbtune.errors import ApplyError
-from lbtune.targets.base import ApplyResult, Diff, ParamSet, RejectedBeforeApply
+from lbtune.targets.base import (
+    ApplyResult,
+    Diff,
+    ParamSet,
+    RejectedBeforeApply,
+    zero_weight_replicas,
+)
 from lbtune.targets.envoy import config, deploy, readback
 from lbtune.targets.envoy.admin import EnvoyAdmin
 from lbtune.targets.envoy.config import Layout
@@ -97,6 +103,10 @@ class EnvoyTarget:
         if not self.weights_owned:
             return frozenset()
         return frozenset(n for n in self.space().params if n.startswith(WEIGHT_PREFIX))
+
+    def replicas_out(self, params: ParamSet) -> frozenset[str]:
+        """Weight 0 renders health_status DRAINING: no new request."""
+        return frozenset() if self.weights_owned else zero_weight_replicas(params)
 
     def validate(self, params: Mapping[str, object]) -> ParamSet:
         checked = self.space().validate(params)

@@ -41,7 +41,13 @@ from lbtune.cluster import agent as cluster_agent
 from lbtune.cluster import supervisor
 from lbtune.cluster.state import AGENT, Endpoints, StatePaths
 from lbtune.errors import ApplyError, ConfigError
-from lbtune.targets.base import ApplyResult, ParamSet, ParamValue, RejectedBeforeApply
+from lbtune.targets.base import (
+    ApplyResult,
+    ParamSet,
+    ParamValue,
+    RejectedBeforeApply,
+    zero_weight_replicas,
+)
 from lbtune.targets.haproxy import config, llm, master
 from lbtune.targets.haproxy.files import ALL_BACKEND, HaproxyFiles, Site, config_alerts
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
@@ -115,6 +121,11 @@ class HaproxyTarget:
         if not self.agent_owns_weights():
             return frozenset()
         return frozenset(n for n in self.space().params if n.startswith(WEIGHT_PREFIX))
+
+    def replicas_out(self, params: ParamSet) -> frozenset[str]:
+        """Weight 0 takes no new request (maxconn 0 is unlimited); the agent's weights are
+        its own to set."""
+        return frozenset() if self.agent_owns_weights() else zero_weight_replicas(params)
 
     def space(self) -> ParameterSpace:
         if self._space is None:

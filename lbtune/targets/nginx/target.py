@@ -27,7 +27,13 @@ from typing import Any
 
 from lbtune.apply.lkg import LkgStore
 from lbtune.errors import ApplyError, TargetError
-from lbtune.targets.base import ApplyResult, Diff, ParamSet, RejectedBeforeApply
+from lbtune.targets.base import (
+    ApplyResult,
+    Diff,
+    ParamSet,
+    RejectedBeforeApply,
+    zero_weight_replicas,
+)
 from lbtune.targets.nginx import process, readback
 from lbtune.targets.nginx.config import Site, render_config
 from lbtune.targets.space import ParameterSpace
@@ -79,6 +85,9 @@ class NginxTarget:
 
     def owned_elsewhere(self) -> frozenset[str]:
         return frozenset()  # no feedback agent: nginx has no live weights
+
+    def replicas_out(self, params: ParamSet) -> frozenset[str]:
+        return zero_weight_replicas(params)  # weight 0 renders `down`
 
     def validate(self, params: Mapping[str, object]) -> ParamSet:
         return self.space().validate(params)

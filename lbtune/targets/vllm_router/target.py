@@ -83,6 +83,9 @@ class VllmRouterTarget:
     def owned_elsewhere(self) -> frozenset[str]:
         return frozenset()
 
+    def replicas_out(self, params: ParamSet) -> frozenset[str]:
+        return frozenset()  # no per-worker knob takes a worker out of rotation
+
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
         t0 = time.perf_counter()
         space = self.space()
