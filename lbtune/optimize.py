@@ -218,6 +218,7 @@ def run_optimize(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = opts.out_dir or opts.reports_root / f"{stamp}-optimize-{opts.study}"
     h = harness or real_harness(opts, out_dir / "runs", stop, say)
+    release_lease = h.lease()  # if this process dies, a guard restores the last known good
     prog = StudyProgress(study=opts.study, budget=opts.budget)
     notify = on_progress or (lambda p: None)
     t_start = time.monotonic()
@@ -313,6 +314,7 @@ def run_optimize(
             h.target.apply(h.lkg_get() or lkg)
         except LbtuneError as exc:
             notes.append(f"could not restore the last known good: {exc}")
+    release_lease()
     if stop.is_set():
         notes.append("interrupted (Ctrl-C): the running trial was stopped; --resume continues")
     result = StudyResult(

@@ -35,6 +35,9 @@ class Harness:
     lkg_get: Callable[[], ParamSet | None]
     lkg_record: Callable[[ParamSet, str], object]
     rollout_via: str = "ansible"
+    lease: Callable[[], Callable[[], None]] = lambda: lambda: None
+    """Take the lease on the live balancer (:func:`lbtune.apply.lease.hold`: its guard
+    restores the last known good if this process dies); returns the release."""
 
 
 def real_harness(
@@ -42,6 +45,7 @@ def real_harness(
 ) -> Harness:
     """The embedded cluster (started if needed) or the running one in ``opts.state_dir``."""
     from lbtune.apply import apply_params
+    from lbtune.apply.lease import hold
     from lbtune.apply.lkg import LkgStore
     from lbtune.errors import ConfigError
     from lbtune.search.measure import StressMeasure
@@ -60,6 +64,7 @@ def real_harness(
     target = get_target(opts.target, resolved.endpoints, **extra)
     sopts = StressOptions(**{**sopts.__dict__, "state_dir": Path(resolved.endpoints.state_dir)})
     store = LkgStore(resolved.endpoints.state_dir, target.name)
+    state_dir = Path(resolved.endpoints.state_dir)
 
     def lkg_get() -> ParamSet | None:
         found = store.get()
@@ -77,6 +82,7 @@ def real_harness(
         rollout_apply=rollout_apply,
         lkg_get=lkg_get,
         lkg_record=store.record,
+        lease=lambda: hold(state_dir, target.name, space_file=opts.space),
     )
 
 

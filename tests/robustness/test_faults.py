@@ -1,0 +1,180 @@
+"""Faults a careful operator meets (issue 16): the process that put an experiment live dies
+(#13), a replica dies under HAProxy (#14: ``test_apply_safety``), a structural apply under
+traffic.
+
+Structural applies under traffic with 0 dropped requests are covered per target where the
+balancer lives, not repeated here: ``tests/targets/haproxy_llm/``,
+``tests/targets/test_haproxy_target.py`` (reloads under load),
+``tests/targets/envoy/`` and ``tests/targets/nginx/`` (their reload-under-load tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from lbtune.apply import apply_params
+from lbtune.apply.lease import lease_path
+from lbtune.apply.lkg import LkgStore
+from lbtune.cluster import api
+from lbtune.cluster.state import Endpoints
+from lbtune.errors import DependencyError
+from lbtune.targets import get_target
+from lbtune.targets.base import ParamSet, Target
+from tests.robustness.conftest import LBTUNE
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    state = tmp_path_factory.mktemp("faults")
+    try:
+        try:
+            ep = api.up("mini2", state)
+        except DependencyError as exc:
+            pytest.skip(str(exc))
+        yield ep
+    finally:
+        api.down(state)
+
+
+def _target(ep: Endpoints) -> Target:
+    return get_target(ep.balancer, ep)
+
+
+def _lkg(t: Target) -> ParamSet:
+    apply_params(t, {}, via="direct")  # records the baseline on a fresh cluster
+    lkg = LkgStore(t.state_dir, t.name).get()
+    assert lkg is not None
+    return dict(lkg.params)
+
+
+def _wait(cond: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def _differs(t: Target, good: ParamSet) -> bool:
+    live = t.read_live()
+    return any(live.get(k) != v for k, v in good.items())
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from lbtune.apply.lease import hold
+    from lbtune.cluster.state import StatePaths, read_endpoints
+    from lbtune.targets import get_target
+    ep = read_endpoints(StatePaths(Path(sys.argv[1])))
+    t = get_target(ep.balancer, ep)
+    hold(ep.state_dir, t.name, ttl_s=float(sys.argv[2]))
+    t.apply({"algorithm": "leastconn", "weight.l4-0": 7})  # the experiment
+    print("live", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _start_holder(ep: Endpoints, ttl_s: float = 30.0) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, ep.state_dir, str(ttl_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "live"
+    return proc
+
+
+def test_the_guard_restores_the_last_known_good_when_its_holder_is_killed(
+    cluster: Endpoints,
+) -> None:
+    t = _target(cluster)
+    good = _lkg(t)
+    proc = _start_holder(cluster)
+    try:
+        assert _differs(t, good)
+        proc.kill()  # SIGKILL: no handler, no atexit
+        proc.wait(timeout=10)
+        assert _wait(lambda: not _differs(t, good), 30), t.read_live()
+        path = lease_path(cluster.state_dir, t.name)
+        assert _wait(lambda: not path.exists(), 30)
+        log = (Path(cluster.state_dir) / "logs" / f"lease-guard-{t.name}.log").read_text()
+        assert f"holder (pid {proc.pid}) died): restored" in log
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_released_lease_restores_nothing(cluster: Endpoints) -> None:
+    t = _target(cluster)
+    good = _lkg(t)
+    code = textwrap.dedent(
+        """
+        import sys
+        from pathlib import Path
+        from lbtune.apply.lease import hold
+        from lbtune.cluster.state import StatePaths, read_endpoints
+        from lbtune.targets import get_target
+        ep = read_endpoints(StatePaths(Path(sys.argv[1])))
+        t = get_target(ep.balancer, ep)
+        release = hold(ep.state_dir, t.name)
+        release()
+        t.apply({"weight.l4-0": 9})  # after the release: the holder's own business
+        """
+    )
+    try:
+        subprocess.run([sys.executable, "-c", code, cluster.state_dir], check=True, timeout=60)
+        assert not lease_path(cluster.state_dir, t.name).exists()
+        time.sleep(1.0)  # a guard that wrongly restored would have done it by now
+        assert t.read_live()["weight.l4-0"] == 9
+    finally:
+        t.apply(good)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="needs /proc")
+def test_kill_9_of_optimize_mid_trial_puts_the_last_known_good_back(
+    cluster: Endpoints, tmp_path: Path
+) -> None:
+    t = _target(cluster)
+    good = _lkg(t)
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        [*LBTUNE, "optimize", "--state-dir", cluster.state_dir, "--budget", "8",
+         "--trial-duration", "6", "--sampler", "random", "--pruner", "none",
+         "--confirm-runs", "0", "--storage", f"sqlite:///{tmp_path / 'studies.db'}",
+         "--study", "killed", "--out", str(tmp_path / "report"), "--ci"],
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "optimize.log").open("w"),
+        env=env, cwd=tmp_path, start_new_session=True,
+    )  # fmt: skip
+    try:
+        changed = _wait(lambda: proc.poll() is None and _differs(t, good), 240)
+        assert changed, (tmp_path / "optimize.log").read_text()[-2000:]
+        assert json.loads(lease_path(cluster.state_dir, t.name).read_text())["holder"] == proc.pid
+        os.kill(proc.pid, signal.SIGKILL)  # the optimizer only: its guard has its own session
+        proc.wait(timeout=10)
+        lease = lease_path(cluster.state_dir, t.name)
+        guard_log = Path(cluster.state_dir) / "logs" / f"lease-guard-{t.name}.log"
+        assert _wait(lambda: not lease.exists(), 60)  # the guard is done
+        assert f"holder (pid {proc.pid}) died): restored" in guard_log.read_text()
+        assert not _differs(t, good), t.read_live()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever it left behind (load generators)
+        proc.wait(timeout=10)
