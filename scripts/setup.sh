@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install everything lbtune needs on a fresh Debian/Ubuntu machine, idempotently:
 #   - system packages: haproxy, prometheus (promtool), nginx + prometheus-nginx-exporter
-#     (the nginx target), chromium (report screenshot test)
+#     (the nginx target), chromium (report screenshot test), openssh-server (the sshd of
+#     the fleet test's namespaced hosts, tests/robustness/test_fleet.py; its system service
+#     is stopped: the test runs its own)
 #   - a virtualenv in .venv with lbtune and its dev extras (editable)
 # Re-running is cheap: each step is skipped when already done.
 set -euo pipefail
@@ -9,7 +11,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-APT_PACKAGES=(haproxy prometheus nginx prometheus-nginx-exporter)
+APT_PACKAGES=(haproxy prometheus nginx prometheus-nginx-exporter openssh-server)
 [ "${LBTUNE_SKIP_BROWSER:-0}" = 1 ] || APT_PACKAGES+=(chromium)
 
 need=()
@@ -17,6 +19,7 @@ command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v prometheus-nginx-exporter >/dev/null 2>&1 || need+=(prometheus-nginx-exporter)
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
 if [[ " ${APT_PACKAGES[*]} " == *" chromium "* ]] && ! command -v chromium >/dev/null 2>&1; then
   need+=(chromium)
 fi
@@ -28,8 +31,9 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   # lbtune runs its own nginx and exporter per cluster; the Debian packages start system
   # services (nginx on port 80, the exporter on 9113): stop the ones just installed.
-  for svc in nginx prometheus-nginx-exporter; do
-    [[ " ${need[*]} " == *" $svc "* ]] || continue
+  for svc in nginx prometheus-nginx-exporter ssh; do
+    pkg=$svc; [ "$svc" = ssh ] && pkg=openssh-server
+    [[ " ${need[*]} " == *" $pkg "* ]] || continue
     if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
       $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
     else
