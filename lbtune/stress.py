@@ -448,6 +448,9 @@ def _summarize(
     if plan.load.until_samples is not None:
         notes.append(_until_note(plan, reached_at, run_start))
     ok = sum(1 for r in records if r.outcome == "ok" and window.contains(r.sent_at))
+    storm = error_storm_note(plan, records, window)
+    if storm is not None:
+        notes.append(storm)
     hint = after_run_hint(plan, ok, window.duration)
     if hint is not None:
         notes.append(hint)
@@ -496,6 +499,30 @@ def _ran_stages(plan: RunPlan, ran_s: float) -> tuple[Stage, ...]:
             break
         out.append(replace(stage, end_s=min(stage.end_s, ran_s)))
     return tuple(out)
+
+
+STORM_ERROR_SHARE = 0.5
+"""Closed loop: above this share of failed requests the offered load is mostly retries."""
+
+
+def error_storm_note(plan: RunPlan, records: list[Any], window: Any) -> str | None:
+    """Closed loop, most requests in the window failed: what users offered collapsed
+    into retries of failing requests (paced by the users' back-off, see
+    :mod:`lbtune.loadgen.user`), so the figures describe failures, not the cluster's
+    capacity. None otherwise."""
+    from lbtune.loadgen.records import ERROR_OUTCOMES
+
+    if plan.load.mode != "closed":
+        return None
+    judged = [r for r in records if r.outcome != "cancelled" and window.contains(r.sent_at)]
+    failed = sum(1 for r in judged if r.outcome in ERROR_OUTCOMES)
+    if len(judged) < 10 or failed < STORM_ERROR_SHARE * len(judged):
+        return None
+    return (
+        f"{failed} of {len(judged)} requests in the window failed: the offered load "
+        "collapsed into retries of failing requests (each user backed off after errors, "
+        "50 ms doubling to 2 s); the figures describe failures, not capacity"
+    )
 
 
 def _until_note(plan: RunPlan, reached_at: float | None, run_start: float) -> str:

@@ -5,7 +5,10 @@ gevent): import it only in a load-generator process — a ``locust -f`` locustfi
 or ``python -m lbtune.loadgen.worker``, never in the tuning driver.
 
 * :class:`LLMUser` — closed loop: each user sends its next request as soon as the
-  previous one ended. Usable from a plain locustfile::
+  previous one ended — unless it failed: after an error a user backs off
+  exponentially (:data:`BACKOFF_BASE_S` doubling per consecutive error, capped at
+  :data:`BACKOFF_CAP_S`; a success resets it), so that a dead cluster answering with
+  instant 503s is not hammered by an error storm. Usable from a plain locustfile::
 
       from lbtune.loadgen.user import LLMUser   # noqa: F401  (that is all)
 
@@ -43,10 +46,24 @@ from locust.exception import StopUser
 from lbtune.loadgen.client import OpenSet, StreamClient, api_key_from_env
 from lbtune.loadgen.health import HealthMonitor, HealthSample
 from lbtune.loadgen.recordio import RecordWriter
-from lbtune.loadgen.records import RequestRecord
+from lbtune.loadgen.records import ERROR_OUTCOMES, RequestRecord
 from lbtune.loadgen.source import Workload, resolve
 
-__all__ = ["STATE", "GeneratorState", "LLMUser", "OpenLoopUser", "PlanShape"]
+__all__ = ["STATE", "GeneratorState", "LLMUser", "OpenLoopUser", "PlanShape", "backoff_s"]
+
+BACKOFF_BASE_S = 0.05
+"""Closed loop: the pause after a first failed request."""
+BACKOFF_CAP_S = 2.0
+"""Closed loop: the longest pause after consecutive failed requests."""
+
+
+def backoff_s(consecutive_errors: int) -> float:
+    """The pause before the next request of a user whose last ``consecutive_errors``
+    requests failed: 0, then 50 ms, 100 ms, 200 ms ... capped at 2 s."""
+    if consecutive_errors <= 0:
+        return 0.0
+    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0 ** min(consecutive_errors - 1, 30))
+
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +91,8 @@ class GeneratorState:
         self.completed = 0
         self.in_flight = 0
         self.cap_hits = 0
+        self.backoffs = 0
+        """Closed loop: pauses users took after failed requests."""
         self.open = OpenSet()
         """Requests sent and not ended, reported with every health sample."""
         self._indices: Any = None
@@ -236,6 +255,7 @@ class LLMUser(User):
         STATE.start(self.environment, self.records_dir)
         self._client = STATE.client(self.host or self.environment.host or "")
         self._last_end: float | None = None
+        self._errors = 0
 
     def on_stop(self) -> None:
         client = getattr(self, "_client", None)
@@ -251,6 +271,14 @@ class LLMUser(User):
         if self._last_end is not None and STATE.monitor is not None:
             STATE.monitor.note_idle(rec.sent_at - self._last_end, rec.e2e)
         self._last_end = rec.ended_at
+        self._errors = self._errors + 1 if rec.outcome in ERROR_OUTCOMES else 0
+        pause = backoff_s(self._errors)
+        if pause > 0:  # a chosen pause is not generator starvation
+            STATE.backoffs += 1
+            end = time() + pause
+            while not STATE.stopping and time() < end:
+                gevent.sleep(min(0.1, end - time()))
+            self._last_end = None
 
 
 class OpenLoopUser(User):
