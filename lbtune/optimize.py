@@ -156,7 +156,7 @@ def cluster_balancer(state_dir: Path | None, cluster_config: str | None) -> str:
 def resolve_options(opts: OptimizeOptions, harness: Harness | None = None) -> OptimizeOptions:
     """Fill unset options: stored in the study on ``--resume``, else the defaults (the
     target defaults to the tuned cluster's own balancer: ``harness``'s, else
-    :func:`cluster_balancer`)."""
+    :func:`cluster_balancer`; another ``--target`` than that balancer is a ConfigError)."""
     stored: dict[str, Any] = {}
     name = opts.study
     if opts.resume:
@@ -172,9 +172,16 @@ def resolve_options(opts: OptimizeOptions, harness: Harness | None = None) -> Op
         "trial_duration_s": DEFAULT_TRIAL_DURATION_S,
     }  # fmt: skip
     out = replace(out, **{k: v for k, v in defaults.items() if getattr(out, k) is None})
-    if out.target is None:
-        own = harness.target.name if harness is not None else None
-        out = replace(out, target=own or cluster_balancer(out.state_dir, out.cluster_config))
+    if harness is not None:
+        out = replace(out, target=out.target or harness.target.name)
+    else:
+        running = cluster_balancer(out.state_dir, out.cluster_config)
+        if out.target not in (None, running):
+            raise ConfigError(
+                f"--target {out.target}: the cluster optimize tunes runs {running}; "
+                f"pass --target {running} (or leave --target out)"
+            )
+        out = replace(out, target=running)
     if out.study is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out = replace(out, study=f"{out.scenario}-{out.target}-{stamp}".replace("/", "-"))

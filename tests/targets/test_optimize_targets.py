@@ -5,11 +5,13 @@ names the target in its report."""
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from lbtune.errors import ConfigError
 from lbtune.optimize import OptimizeOptions, resolve_options, run_optimize
 from lbtune.search.study import reference_trials
 from lbtune.targets import TARGETS
@@ -72,9 +74,9 @@ def test_default_target_is_the_cluster_config_balancer(
 ) -> None:
     opts = OptimizeOptions(cluster_config=preset, state_dir=tmp_path / "not-running")
     assert resolve_options(opts).target == balancer
-    assert resolve_options(OptimizeOptions(target="haproxy", cluster_config=preset)).target == (
-        "haproxy"
-    )
+    assert resolve_options(replace(opts, target=balancer)).target == balancer
+    with pytest.raises(ConfigError, match=f"runs {balancer}; pass --target {balancer}"):
+        resolve_options(replace(opts, target="haproxy"))
 
 
 def test_default_target_is_the_harness_target(tmp_path: Path) -> None:
