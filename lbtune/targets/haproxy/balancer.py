@@ -23,7 +23,7 @@ from lbtune.targets.base import (
     ScrapeJob,
     Supervisor,
 )
-from lbtune.targets.haproxy import config
+from lbtune.targets.haproxy import config, llm
 from lbtune.targets.haproxy.files import ALL_BACKEND, HaproxyFiles, Site, config_alerts, require
 from lbtune.targets.haproxy.runtime import MAX_WEIGHT, HaproxyRuntime
 from lbtune.targets.haproxy.target import HaproxyTarget
@@ -117,7 +117,9 @@ class HaproxyBalancer:
         )
 
     def scrape_jobs(self, spec: LaunchSpec) -> tuple[ScrapeJob, ...]:
-        return (ScrapeJob("haproxy", (f"{spec.host}:{spec.metrics_port}",)),)
+        stats = (f"{spec.host}:{spec.metrics_port}",)
+        # The LLM scheduler's counters (algorithm: llm; an empty page otherwise).
+        return (ScrapeJob("haproxy", stats), ScrapeJob("haproxy-llm", stats, llm.METRICS_PATH))
 
     def problems(self, endpoints: Endpoints) -> list[str]:
         runtime = HaproxyRuntime(HaproxyFiles.of(endpoints).runtime_socket)
