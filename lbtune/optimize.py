@@ -18,6 +18,7 @@ ends the running trial, restores the last known good and writes the report.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import warnings
@@ -184,7 +185,8 @@ def resolve_options(opts: OptimizeOptions, harness: Harness | None = None) -> Op
         out = replace(out, target=running)
     if out.study is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        out = replace(out, study=f"{out.scenario}-{out.target}-{stamp}".replace("/", "-"))
+        part = _name_part(out.scenario or DEFAULT_SCENARIO)
+        out = replace(out, study=f"{part}-{out.target}-{stamp}")
     if out.budget < 1:
         raise ConfigError(f"--budget: must be >= 1, got {out.budget}")
     if out.confirm_runs < 0 or out.confirm_top < 1:
@@ -195,6 +197,17 @@ def resolve_options(opts: OptimizeOptions, harness: Harness | None = None) -> Op
             f"({out.confirm_runs})"
         )
     return out
+
+
+def _name_part(scenario: str) -> str:
+    """A scenario reference as a study/report name part: a path's or trace's file stem
+    (``trace:/x/az.csv?speedup=4`` -> ``trace-az``), anything but ``[A-Za-z0-9._-]`` as
+    ``-`` (a study name becomes a directory name and a URL path segment)."""
+    ref = scenario.split("?", 1)[0]
+    kind, _, rest = ref.partition(":") if ref.startswith("trace:") else ("", "", ref)
+    stem = Path(rest).stem if "/" in rest or rest.endswith((".yaml", ".yml")) else rest
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{kind}-{stem}" if kind else stem).strip("-")
+    return name[:60] or "scenario"
 
 
 def run_optimize(
