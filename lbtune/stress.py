@@ -161,7 +161,7 @@ def check_bounds(opts: StressOptions) -> None:
     :mod:`lbtune.scenario.models`); one line each, before anything starts."""
     import math
 
-    from lbtune.scenario.models import MAX_DURATION_S, MAX_RATE, MAX_USERS
+    from lbtune.scenario.models import MAX_ARRIVALS, MAX_DURATION_S, MAX_RATE, MAX_USERS
 
     for flag, v in (("--duration", opts.duration_s), ("--max-duration", opts.max_duration_s)):
         if v is not None and not (math.isfinite(v) and 0 < v <= MAX_DURATION_S):
@@ -170,6 +170,12 @@ def check_bounds(opts: StressOptions) -> None:
         raise ConfigError(f"--users: must be 1..{MAX_USERS}, got {opts.users}")
     if opts.rate is not None and not (math.isfinite(opts.rate) and 0 < opts.rate <= MAX_RATE):
         raise ConfigError(f"--rate: must be > 0 and at most {MAX_RATE:g} req/s, got {opts.rate:g}")
+    span = opts.max_duration_s if opts.until_samples is not None else opts.duration_s
+    if opts.rate is not None and span is not None and opts.rate * span > MAX_ARRIVALS:
+        raise ConfigError(
+            f"--rate {opts.rate:g} for {span:g} s: about {opts.rate * span:.3g} requests, more "
+            f"than the {MAX_ARRIVALS} an open-loop plan may hold"
+        )
     if opts.workers < 0:
         raise ConfigError(f"--workers: must be >= 0 (0: one local process), got {opts.workers}")
     if opts.expect_workers is not None and opts.expect_workers < 1:

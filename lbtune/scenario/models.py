@@ -28,6 +28,9 @@ MAX_USERS = 50_000
 """Most closed-loop users (one generator process holds some thousands)."""
 MAX_RATE = 10_000.0
 """Highest open-loop arrival rate, req/s."""
+MAX_ARRIVALS = 4_000_000
+"""Most requests an open-loop plan may schedule (each generator process holds the plan:
+about 100 MB per million arrivals): e.g. 1000 req/s for an hour."""
 MAX_PROMPT_TOKENS = 1_048_576
 """Longest prompt a scenario may draw (its distribution's 1 - 1e-9 quantile): longer
 prompts than any model's context would only exhaust the generator's memory."""
@@ -226,6 +229,14 @@ class Scenario(_Strict):
             raise ValueError(f"load: {peak:g} users, more than the {MAX_USERS} lbtune runs")
         if not closed and peak > MAX_RATE:
             raise ValueError(f"load: {peak:g} req/s, more than the {MAX_RATE:g} lbtune sends")
+        if not closed and self.source is None:
+            segs = self.load.segments(self.duration_s)
+            planned = sum((g.level0 + g.level1) / 2 * (g.end - g.start) for g in segs)
+            if planned > MAX_ARRIVALS:
+                raise ValueError(
+                    f"load: about {planned:.3g} requests in {self.duration_s:g} s, more than "
+                    f"the {MAX_ARRIVALS} an open-loop plan may hold; lower the rate or duration_s"
+                )
         dists = [("prompt_tokens", self.prompt_tokens)] + [
             (f"classes.{c.name}.prompt_tokens", c.prompt_tokens)
             for c in self.classes or []

@@ -66,6 +66,10 @@ def _scenario_cases() -> list[Case]:
         ),
         "rate-1e9": ({"load": "{type: rate, rate: 1.0e9}"}, "req/s"),
         "rate-negative": ({"load": "{type: rate, rate: -1}"}, "rate"),
+        "rate-for-a-week": (
+            {"load": "{type: rate, rate: 5000}", "duration_s": "604800"},
+            "open-loop plan",
+        ),
         "duration-inf": ({"duration_s": ".inf"}, "duration_s"),
         "duration-1e308": ({"duration_s": "1.0e308"}, "duration_s"),
         "duration-nan": ({"duration_s": ".nan"}, "duration_s"),
@@ -136,6 +140,7 @@ def _stress_flag_cases() -> list[Case]:
         "rate-1e12": (("--rate", "1e12"), "--rate"),
         "rate-negative": (("--rate", "-1"), "--rate"),
         "rate-inf": (("--rate", "inf"), "--rate"),
+        "rate-for-a-day": (("--rate", "1000", "--duration", "86400"), "open-loop plan"),
         "users-and-rate": (("--users", "2", "--rate", "2"), "not both"),
         "workers-negative": (("--workers", "-1"), "--workers"),
         "expect-workers-0": (("--master", "--expect-workers", "0"), "--expect-workers"),
