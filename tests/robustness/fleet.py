@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from lbtune.cluster.state import Endpoints, ReplicaEndpoint, StatePaths, write_endpoints
 from lbtune.sim.spec import HostSpec, ReplicaSpec
@@ -173,7 +174,8 @@ class Fleet:
             for i in range(1, count + 1)
         ]
         self.key = root / "id_ed25519"
-        self.extra: list[subprocess.Popen[bytes]] = []
+        self.extra: list[subprocess.Popen[Any]] = []
+        """Processes of a test (load generators) the fleet kills on exit."""
         self._guard = False
 
     # -- building ------------------------------------------------------------------------
@@ -265,7 +267,7 @@ class Fleet:
                 if p.poll() is not None:
                     log = (h.state / "logs").glob("*.log")
                     tails = {f.name: f.read_text(errors="replace")[-300:] for f in log}
-                    return f"a process of {h.name} exited ({p.args}): {tails}"
+                    return f"a process of {h.name} exited ({p.args!r}): {tails}"
             missing = servers_missing(h.runtime, [n for n, *_ in REPLICAS], h.url)
             if missing is not None:
                 return missing
