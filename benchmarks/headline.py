@@ -42,11 +42,18 @@ re-analyses such a directory without running anything. Results: docs/results.md.
     .venv/bin/python benchmarks/headline.py --quick    # ~3 min: budget 4, 1 repeat of 15 s
     .venv/bin/python benchmarks/headline.py --params winner.yaml --repeats 5
     .venv/bin/python benchmarks/headline.py --from /tmp/lbtune-headline-<time>
+    .venv/bin/python benchmarks/headline.py --target envoy   # hetero4-envoy (nginx: -nginx)
+
+``--target NAME`` benchmarks another balancer: the cluster defaults to the preset
+``hetero4-NAME``, and round robin and least-conn are that target's own references (its
+space's ``references:``, e.g. nginx ``least_conn``, Envoy ``LEAST_REQUEST``); without it
+the target is the cluster's own balancer.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import sys
@@ -61,12 +68,12 @@ import yaml
 from _paired import CONFIGS, KEYS, LABELS, Run, analyse, render, rounds_table, shares
 
 from lbtune.cluster import api
-from lbtune.cluster.config import PortsConfig, load_config
+from lbtune.cluster.config import PortsConfig, available_presets, load_config
 from lbtune.loadgen.recordio import read_records
 from lbtune.metrics.quantiles import MIN_SAMPLES, percentile
 from lbtune.scenario import load_scenario
 from lbtune.stress import StressOptions, run_stress
-from lbtune.targets import get_target
+from lbtune.targets import TARGETS, get_target
 from lbtune.targets.base import ParamSet
 from lbtune.targets.space import ParameterSpace, load_params_file
 
@@ -142,7 +149,7 @@ def run_study(args: argparse.Namespace, state: Path, out: Path) -> tuple[ParamSe
         OptimizeOptions(
             budget=args.budget,
             scenario=args.scenario,
-            target="haproxy",
+            target=args.target,
             space=args.space,
             trial_duration_s=args.trial_duration,
             study=f"headline-{time.strftime('%Y%m%d-%H%M%S')}",
@@ -222,7 +229,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--params", type=Path, help="The winner's knob: value file (skip the study).")
     ap.add_argument("--budget", type=int, default=10, help="Study trials (default 10).")
     ap.add_argument("--trial-duration", type=float, default=20.0, help="Seconds per trial.")
-    ap.add_argument("--space", help="A parameter space file for the study (default: HAProxy's).")
+    ap.add_argument("--space", help="A parameter space file for the study (default: the target's).")
+    ap.add_argument(
+        "--target", choices=list(TARGETS), help="Balancer (default: the cluster's own)."
+    )
     ap.add_argument(
         "--study-seed", type=int, default=None, help="Study traffic + sampler seed (scenario's)."
     )
@@ -230,7 +240,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--duration", type=float, default=30.0, help="Seconds per run (default 30).")
     ap.add_argument("--seed", type=int, default=None, help="Traffic seed of the comparison runs.")
     ap.add_argument("--scenario", default="mixed")
-    ap.add_argument("--cluster", default="hetero4", help="Cluster preset or file.")
+    ap.add_argument(
+        "--cluster", help="Cluster preset or file (default: hetero4, or hetero4-TARGET)."
+    )
     ap.add_argument("--bootstrap", type=int, default=2000, help="Bootstrap resamples.")
     ap.add_argument("--out", type=Path, help="Output dir (default /tmp/lbtune-headline-<time>).")
     ap.add_argument("--quick", action="store_true", help="Smoke run: budget 4, 1 x 15 s.")
@@ -241,6 +253,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="Re-analyse an earlier output dir (its results.json and records); runs nothing.",
     )
     args = ap.parse_args(argv)
+    if args.cluster is None:
+        own = f"hetero4-{args.target}"
+        args.cluster = own if own in available_presets() else "hetero4"
     if args.quick:
         args.budget, args.repeats, args.duration, args.trial_duration = 4, 1, 15.0, 15.0
     scen = load_scenario(args.scenario)
@@ -258,6 +273,7 @@ class Outcome:
     """What the measurement phase produced (or what ``--from`` read back)."""
 
     cluster: str
+    target: str
     time_scale: float
     replicas: list[str]
     params: dict[str, ParamSet]
@@ -271,6 +287,9 @@ def run_all(args: argparse.Namespace, out: Path) -> Outcome:
     """Cluster up, winner, interleaved runs; the cluster is always brought down."""
     state = out / "cluster"
     cfg = load_config(args.cluster)[0]
+    if args.target not in (None, cfg.balancer):
+        raise SystemExit(f"--target {args.target}: cluster {cfg.name} runs {cfg.balancer}")
+    args.target = cfg.balancer
     cfg = cfg.model_copy(
         update={"ports": PortsConfig(**dict.fromkeys(PortsConfig.model_fields, 0))}
     )
@@ -278,10 +297,11 @@ def run_all(args: argparse.Namespace, out: Path) -> Outcome:
     say(f"cluster {cfg.name} (time scale {cfg.time_scale:g}) in {state}, free ports")
     ep = api.up(cfg, state, progress=say)
     try:
-        target = get_target("haproxy", ep)
+        target = get_target(args.target, ep)
         space = target.space()
-        rr = space.baseline()
-        lc = {**rr, "algorithm": "leastconn"}
+        rr, lc = space.reference("round-robin"), space.reference("least-conn")
+        if rr is None or lc is None:
+            raise SystemExit(f"{args.target}: its space declares no least-conn reference")
         study_info: dict[str, Any] | None = None
         if args.params is not None:
             w = space.complete(space.validate(load_params_file(args.params), str(args.params)), rr)
@@ -290,7 +310,8 @@ def run_all(args: argparse.Namespace, out: Path) -> Outcome:
             w, study_info = run_study(args, state, out)
             source = f"study {study_info['study']}, trial {study_info['best_trial']}"
         (out / "winner.yaml").write_text(
-            yaml.safe_dump({"target": "haproxy", "params": w}, sort_keys=False), encoding="utf-8"
+            yaml.safe_dump({"target": args.target, "params": w}, sort_keys=False),
+            encoding="utf-8",
         )
         params = {"RR": rr, "LC": lc, "W": w}
         runs: list[Run] = []
@@ -320,6 +341,7 @@ def run_all(args: argparse.Namespace, out: Path) -> Outcome:
         api.down(state)
     return Outcome(
         cluster=cfg.name,
+        target=args.target,
         time_scale=cfg.time_scale,
         replicas=[r.name for r in ep.replicas],
         params=params,
@@ -354,6 +376,7 @@ def load_outcome(out: Path) -> tuple[Outcome, dict[str, Any]]:
     ]
     outcome = Outcome(
         cluster=doc.get("cluster", doc["args"]["cluster"]),
+        target=doc.get("target", "haproxy"),
         time_scale=doc.get("time_scale", 1.0),
         replicas=replicas,
         params=params,
@@ -367,9 +390,9 @@ def load_outcome(out: Path) -> tuple[Outcome, dict[str, Any]]:
 
 def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
     """Print the tables (stdout) and write results.json."""
-    from lbtune.targets.haproxy.target import SPACE_FILE
-
-    space = ParameterSpace.load(args.space or SPACE_FILE, replicas=o.replicas)
+    module = importlib.import_module(TARGETS[o.target].split(":", 1)[0])
+    own = Path(str(module.__file__)).with_name("space.yaml")
+    space = ParameterSpace.load(args.space or own, replicas=o.replicas)
     rr, w = o.params["RR"], o.params["W"]
     a = analyse(o.runs, args.bootstrap)
 
@@ -405,7 +428,7 @@ def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
     n_rep = len({r.repeat for r in o.runs})
     print()
     print(
-        f"conditions: cluster {o.cluster} (time scale {o.time_scale:g}), "
+        f"conditions: target {o.target}, cluster {o.cluster} (time scale {o.time_scale:g}), "
         f"scenario {args.scenario}, {n_rep} x {args.duration:g} s per config interleaved, "
         f"seed {args.seed}"
         + ("" if o.study is None else f", study seed {args.study_seed}")
@@ -417,6 +440,7 @@ def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
     doc = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "cluster": o.cluster,
+        "target": o.target,
         "time_scale": o.time_scale,
         "replicas": o.replicas,
         "winner_source": o.source,
