@@ -16,7 +16,9 @@
 #
 # Environment [default]:
 #   LBTUNE_NIGHTLY_SCENARIO [mixed]   LBTUNE_NIGHTLY_BUDGET [30]   LBTUNE_NIGHTLY_TRIAL_S [25]
-#   LBTUNE_NIGHTLY_CONFIRM_RUNS [2]   LBTUNE_NIGHTLY_CLUSTER [hetero4] (embedded preset)
+#   LBTUNE_NIGHTLY_CONFIRM_RUNS [2]   LBTUNE_NIGHTLY_CLUSTER [hetero4] (embedded preset;
+#       hetero4-envoy / hetero4-nginx / hetero4-router put another balancer in front: every
+#       step tunes, applies and shows the cluster's own balancer)
 #   LBTUNE_NIGHTLY_FAIL_ON [p99=+10%,ttft=+10%,goodput=-5%,errors=+1%]
 #   LBTUNE_NIGHTLY_DIR [nightly]: what one night leaves the next (studies.db, the accepted
 #       study's report, its params); keep it between runs (CI cache, or a plain directory)
@@ -75,8 +77,11 @@ step_up() {
   mkdir -p "$(dirname "$LBTUNE_STATE_DIR")"
   local fresh=1
   "${LB[@]}" cluster status >/dev/null 2>&1 && fresh=0
-  if staging; then log "target: staging (LBTUNE_STAGING_CLUSTER)"; else log "target: embedded"; fi
+  if staging; then log "target: staging (LBTUNE_STAGING_CLUSTER)"; else
+    log "target: embedded ($(cluster_file))"; fi
   "${LB[@]}" cluster up --config "$(cluster_file)" || return
+  log "balancer: $("${LB[@]}" cluster status --json | python3 -c \
+    'import json, sys; print(json.load(sys.stdin)["endpoints"]["balancer"])')"
   if [ "$fresh" = 1 ] && [ -f "$NIGHTLY/accepted-params.yaml" ]; then
     log "a fresh cluster: putting the last accepted config back"
     "${LB[@]}" apply --params "$NIGHTLY/accepted-params.yaml" --direct || return

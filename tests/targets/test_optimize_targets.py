@@ -138,3 +138,53 @@ def test_short_study_on_the_balancer(tmp_path: Path, preset: str, balancer: str)
     assert live[knob] == _packaged_space(balancer).baseline()[knob]  # apply=False: LKG back
     md = (out / "report.md").read_text()
     assert f"target `{balancer}`" in md
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("preset,balancer", [("mini2-envoy", "envoy"), ("mini2-nginx", "nginx")])
+def test_nightly_steps_on_the_balancer(tmp_path: Path, preset: str, balancer: str) -> None:
+    """scripts/nightly.sh on an Envoy/nginx cluster (budget 2, 6 s trials, no confirmation
+    runs): it tunes that balancer, and on the next night's fresh cluster the accepted
+    config goes back onto it through ``lbtune apply``."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from lbtune.cluster import api
+
+    root = Path(__file__).resolve().parents[2]
+    nightly, report, state = tmp_path / "nightly", tmp_path / "nightly/reports/1", tmp_path / "s"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LBTUNE_")}
+    env.update(
+        LBTUNE_NIGHTLY_BUDGET="2", LBTUNE_NIGHTLY_TRIAL_S="6", LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
+        LBTUNE_NIGHTLY_CLUSTER=preset, LBTUNE_NIGHTLY_DIR=str(nightly),
+        LBTUNE_NIGHTLY_REPORT=str(report), LBTUNE_STATE_DIR=str(state),
+        LBTUNE_BIN=f"{sys.executable} -m lbtune", GITHUB_STEP_SUMMARY=str(tmp_path / "sum.md"),
+    )  # fmt: skip
+
+    def step(name: str) -> str:
+        proc = subprocess.run(
+            ["bash", "scripts/nightly.sh", name], cwd=root, env=env, capture_output=True,
+            text=True, timeout=200,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+        return proc.stderr
+
+    try:
+        assert f"nightly: balancer: {balancer}" in step("up")
+        step("tune")
+        study = json.loads((report / "study.json").read_text())
+        assert study["target"] == balancer and len(study["trials"]) == 2
+        assert f"`{balancer}`" in (report / "report.md").read_text()
+        step("drift")
+        study["rollout"] = {"applied": True, "verified": True, "rolled_back": False}
+        (report / "study.json").write_text(json.dumps(study))  # as if a winner was accepted
+        step("remember")
+        accepted = (nightly / "accepted-params.yaml").read_text()
+        assert f"target: {balancer}" in accepted
+        step("down")
+        assert "putting the last accepted config back" in step("up")  # the next night
+    finally:
+        api.down(state)
