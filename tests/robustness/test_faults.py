@@ -2,10 +2,11 @@
 (#13), a replica dies under HAProxy (#14: ``test_apply_safety``), a structural apply under
 traffic.
 
-Structural applies under traffic with 0 dropped requests are covered per target where the
-balancer lives, not repeated here: ``tests/targets/haproxy_llm/``,
-``tests/targets/test_haproxy_target.py`` (reloads under load),
-``tests/targets/envoy/`` and ``tests/targets/nginx/`` (their reload-under-load tests).
+Structural applies under traffic with 0 dropped requests: HAProxy here (reloads through
+``lbtune.apply`` with requests in flight); the other balancers where they live —
+``tests/targets/nginx/test_nginx_target.py::test_ten_reloads_under_streamed_load_drop_nothing``,
+``tests/targets/envoy/test_under_load.py::test_ten_applies_under_load_drop_no_request``,
+``tests/targets/test_haproxy_target.py::test_a_rejected_config_keeps_haproxy_serving_without_dropping_requests``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -178,3 +182,37 @@ def test_kill_9_of_optimize_mid_trial_puts_the_last_known_good_back(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever it left behind (load generators)
         proc.wait(timeout=10)
+
+
+def test_structural_applies_under_traffic_drop_no_request(cluster: Endpoints) -> None:
+    t = _target(cluster)
+    good = _lkg(t)
+    url = cluster.balancer_url + "/v1/chat/completions"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    body = json.dumps({"model": "llama-3.1-8b-instruct", "max_tokens": 4, "stream": True,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()  # fmt: skip
+    statuses: list[int | str] = []
+    stop = threading.Event()
+
+    def send() -> None:
+        while not stop.is_set() and len(statuses) < 2000:
+            req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            try:
+                with opener.open(req, timeout=30) as resp:
+                    resp.read()
+                    statuses.append(int(resp.status))
+            except (OSError, urllib.error.HTTPError) as exc:
+                statuses.append(repr(exc))
+
+    senders = [threading.Thread(target=send) for _ in range(4)]
+    for th in senders:
+        th.start()
+    try:
+        for algorithm in ("leastconn", "random", "roundrobin", "leastconn", "roundrobin"):
+            assert apply_params(t, {"algorithm": algorithm}, via="direct").result.reloaded
+    finally:
+        stop.set()
+        for th in senders:
+            th.join(timeout=60)
+        t.apply(good)
+    assert statuses and all(s == 200 for s in statuses), [s for s in statuses if s != 200][:5]
