@@ -278,7 +278,13 @@ def balancer_snapshot(ep: Any) -> tuple[str, dict[tuple[str, str], str]]:
     return hashlib.sha256(cfg).hexdigest(), weights
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, id=c.id, marks=[pytest.mark.integration] if c.cluster or c.report else [])
+        for c in CASES
+    ],
+)
 def test_malformed_input(
     case: Case,
     tmp_path: Path,
