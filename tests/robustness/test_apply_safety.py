@@ -223,6 +223,18 @@ def test_cli_refuses_a_file_for_another_target(haproxy_state: Path, tmp_path: Pa
 
 
 @pytest.mark.integration
+def test_cli_says_params_must_be_a_mapping(haproxy_state: Path, tmp_path: Path) -> None:
+    f = tmp_path / "seven.yaml"
+    f.write_text("target: haproxy\nparams: 7\n")
+    before = _cli_snapshot(haproxy_state)
+    r = run_cli("apply", "--params", str(f), "--direct", "--state-dir", str(haproxy_state))
+    assert r.rc == 2, r.stderr
+    assert len(r.lines()) == 1 and "params: must be a mapping" in r.stderr
+    assert "unknown knob" not in r.stderr
+    assert _cli_snapshot(haproxy_state) == before
+
+
+@pytest.mark.integration
 def test_cli_refuses_all_weights_zero(haproxy_state: Path, tmp_path: Path) -> None:
     f = tmp_path / "zero.yaml"
     f.write_text("weight.h100-0: 0\nweight.l4-0: 0\n")
