@@ -48,6 +48,51 @@ from lbtune.loadgen.user import STATE, LLMUser, OpenLoopUser, PlanShape  # noqa:
 _DRAIN = "lbtune_drain"
 _MASTER_WAIT_S = 60.0
 _DRAINED = "lbtune_drained"
+_RECORDS = "lbtune_records"
+"""A remote worker's new record lines, shipped to the master (multi-machine runs)."""
+
+
+class RecordShipper:
+    """Sends the whole lines appended to a records file since the last call.
+
+    A worker on another machine writes its records to its own disk; the master's run
+    reads only its own records directory. So, each second and once more after the
+    drain, the worker ships what it appended (the file's own text, header line
+    included) as a Locust message, and the master appends it to
+    ``records-remote-<worker>.jsonl`` in its directory: the run's report then holds
+    every request any worker sent. Locust delivers one connection's messages in order,
+    so the last lines arrive before the worker's ``lbtune_drained``.
+    """
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self._offset = 0
+
+    def ship(self) -> int:
+        """Send the new whole lines; returns the bytes sent."""
+        writer = STATE.writer
+        if writer is None:
+            return 0
+        writer.flush()
+        with writer.path.open("rb") as fh:
+            fh.seek(self._offset)
+            data = fh.read()
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            return 0
+        self._offset += cut
+        self._send(_RECORDS, {"worker": STATE.worker, "text": data[:cut].decode("utf-8")})
+        return cut
+
+
+def receive_records(records_dir: str, data: Any) -> None:
+    """The master's side of :class:`RecordShipper`."""
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in str(data["worker"]))
+    if os.path.exists(os.path.join(records_dir, f"records-{name}.jsonl")):
+        return  # that worker writes into this very directory (one machine, one --out)
+    path = os.path.join(records_dir, f"records-remote-{name}.jsonl")
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(str(data["text"]))
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -152,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         expect = int(cfg["expect_workers"])
         drained: set[str] = set()
         runner.register_message(_DRAINED, lambda msg, **_: drained.add(str(msg.node_id)))
+        rdir = str(cfg["records_dir"])
+        runner.register_message(_RECORDS, lambda msg, **_: receive_records(rdir, msg.data))
         deadline = time() + 60
         while len(runner.clients.ready) < expect and time() < deadline and not stop.is_set():
             gevent.sleep(0.05)
@@ -218,10 +265,16 @@ def _run_worker(env: Environment, cfg: dict[str, Any], args: Any, stop: Any, gra
         STATE.configure(worker=f"{args.name}-{STATE.worker_index}")
     STATE.start(env, cfg["records_dir"])
     STATE.on_sample.append(_sample)
+    # A worker of another machine (no local index) ships its records to the master.
+    shipper = RecordShipper(runner.send_message) if args.worker_index < 0 else None
+    if shipper is not None:
+        STATE.on_sample.append(lambda _s: shipper.ship())
 
     def drain(msg: Any, **_: Any) -> None:
         def go() -> None:
             STATE.drain(float(msg.data or grace))
+            if shipper is not None:
+                shipper.ship()
             runner.send_message(_DRAINED, None)
 
         gevent.spawn(go)

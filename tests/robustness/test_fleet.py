@@ -329,15 +329,15 @@ def test_a_worker_in_another_namespace_accounts_for_every_request(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the master's report does not receive the remote worker's records: each machine "
-    "keeps its own records dir (docs/loadgen.md), so the master reports 0 sent and exits 3 "
-    "('the load generator sent no request') although its worker sent every request",
-)
 def test_the_masters_report_holds_the_remote_workers_requests(distributed: Distributed) -> None:
-    worker_sent = json.loads(distributed.worker.stdout)["outcomes"]["sent"]
+    """Every request the worker recorded reaches the master's records (shipped as Locust
+    messages); each summary counts its own measurement window, so the runs are compared
+    request by request, not by their windowed counts."""
+    from lbtune.loadgen.recordio import read_records
+
     m = distributed.master
     assert m.returncode == 0, m.stderr[-1500:]
-    master_sent = json.loads(m.stdout)["outcomes"]["sent"]
-    assert master_sent == worker_sent
+    worker_ids = {r.request_id for r in read_records(distributed.worker_out)}
+    master_ids = {r.request_id for r in read_records(distributed.master_out)}
+    assert worker_ids and master_ids == worker_ids
+    assert json.loads(m.stdout)["outcomes"]["sent"] > 0
