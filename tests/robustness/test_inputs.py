@@ -261,12 +261,14 @@ def stress_report(tmp_path_factory: pytest.TempPathFactory, echo_url: str) -> Pa
     return out
 
 
-def balancer_snapshot(ep: Any) -> tuple[str, dict[tuple[str, str], str]]:
-    """(sha256 of the live haproxy.cfg, every server's weight) of a mini2 cluster."""
+def balancer_snapshot(ep: Any) -> dict[str, Any]:
+    """A mini2 cluster's balancer as lbtune could change it: the live haproxy.cfg's hash,
+    every server's weight, the supervised processes' pids and the last known good."""
     import csv
     import io
     import urllib.request
 
+    state = Path(ep.state_dir)
     cfg = Path(ep.balancer_details["haproxy_cfg"]).read_bytes()
     with urllib.request.urlopen(ep.stats_url + ";csv", timeout=5) as resp:
         rows = csv.DictReader(io.StringIO(resp.read().decode().lstrip("# ")))
@@ -275,7 +277,12 @@ def balancer_snapshot(ep: Any) -> tuple[str, dict[tuple[str, str], str]]:
             for r in rows
             if r["svname"] not in ("FRONTEND", "BACKEND")
         }
-    return hashlib.sha256(cfg).hexdigest(), weights
+    return {
+        "config": hashlib.sha256(cfg).hexdigest(),
+        "weights": weights,
+        "pids": {f.name: f.read_text() for f in sorted(state.glob("*.pid"))},
+        "lkg": {f.name: f.read_bytes() for f in sorted(state.glob("lkg/*"))},
+    }
 
 
 @pytest.mark.parametrize(
@@ -308,6 +315,7 @@ def test_malformed_input(
         ep = request.getfixturevalue("mini2")
         subst["{state}"] = ep.state_dir
         before = balancer_snapshot(ep)
+        assert before["weights"] and before["pids"], "the snapshot must see the balancer"
         sent_before = sum(int(r["req_tot"] or 0) for r in haproxy_frontends(ep).values())
     argv = []
     for a in case.argv:

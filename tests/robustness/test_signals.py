@@ -56,11 +56,16 @@ def _gone(marker: str, within_s: float = 30) -> list[int]:
     return processes_mentioning(marker)
 
 
-def test_sigterm_writes_the_partial_report_and_exits_143(tmp_path: Path, echo_url: str) -> None:
+@pytest.mark.parametrize(
+    ("sig", "rc"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"]
+)
+def test_a_signal_writes_the_partial_report(
+    tmp_path: Path, echo_url: str, sig: signal.Signals, rc: int
+) -> None:
     proc, out = _start(tmp_path, echo_url)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
+    assert proc.returncode == rc, err
     assert "Traceback" not in err
     assert (out / "summary.json").is_file(), err
     assert (out / "requests.parquet").is_file()
