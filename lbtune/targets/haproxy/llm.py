@@ -94,8 +94,8 @@ def _text(v: ParamValue) -> str:
 
 def facts(site: Site, long_servers: list[str]) -> dict[str, str]:
     """Per-replica facts from the simulator's GPU and model profiles (where known): KV
-    capacity in bytes per server, KV bytes per token per model backend, long-context
-    servers. Unknown GPUs or models leave the key out; the Lua then filters on KV usage
+    capacity in bytes per server, KV bytes per token and context length (tokens) per
+    model backend, long-context servers. Unknown GPUs or models leave the key out; the Lua then filters on KV usage
     alone."""
     from lbtune.sim.profiles import GPU_PROFILES, MODEL_PROFILES
 
@@ -105,6 +105,8 @@ def facts(site: Site, long_servers: list[str]) -> dict[str, str]:
         if model in MODEL_PROFILES:
             out[f"kvbpt.{be}"] = str(MODEL_PROFILES[model].kv_bytes_per_token)
             out[f"kvbpt.long_{be}"] = out[f"kvbpt.{be}"]
+            out[f"ctx.{be}"] = str(MODEL_PROFILES[model].context_length)
+            out[f"ctx.long_{be}"] = out[f"ctx.{be}"]
     for r in site.replicas:
         gpu = GPU_PROFILES.get(r.gpu or "")
         profiles = [MODEL_PROFILES.get(m) for m in r.models]
