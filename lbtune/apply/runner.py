@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import lbtune
 from lbtune.errors import ConfigError
+from lbtune.resources import playbooks_dir
 
 __all__ = ["PLAYBOOKS_DIR", "HostResult", "PlaybookRun", "check_inventory", "run_playbook"]
 
-PLAYBOOKS_DIR = Path(lbtune.__file__).resolve().parent.parent / "playbooks"
+PLAYBOOKS_DIR = playbooks_dir()
 LOCAL_INVENTORY = PLAYBOOKS_DIR / "inventory" / "local.yml"
 _HOST_EVENTS = {
     "runner_on_ok": "ok",

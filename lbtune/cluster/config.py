@@ -20,12 +20,12 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-import lbtune
 from lbtune import targets
 from lbtune.errors import ConfigError
+from lbtune.resources import clusters_dir
 from lbtune.targets.base import ClusterShape
 
-CLUSTERS_DIR = Path(lbtune.__file__).resolve().parent.parent / "clusters"
+CLUSTERS_DIR = clusters_dir()
 DEFAULT_PRESET = "hetero4"
 LOOPBACK = "127.0.0.1"
 

@@ -10,19 +10,18 @@ from __future__ import annotations
 import functools
 import shutil
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import jinja2
 
-import lbtune
 from lbtune.cluster.config import LOOPBACK, ResolvedCluster
 from lbtune.cluster.state import StatePaths
 from lbtune.errors import ClusterError, DependencyError
+from lbtune.resources import templates_dir
 from lbtune.sim.spec import HostSpec, ReplicaSpec
 from lbtune.targets.base import ScrapeJob
 
-TEMPLATES_DIR = Path(lbtune.__file__).resolve().parent.parent / "playbooks" / "templates"
+TEMPLATES_DIR = templates_dir()
 INSTALL_HINT = "install it with `sudo apt-get install prometheus` (or `make demo`)"
 
 

@@ -15,15 +15,15 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-import lbtune
 from lbtune.errors import ConfigError
+from lbtune.resources import scenarios_dir
 from lbtune.safeyaml import load_yaml_file
 from lbtune.scenario.models import Scenario
 from lbtune.scenario.traces.read import guess_format
 from lbtune.scenario.traces.replay import pin
 
-BUILTIN_DIR = Path(lbtune.__file__).resolve().parent.parent / "scenarios"
-"""Where built-in scenarios live: ``<repo>/scenarios/NAME.yaml``."""
+BUILTIN_DIR = scenarios_dir()
+"""Where built-in scenarios live: ``lbtune/data/scenarios/NAME.yaml`` (package data)."""
 
 _MAX_ERRORS = 3
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jinja2
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "playbooks" / "templates"
+from lbtune.resources import templates_dir
+
+TEMPLATES = templates_dir()
 
 
 def test_unit_renders_with_defaults_and_overrides() -> None:
