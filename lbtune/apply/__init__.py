@@ -3,7 +3,8 @@ the last known good — and roll back to it when anything fails after the balanc
 
 The optimizer's per-trial path is ``target.apply(params)`` (direct, ~ms, no LKG record) or
 ``apply_params(target, params, via="direct", record=False)`` (adds the lock and the
-automatic rollback); ``lbtune apply`` uses ``via="ansible"``: ``playbooks/target-apply.yml``
+automatic rollback); ``lbtune apply`` uses ``via="ansible"``:
+``lbtune/data/playbooks/target-apply.yml``
 with the target's own module (:attr:`~lbtune.targets.base.Balancer.ansible_module`), the
 same for every balancer. A rollback (``lbtune rollback``, or after a failed apply) is
 :meth:`Target.rollback` — directly, or through the same playbook with ``lbtune_rollback``.

@@ -1,8 +1,8 @@
 """What an lbtune Ansible module runs on a balancer host: the same Target hooks as the
 direct path, for any registered target.
 
-Every target's module (``playbooks/library/lbtune_<name>.py``) is a few lines that call
-:func:`run_module`; ``playbooks/target-apply.yml`` runs whichever module the target's
+Every target's module (``lbtune/data/playbooks/library/lbtune_<name>.py``) is a few lines that call
+:func:`run_module`; ``lbtune/data/playbooks/target-apply.yml`` runs whichever module the target's
 :attr:`~lbtune.targets.base.Balancer.ansible_module` names. One shape for every balancer:
 
 * ``apply(params)``, verified by read-back on the host;
@@ -100,7 +100,7 @@ ARGUMENT_SPEC: dict[str, dict[str, Any]] = {
     "rollback": {"type": "bool", "default": False},
     "options": {"type": "dict", "default": {}},
 }
-"""The arguments of every lbtune module (``playbooks/target-apply.yml`` passes them)."""
+"""The arguments of every lbtune module (``lbtune/data/playbooks/target-apply.yml`` passes them)."""
 
 
 class Module(Protocol):
@@ -115,7 +115,7 @@ class Module(Protocol):
 
 
 def run_module(module: Module, target: str, make_target: MakeTarget | None = None) -> None:
-    """The body of ``playbooks/library/lbtune_<name>.py``, given its ``AnsibleModule``
+    """The body of ``lbtune/data/playbooks/library/lbtune_<name>.py``, given its ``AnsibleModule``
     built with :data:`ARGUMENT_SPEC` (Ansible packages a module as a new-style module
     only when the module file itself imports ``ansible.module_utils``)."""
     p = module.params

@@ -1,5 +1,5 @@
-"""A thin ansible-runner wrapper: run a playbook from ``playbooks/``, keep its output in a
-log file, and sum it up as one line per host.
+"""A thin ansible-runner wrapper: run a playbook from ``lbtune/data/playbooks/``, keep its
+output in a log file, and sum it up as one line per host.
 
 ``ansible_runner.run()`` finds ``ansible-playbook`` on ``PATH``: the interpreter's bin dir
 (the venv) is put first. The private data dir lives under the state dir
@@ -118,7 +118,7 @@ def run_playbook(
     check: bool = False,
     diff: bool = False,
 ) -> PlaybookRun:
-    """Run ``playbooks/<playbook>`` through ansible-runner and collect per-host results."""
+    """Run ``lbtune/data/playbooks/<playbook>`` through ansible-runner; per-host results."""
     import ansible_runner
 
     check_inventory(inventory or LOCAL_INVENTORY)

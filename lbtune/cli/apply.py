@@ -38,7 +38,7 @@ InventoryOpt = Annotated[
     typer.Option(
         "--inventory",
         "-i",
-        help="Ansible inventory (default playbooks/inventory/local.yml: this machine).",
+        help="Ansible inventory (default: lbtune's inventory/local.yml, this machine).",
     ),
 ]
 DirectOpt = Annotated[

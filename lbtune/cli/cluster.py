@@ -132,7 +132,7 @@ def up(
         typer.Option(
             "--config",
             "-c",
-            help="Preset name from clusters/ (hetero4, mini2, ...) or a path to a cluster YAML.",
+            help="Built-in preset (hetero4, mini2, ...) or a path to a cluster YAML.",
         ),
     ] = "hetero4",
     state_dir: StateDirOption = None,

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from lbtune.scenario import Scenario
 
 app = typer.Typer(
-    help="List, inspect and validate load scenarios (scenarios/*.yaml).", no_args_is_help=True
+    help="List, inspect and validate load scenarios (built in or YAML).", no_args_is_help=True
 )
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output only.")]

@@ -2,7 +2,7 @@
 
 A cluster file is validated on load; every error names the file and the field path,
 e.g. ``clusters/x.yaml: replicas[2].gpu: Unknown GPU profile 'h200'. Available: ...``.
-Presets are resolved by name from the repository's ``clusters/`` directory, or a path
+Presets are resolved by name from the repository's ``lbtune/data/clusters/`` directory, or a path
 is given. :func:`resolve` turns a validated config into concrete replicas and ports
 (picking free loopback ports where the file asks for ``auto`` or ``0``).
 """

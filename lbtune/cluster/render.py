@@ -2,7 +2,7 @@
 
 The balancer's config is its target's business (:meth:`lbtune.targets.base.Balancer.launch`);
 :func:`render_template` and :func:`require` are shared by the targets whose templates
-live in ``playbooks/templates/`` (the Ansible playbooks render the same files).
+live in ``lbtune/data/playbooks/templates/`` (the Ansible playbooks render the same files).
 """
 
 from __future__ import annotations

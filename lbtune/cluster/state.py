@@ -6,7 +6,7 @@ Layout of a state dir (default ``$LBTUNE_STATE_DIR``, else
     config.json          the validated cluster config `up` ran with
     endpoints.json       balancer/Prometheus/replica URLs (see Endpoints)
     sim.json             the HostSpec given to `python -m lbtune.sim`
-    prometheus.yml       rendered from playbooks/templates/prometheus.yml.j2
+    prometheus.yml       rendered from lbtune/data/playbooks/templates/prometheus.yml.j2
     prometheus-data/     Prometheus TSDB
     ground_truth.jsonl   the sim's per-request server-side timestamps
     agent.yaml           the feedback agent's settings (when the cluster YAML enables it)

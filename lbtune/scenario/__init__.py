@@ -1,6 +1,6 @@
 """Scenarios: validated traffic descriptions, their request sequence and load plan.
 
-``load_scenario("longctx")`` reads ``scenarios/longctx.yaml``;
+``load_scenario("longctx")`` reads ``lbtune/data/scenarios/longctx.yaml``;
 ``build_workload(scenario).request(i)`` gives request ``i`` identically in every
 process; ``plan_load(scenario)`` gives the users over time (closed loop) or every
 send time (open loop). See ``docs/scenarios.md`` for the YAML reference.

@@ -1,4 +1,4 @@
-"""The validated scenario model: what ``scenarios/*.yaml`` may contain.
+"""The validated scenario model: what ``lbtune/data/scenarios/*.yaml`` may contain.
 
 Users type these files, so every model forbids unknown fields and every error
 names its field path (see :mod:`lbtune.scenario.loader`). The traffic fields

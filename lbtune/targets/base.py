@@ -25,9 +25,9 @@ Checklist for a new balancer ``foo`` (``docs/targets.md`` has a worked example):
    instance of it named ``BALANCER``; its :meth:`Balancer.target` returns an object
    implementing :class:`Target`.
 3. ``"foo": "lbtune.targets.foo.balancer:BALANCER"`` in :data:`lbtune.targets.TARGETS`.
-4. ``playbooks/library/lbtune_foo.py`` — the Ansible module (check mode, ``--diff``);
-   the generic ``playbooks/target-apply.yml`` runs it (see ``docs/targets.md``).
-5. ``clusters/mini2-foo.yaml`` — a tiny cluster with ``balancer: foo`` and
+4. ``lbtune/data/playbooks/library/lbtune_foo.py`` — the Ansible module (check mode, ``--diff``);
+   the generic ``lbtune/data/playbooks/target-apply.yml`` runs it (see ``docs/targets.md``).
+5. ``lbtune/data/clusters/mini2-foo.yaml`` — a tiny cluster with ``balancer: foo`` and
    ``ports: auto``, named by :attr:`Balancer.test_preset`: the contract suite
    ``tests/targets/test_contract.py`` then runs against ``foo`` with no edit.
 """
@@ -348,13 +348,13 @@ class Balancer(Protocol):
     """Whether :meth:`weights` works: the balancer takes per-replica weights live (the
     feedback agent needs this; ``agent.enabled`` is refused otherwise)."""
     ansible_module: str
-    """The Ansible module in ``playbooks/library/`` that applies this target on a host
-    (``lbtune_<name>``, underscores); ``playbooks/target-apply.yml`` runs it."""
+    """The Ansible module in ``lbtune/data/playbooks/library/`` that applies this target on a host
+    (``lbtune_<name>``, underscores); ``lbtune/data/playbooks/target-apply.yml`` runs it."""
     extra_ports: tuple[str, ...]
     """Names of loopback ports it needs besides ``port`` and ``metrics_port`` (an admin
     API, an exporter); the cluster picks free ones (:attr:`LaunchSpec.extra_ports`)."""
     test_preset: str
-    """A cluster preset (``clusters/<preset>.yaml``, ``ports: auto``, two replicas) with
+    """A cluster preset (``lbtune/data/clusters/<preset>.yaml``, ``ports: auto``, two replicas) with
     this balancer: what the contract suite starts."""
 
     def check_cluster(self, shape: ClusterShape) -> str | None:

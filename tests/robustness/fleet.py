@@ -5,7 +5,7 @@ pair (root side ``10.213.N.1/30``, host side ``10.213.N.2/30``) and runs, inside
 namespace: its own sshd (a per-fleet host key and authorized key, ``PermitRootLogin
 prohibit-password``), its own simulated replicas (``python -m lbtune.sim``, on the
 namespace's loopback) and its own HAProxy (master-worker, rendered by lbtune's HAProxy
-target from ``playbooks/templates/haproxy.cfg.j2``) listening on the host address. Every
+target from ``lbtune/data/playbooks/templates/haproxy.cfg.j2``) listening on the host address. Every
 host has its own lbtune state dir (``endpoints.json``, sockets); Ansible reaches it over
 SSH, the module runs inside the namespace.
 

@@ -2,7 +2,8 @@
 
 The pure parts run without processes; the sim's router endpoints run in an in-process
 sim host; the target runs against one embedded cluster behind a real vllm-router, directly
-and through lbtune.apply's Ansible path (playbooks/target-apply.yml + lbtune_vllm_router).
+and through lbtune.apply's Ansible path (lbtune/data/playbooks/target-apply.yml +
+lbtune_vllm_router).
 """
 
 from __future__ import annotations

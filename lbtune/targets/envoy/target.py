@@ -1,7 +1,7 @@
 """The Envoy target: parameters → Envoy's file-based xDS, verified through the admin API.
 
 Both paths call :meth:`EnvoyTarget.apply`: the direct one (optimizer trials) and the
-Ansible module ``playbooks/library/lbtune_envoy.py`` (``lbtune apply --target envoy``).
+Ansible module ``lbtune/data/playbooks/library/lbtune_envoy.py`` (``lbtune apply --target envoy``).
 
 An apply:
 

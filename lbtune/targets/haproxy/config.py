@@ -89,7 +89,7 @@ def long_context_servers(site: Site) -> list[str]:
 def template_context(
     site: Site, params: Mapping[str, ParamValue], overrides: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Variables for ``playbooks/templates/haproxy.cfg.j2`` from a full parameter set."""
+    """Variables for ``lbtune/data/playbooks/templates/haproxy.cfg.j2`` from a full param set."""
     ctx: dict[str, Any] = site.context()
     weights, maxconn = per_server(params, "weight"), per_server(params, "maxconn")
     for s in ctx["haproxy_servers"]:

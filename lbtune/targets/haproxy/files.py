@@ -1,7 +1,7 @@
 """Where the HAProxy of a cluster keeps its files, what it listens on, and ``haproxy -c``.
 
 Files in the cluster's state dir: ``haproxy.cfg`` (rendered from
-``playbooks/templates/haproxy.cfg.j2``), ``haproxy.sock`` (runtime API, level admin),
+``lbtune/data/playbooks/templates/haproxy.cfg.j2``), ``haproxy.sock`` (runtime API, level admin),
 ``master.sock`` (master CLI: reload, show proc), ``haproxy.state`` (server-state-file:
 runtime weights survive reloads), ``haproxy-params.json`` (what lbtune last applied).
 """

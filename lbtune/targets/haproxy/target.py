@@ -1,7 +1,7 @@
 """The HAProxy target: parameters → balancer state, implemented once.
 
 Both paths call :meth:`HaproxyTarget.apply`: the direct one (optimizer trials, ~ms) and
-the Ansible module ``playbooks/library/lbtune_haproxy.py`` (``lbtune apply``).
+the Ansible module ``lbtune/data/playbooks/library/lbtune_haproxy.py`` (``lbtune apply``).
 
 An apply:
 

@@ -12,7 +12,7 @@ Open-source nginx (1.22) has no runtime API, so every change is structural. An a
 5. reads back: parses the live file (:mod:`lbtune.targets.nginx.readback`) and compares.
 
 Both paths call :meth:`NginxTarget.apply`: the direct one (optimizer trials) and the
-Ansible module ``playbooks/library/lbtune_nginx.py`` (``lbtune apply --target nginx``).
+Ansible module ``lbtune/data/playbooks/library/lbtune_nginx.py`` (``lbtune apply --target nginx``).
 """
 
 from __future__ import annotations

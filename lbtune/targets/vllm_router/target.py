@@ -1,8 +1,9 @@
 """The vllm-router target: its parameters are its flags, so an apply is a restart.
 
 Both paths call :meth:`VllmRouterTarget.apply`: the direct one (optimizer trials,
-``lbtune apply --direct``) and the Ansible module ``playbooks/library/lbtune_vllm_router.py``
-that ``playbooks/target-apply.yml`` runs on each balancer host.
+``lbtune apply --direct``) and the Ansible module
+``lbtune/data/playbooks/library/lbtune_vllm_router.py`` that
+``lbtune/data/playbooks/target-apply.yml`` runs on each balancer host.
 
 An apply:
 

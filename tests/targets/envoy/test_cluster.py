@@ -92,7 +92,7 @@ def test_cli_show_check_apply_bad_input_and_rollback(fresh: EnvoyTarget, tmp_pat
     assert check.exit_code == 0, check.output
     assert "weight.l4-0: 100 -> 44" in check.stdout and "nothing was touched" in check.stdout
     assert l4_weight(fresh) == 100 and fresh.read_live()["lb_policy"] == "ROUND_ROBIN"
-    done = runner.invoke(app, args)  # through Ansible (playbooks/envoy-apply.yml)
+    done = runner.invoke(app, args)  # through Ansible (lbtune/data/playbooks/envoy-apply.yml)
     assert done.exit_code == 0, done.output
     assert "apply: changed, reloaded" in done.stdout
     assert l4_weight(fresh) == 44 and fresh.read_live()["lb_policy"] == "LEAST_REQUEST"

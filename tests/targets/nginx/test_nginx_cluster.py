@@ -1,4 +1,4 @@
-"""nginx in the embedded cluster (``clusters/mini2-nginx.yaml``): the launch hook, the
+"""nginx in the embedded cluster (``lbtune/data/clusters/mini2-nginx.yaml``): the launch hook, the
 Prometheus job, and ``lbtune apply --target nginx`` through Ansible (show, check with a
 diff, apply, rollback), as for HAProxy."""
 
