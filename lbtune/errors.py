@@ -46,6 +46,10 @@ class DependencyError(LbtuneError):
     exit_code = 3
 
 
+class MissingExtra(LbtuneError):
+    """An optional Python package is not installed: ``pip install 'lbtune[<extra>]'`` fixes it."""
+
+
 class ApplyError(LbtuneError):
     """A playbook or runtime change failed; the last known good config was kept."""
 

@@ -212,13 +212,14 @@ def dashboard_command(
     port: int = typer.Option(8080, "--port", help="Port on 127.0.0.1."),
 ) -> None:
     """Open optuna-dashboard (on 127.0.0.1) on the study storage."""
-    from lbtune.errors import DependencyError
+    from lbtune.errors import MissingExtra
 
     try:
         from optuna_dashboard import run_server
     except ImportError:
-        raise DependencyError(
-            "lbtune dashboard needs optuna-dashboard: pip install optuna-dashboard"
+        raise MissingExtra(
+            "lbtune dashboard needs optuna-dashboard: pip install 'lbtune[dashboard]' "
+            "(or pip install optuna-dashboard)"
         ) from None
     where = f"http://127.0.0.1:{port}" + (f"/dashboard/studies?study={study}" if study else "")
     typer.echo(f"optuna-dashboard on {where} (Ctrl-C to stop)", err=True)

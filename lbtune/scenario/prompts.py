@@ -174,8 +174,8 @@ def _load_hf(path: str) -> Any:
     except ImportError:
         raise ConfigError(
             f"--tokenizer {path}: needs the optional 'tokenizers' package "
-            "(pip install tokenizers); without --tokenizer lbtune's approximate "
-            "tokenizer is used"
+            "(pip install tokenizers, or the lbtune[tokenizer] extra); without --tokenizer "
+            "lbtune's approximate tokenizer is used"
         ) from None
     if not Path(path).is_file():
         raise ConfigError(f"--tokenizer {path}: no such file (expected a tokenizer.json)")
