@@ -191,6 +191,10 @@ def test_every_builtin_scenario_runs_briefly(cluster: Any, name: str, tmp_path: 
     assert not errors, errors
 
 
+@pytest.mark.skipif(
+    os.environ.get("LBTUNE_SKIP_BROWSER") == "1",
+    reason="LBTUNE_SKIP_BROWSER=1: no headless Chromium (scripts/setup.sh skipped it)",
+)
 def test_report_html_renders_its_plots_in_headless_chromium(
     run: dict[str, Any], tmp_path: Path
 ) -> None:
