@@ -27,7 +27,7 @@ CONFIGS = ("RR", "LC", "W")
 LABELS = {"RR": "round robin", "LC": "least-conn", "W": "tuned winner"}
 BIN_S = 2.5
 KEYS = ("p99_e2e", "ttft_p50", "ttft_p99", "ttft_p99_all", "fail", "rps", "tok_s", "gpu_sd",
-        "kv_sd")  # fmt: skip
+        "kv_sd", "hit", "p50_e2e")  # fmt: skip
 # The source material's figures: (round robin, least-conn or None, tuned).
 SOURCE: dict[str, tuple[float, float | None, float]] = {
     "p99_e2e": (2140, 1890, 960),
@@ -40,7 +40,7 @@ SOURCE: dict[str, tuple[float, float | None, float]] = {
 }
 NEAR_ZERO_SD = 0.01
 """Below this, RR's std-dev is ~0 and ratios to it are not shown."""
-EXTRA = frozenset({"ttft_p99_all", "kv_sd"})
+EXTRA = frozenset({"ttft_p99_all", "kv_sd", "hit", "p50_e2e"})
 """Rows shown for context, not compared with the source."""
 SAMPLES_OF = {"p99_e2e": "e2e", "ttft_p99": "ttft", "ttft_p99_all": "ttft_all"}
 """P99 rows and the samples behind them (their counts are printed beside them)."""
@@ -71,6 +71,8 @@ class Run:
     kv_sd: float | None
     degraded: tuple[str, ...]
     seconds: float
+    hit: float | None = None
+    """Server-side prefix-cache hit rate over the run (vllm:prefix_cache_hits/queries)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,6 +90,7 @@ class RunArrays:
     bins_s: Array
     gpu_sd: float
     kv_sd: float
+    hit: float = math.nan
     sent: int = 0
     sent_by: dict[str, int] = field(default_factory=dict)
     e2e_by: dict[str, list[float]] = field(default_factory=dict)
@@ -136,6 +139,7 @@ def arrays(run: Run) -> RunArrays:
         bins_s=np.diff(edges),
         gpu_sd=nan if run.gpu_sd is None else run.gpu_sd,
         kv_sd=nan if run.kv_sd is None else run.kv_sd,
+        hit=nan if run.hit is None else run.hit,
         sent=sent,
         sent_by=sent_by,
         e2e_by=e2e_by,
@@ -169,6 +173,8 @@ def stat(runs: Sequence[RunArrays]) -> list[float]:
         float(cat("bins_tokens").sum()) / secs if secs else math.nan,
         _mean([r.gpu_sd for r in runs]),
         _mean([r.kv_sd for r in runs]),
+        _mean([r.hit for r in runs]),
+        _pct(e2e, 50),
     ]
 
 
@@ -189,6 +195,7 @@ def resample(r: RunArrays, rng: np.random.Generator) -> RunArrays:
         bins_s=r.bins_s[j],
         gpu_sd=r.gpu_sd,
         kv_sd=r.kv_sd,
+        hit=r.hit,
     )
 
 
@@ -201,31 +208,36 @@ class Analysis:
     """Repeat numbers (0-based) in which every config was measured."""
     dropped: tuple[int, ...]
     per_run: dict[tuple[int, str], RunArrays]
+    configs: tuple[str, ...] = CONFIGS
+    """The arms, in draw order; ratios are against the first (round robin)."""
 
     def value(self, config: str, key: str) -> float:
-        return float(self.draws.point[CONFIGS.index(config), KEYS.index(key)])
+        return float(self.draws.point[self.configs.index(config), KEYS.index(key)])
 
     def spread(self, config: str, key: str) -> tuple[float, float]:
-        lo, hi = self.draws.spread(CONFIGS.index(config), KEYS.index(key))
+        lo, hi = self.draws.spread(self.configs.index(config), KEYS.index(key))
         return float(lo), float(hi)
 
-    def ratio(self, config: str, key: str) -> tuple[float, float, float]:
-        """``config / RR`` of ``key`` with its paired 95 % interval."""
-        r, lo, hi = self.draws.ratio(CONFIGS.index(config), 0, KEYS.index(key))
+    def ratio(self, config: str, key: str, over: str | None = None) -> tuple[float, float, float]:
+        """``config / over`` (default: the first arm, RR) of ``key``, paired 95 % interval."""
+        base = self.configs.index(over) if over is not None else 0
+        r, lo, hi = self.draws.ratio(self.configs.index(config), base, KEYS.index(key))
         return float(r), float(lo), float(hi)
 
     def count(self, config: str, samples: str) -> int:
         return sum(getattr(self.per_run[(i, config)], samples).size for i in self.rounds)
 
 
-def analyse(runs: Sequence[Run], n_boot: int, seed: int = 20261129) -> Analysis:
+def analyse(
+    runs: Sequence[Run], n_boot: int, seed: int = 20261129, configs: Sequence[str] = CONFIGS
+) -> Analysis:
     per_run = {(r.repeat, r.config): arrays(r) for r in runs}
     repeats = sorted({r.repeat for r in runs})
-    complete = tuple(i for i in repeats if all((i, c) in per_run for c in CONFIGS))
+    complete = tuple(i for i in repeats if all((i, c) in per_run for c in configs))
     dropped = tuple(i for i in repeats if i not in complete)
-    rounds = [tuple(per_run[(i, c)] for c in CONFIGS) for i in complete]
+    rounds = [tuple(per_run[(i, c)] for c in configs) for i in complete]
     draws = paired_draws(rounds, stat, resample, n_boot=n_boot, seed=seed)
-    return Analysis(draws, complete, dropped, per_run)
+    return Analysis(draws, complete, dropped, per_run, tuple(configs))
 
 
 # ---------------------------------------------------------------------------------------

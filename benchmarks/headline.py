@@ -44,6 +44,18 @@ re-analyses such a directory without running anything. Results: docs/results.md.
     .venv/bin/python benchmarks/headline.py --from /tmp/lbtune-headline-<time>
     .venv/bin/python benchmarks/headline.py --target envoy   # hetero4-envoy (nginx: -nginx)
 
+``--columns`` (the issue-10 table; ``benchmarks/_columns.py``) runs N columns instead of
+``RR LC W``: round robin, least-conn, the best stock-HAProxy config (a study with
+``algorithm`` cut to the stock ones), the Lua scheduler tuned (``algorithm: llm`` only) and
+vllm-router's ``cache_aware`` tuned (on the ``hetero4-router`` cluster), each study of
+``--study-budget`` trials, then ``--repeats`` paired rounds of every column, plus the
+no-queueing limit (``lbtune.sim.limit``) and each P99 over it. ``--column NAME=TARGET:SPEC``
+(repeatable) chooses other columns; ``--time-scale`` speeds the simulated clusters up:
+
+    .venv/bin/python benchmarks/headline.py --columns --scenario mixed   # budget 50 each
+    .venv/bin/python benchmarks/headline.py --columns --scenario prefix --study-budget 2 \
+        --trial-duration 8 --repeats 1 --duration 10 --time-scale 4      # smoke run, ~5 min
+
 ``--target NAME`` benchmarks another balancer: the cluster defaults to the preset
 ``hetero4-NAME``, and round robin and least-conn are that target's own references (its
 space's ``references:``, e.g. nginx ``least_conn``, Envoy ``LEAST_REQUEST``); without it
@@ -112,6 +124,7 @@ def measure(config: str, repeat: int, args: argparse.Namespace, state: Path, out
         kv_sd=float(np.std(kv_ok)) if kv_ok and len(kv_ok) == len(kv) else None,
         degraded=tuple(s.generator.reasons) if s.generator.degraded else (),
         seconds=time.monotonic() - t0,
+        hit=None if server is None else server.prefix_cache_hit_rate,
     )
 
 
@@ -246,6 +259,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bootstrap", type=int, default=2000, help="Bootstrap resamples.")
     ap.add_argument("--out", type=Path, help="Output dir (default /tmp/lbtune-headline-<time>).")
     ap.add_argument("--quick", action="store_true", help="Smoke run: budget 4, 1 x 15 s.")
+    ap.add_argument(
+        "--columns",
+        action="store_true",
+        help="The issue-10 columns: RR, LC, best stock HAProxy, tuned llm, tuned cache_aware.",
+    )
+    ap.add_argument(
+        "--column",
+        action="append",
+        metavar="NAME=TARGET:SPEC",
+        help="One column (repeatable; implies --columns): SPEC ref:round-robin|ref:least-conn, "
+        "study:KNOB=A,B (a study over the space with KNOB cut to A,B) or a params file.",
+    )
+    ap.add_argument(
+        "--study-budget", type=int, default=50, help="Trials of each --columns study (50)."
+    )
+    ap.add_argument(
+        "--time-scale", type=float, help="Override the clusters' time scale (--columns only)."
+    )
     ap.add_argument(
         "--from",
         dest="from_dir",
@@ -479,6 +510,18 @@ def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.columns or args.column:
+        from _columns import render_columns, run_columns, write_results
+
+        if args.from_dir is not None:
+            raise SystemExit("--from re-analyses the RR LC W comparison only")
+        args.out.mkdir(parents=True, exist_ok=True)
+        doc = run_columns(args, args.out, measure, say)
+        lines, summary = render_columns(doc, args)
+        print("\n".join(lines))
+        print(f"wall {doc['wall_s'] / 60:.1f} min; output: {args.out}")
+        write_results(doc, summary, lines, args.out, args, clean)
+        return
     if args.from_dir is not None:
         outcome, saved = load_outcome(args.from_dir)
         for key in ("scenario", "duration", "seed", "study_seed", "space", "cluster"):
