@@ -131,7 +131,8 @@ def test_optimize_ci_writes_junit_and_the_step_summary(
     junit = tmp_path / "out.xml"
     proc = _lbtune(
         "optimize", "--ci", "--budget", "3", "--trial-duration", "8", "--confirm-runs", "1",
-        "--confirm-top", "1", "--confirm-max-rounds", "2", "--junit", str(junit), "--scenario", str(scenario),
+        "--confirm-top", "1", "--confirm-max-rounds", "2", "--junit", str(junit),
+        "--scenario", str(scenario),
         "--study", "ci-gate",
         "--state-dir", str(cluster.state_dir), "--storage", f"sqlite:///{tmp_path / 's.db'}",
         "--out", str(tmp_path / "study"),

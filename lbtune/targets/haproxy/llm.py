@@ -95,8 +95,8 @@ def _text(v: ParamValue) -> str:
 def facts(site: Site, long_servers: list[str]) -> dict[str, str]:
     """Per-replica facts from the simulator's GPU and model profiles (where known): KV
     capacity in bytes per server, KV bytes per token and context length (tokens) per
-    model backend, long-context servers. Unknown GPUs or models leave the key out; the Lua then filters on KV usage
-    alone."""
+    model backend, long-context servers. Unknown GPUs or models leave the key out; the Lua
+    then filters on KV usage alone."""
     from lbtune.sim.profiles import GPU_PROFILES, MODEL_PROFILES
 
     out: dict[str, str] = {"all_backend": ALL_BACKEND, "fault": "none"}
