@@ -7,4 +7,10 @@ scripts/setup.sh
 # tests/conformance runs against a real vLLM CPU server too: install it (once, ~2.5 min,
 # 3.4 GB in .venv-vllm) unless LBTUNE_SKIP_VLLM=1, which skips that half of the suite.
 [ "${LBTUNE_SKIP_VLLM:-0}" = 1 ] || scripts/setup-vllm.sh
+# The code's habits first (fast; a violation fails CI before the long suite starts).
+if [ "${LBTUNE_SKIP_LINT:-0}" != 1 ]; then
+  .venv/bin/ruff check lbtune tests benchmarks
+  .venv/bin/ruff format --check lbtune tests benchmarks
+  .venv/bin/mypy
+fi
 exec .venv/bin/python -m pytest "$@"
