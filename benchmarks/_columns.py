@@ -155,6 +155,29 @@ def start_clusters(
     return clusters
 
 
+def scenario_for(col: Column, cl: Cluster, scenario: str, out: Path) -> str:
+    """``scenario``, or where the column's cluster lacks some of its models, a copy cut to
+    the models it serves (weights renormalised), written to ``<out>/scenario-<COL>.yaml``:
+    another traffic mix, which the table says."""
+    from lbtune.scenario.loader import _resolve  # the file behind a built-in name
+
+    path = _resolve(scenario)
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    served = {m for r in cl.ep.replicas for m in r.models}
+    models = doc.get("models")
+    if not isinstance(models, dict) or set(models) <= served:
+        return scenario
+    kept = {m: float(w) for m, w in models.items() if m in served}
+    if not kept:
+        raise SystemExit(f"column {col.name}: {cl.name} serves none of {scenario}'s models")
+    total = sum(kept.values())
+    doc["models"] = {m: w / total for m, w in kept.items()}
+    doc["name"] = f"{doc.get('name', path.stem)}-{'-'.join(sorted(kept))}"
+    dest = out / f"scenario-{col.name}.yaml"
+    dest.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return str(dest)
+
+
 def study_winner(
     col: Column, cl: Cluster, args: argparse.Namespace, out: Path, say: Callable[[str], None]
 ) -> tuple[ParamSet, dict[str, Any]]:
@@ -176,7 +199,7 @@ def study_winner(
     res = run_optimize(
         OptimizeOptions(
             budget=args.study_budget,
-            scenario=args.scenario,
+            scenario=scenario_for(col, cl, args.scenario, out),
             target=col.target,
             space=str(space_file),
             trial_duration_s=args.trial_duration,
@@ -277,6 +300,9 @@ def run_columns(
     sources: dict[str, dict[str, Any]] = {}
     runs: list[Run] = []
     try:
+        scenarios = {
+            c.name: scenario_for(c, clusters[c.target], args.scenario, out) for c in columns
+        }
         for col in columns:
             params[col.name], sources[col.name] = resolve(col, clusters[col.target], args, out, say)
         (out / "columns.yaml").write_text(
@@ -294,7 +320,9 @@ def run_columns(
             for col in columns:
                 cl = clusters[col.target]
                 get_target(col.target, cl.ep).apply(params[col.name])
-                run = measure(col.name, rep, args, cl.state, out)
+                col_args = argparse.Namespace(**vars(args))
+                col_args.scenario = scenarios[col.name]
+                run = measure(col.name, rep, col_args, cl.state, out)
                 runs.append(run)
                 say(
                     f"round {rep + 1} {col.name}: {len(run.records)} records ({run.seconds:.0f} s)"
@@ -306,7 +334,8 @@ def run_columns(
             api.down(cl.state)
     first = clusters[columns[0].target]
     replicas = [ReplicaSpec(r.name, r.gpu or "", tuple(r.models)) for r in first.ep.replicas]
-    limit = limit_of(runs, replicas, first.time_scale)
+    same = [r for r in runs if scenarios[r.config] == args.scenario]  # the scenario's own requests
+    limit = limit_of(same, replicas, first.time_scale)
     doc = {
         "columns": [c.__dict__ for c in columns],
         "clusters": {
@@ -314,6 +343,7 @@ def run_columns(
         },
         "params": params,
         "sources": sources,
+        "scenarios": scenarios,
         "limit": limit,
         "runs": runs,
         "wall_s": time.monotonic() - t0,
@@ -428,8 +458,14 @@ def render_columns(
             else ""
         )
         + "Columns on another cluster (another target) share the scenario and seed, not the "
-        "replicas: hetero4-router serves only the 8B model, so on `mixed` its 70B requests fail.",
+        "replicas: hetero4-router serves only the 8B model.",
     ]
+    for c in names:
+        if doc["scenarios"][c] != args.scenario:
+            lines.append(
+                f"{c} ran {doc['scenarios'][c]}: {args.scenario} cut to the models its cluster "
+                "serves (other traffic: its pairing with the other columns is by round only)."
+            )
     for c in names:
         src = doc["sources"][c]
         lines.append(
