@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lbtune.errors import ConfigError, validation_error
+from lbtune.safeyaml import read_utf8
 
 __all__ = [
     "AgentConfig",
@@ -176,7 +177,7 @@ def load_agent_config(
     if path is not None:
         where = str(path)
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            loaded = yaml.safe_load(read_utf8(path, where))
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read agent config ({exc.strerror})") from None
         except yaml.YAMLError as exc:
@@ -200,8 +201,8 @@ def read_agent_file(path: str | Path) -> dict[str, Any]:
     """The settings in an agent config file (un-nested from ``agent:``), unvalidated;
     ``{}`` when the file is missing or is not a mapping."""
     try:
-        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        loaded = yaml.safe_load(read_utf8(path))
+    except (OSError, yaml.YAMLError, ConfigError):
         return {}
     if isinstance(loaded, dict) and set(loaded) == {"agent"} and isinstance(loaded["agent"], dict):
         loaded = loaded["agent"]

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lbtune import targets
 from lbtune.errors import ConfigError
 from lbtune.resources import clusters_dir
+from lbtune.safeyaml import read_utf8
 from lbtune.targets.base import ClusterShape
 
 CLUSTERS_DIR = clusters_dir()
@@ -368,7 +369,7 @@ def load_config(ref: str | Path | None = None) -> tuple[ClusterConfig, Path]:
     path = config_path(ref)
     source = _display(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_utf8(path, source))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}".replace("\n", " ")) from None
     return parse_config(data, source), path

@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lbtune.errors import ConfigError, validation_error
+from lbtune.safeyaml import read_utf8
 from lbtune.targets.base import ParamSet, ParamValue
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ class ParameterSpace:
         """
         where = str(path)
         try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            data = yaml.safe_load(read_utf8(path, where))
         except OSError as exc:
             raise ConfigError(f"{where}: cannot read space file ({exc.strerror})") from None
         except yaml.YAMLError as exc:
@@ -312,7 +313,7 @@ def load_params_file(path: str | Path) -> dict[str, Any]:
     """A parameter file (``knob: value`` YAML, optionally under ``params:``), unvalidated."""
     where = str(path)
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_utf8(path, where))
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read parameter file ({exc.strerror})") from None
     except yaml.YAMLError as exc:
