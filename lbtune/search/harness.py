@@ -48,15 +48,22 @@ def real_harness(
     from lbtune.apply.lease import hold
     from lbtune.apply.lkg import LkgStore
     from lbtune.errors import ConfigError
+    from lbtune.runplan import plan_run
     from lbtune.search.measure import StressMeasure
     from lbtune.stress import StressOptions, resolve_target
     from lbtune.targets import get_target
+    from lbtune.targets.space import ParameterSpace
 
     sopts = StressOptions(
         scenario=opts.scenario, duration_s=opts.trial_duration_s, seed=opts.seed, slo=opts.slo,
         state_dir=opts.state_dir, cluster_config=opts.cluster_config,
         reports_root=opts.reports_root, write_report=False,
     )  # fmt: skip
+    # Bad input is refused before anything starts: resolving the target may bring the
+    # embedded cluster up, which a typo in the space or scenario file must not leave behind.
+    if opts.space:
+        ParameterSpace.load(opts.space)
+    plan_run(sopts)
     resolved = resolve_target(sopts, say)
     if resolved.endpoints is None:
         raise ConfigError("optimize needs a cluster lbtune manages (lbtune cluster up)")
