@@ -78,7 +78,19 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def runs(cluster: Any, scenario: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Baseline twice (`stress --ci --junit`), then the same with l4-0 slowed 4x."""
     root = tmp_path_factory.mktemp("ci-runs")
-    common = ("stress", "--scenario", str(scenario), "--state-dir", str(cluster.state_dir))
+    # Until the window holds enough for a P99 on each side: compare withholds a verdict on a
+    # P99 of fewer than 100 samples, which a busy machine's 12 s run may not reach.
+    common = (
+        "stress",
+        "--scenario",
+        str(scenario),
+        "--state-dir",
+        str(cluster.state_dir),
+        "--until-samples",
+        "130",
+        "--max-duration",
+        "90",
+    )
     out: dict[str, Any] = {}
     for name in ("a", "a2"):
         proc = _lbtune(*common, "--out", str(root / name), "--ci",
