@@ -264,10 +264,27 @@ def write_study_report(out_dir: Path | str, result: StudyResult) -> StudyReportP
     return paths
 
 
+def traffic(result: StudyResult) -> str | None:
+    """What the trials replayed, as their recorded plan names it (for a trace: the file,
+    format, window and speed), from the first trial's ``run.json``; ``None`` without one."""
+    from lbtune.errors import ConfigError
+    from lbtune.runplan import read_run_plan
+
+    if not result.report_dir:
+        return None
+    for run in sorted((Path(result.report_dir) / "runs").glob("trial-*")):
+        try:
+            return read_run_plan(run).scenario_name
+        except ConfigError:
+            continue
+    return None
+
+
 def render_markdown(result: StudyResult) -> str:
     from lbtune.report.markdown import table
 
     best = result.trial(result.best)
+    played = traffic(result)
     lines = [
         f"# lbtune optimize — study `{result.study}`",
         "",
@@ -276,6 +293,7 @@ def render_markdown(result: StudyResult) -> str:
         f"({result.count('COMPLETE')} complete, {result.count('PRUNED')} pruned, "
         f"{result.count('FAIL')} failed) in {result.elapsed_s / 60:.1f} min.",
         "",
+        *([f"Traffic: {played}.", ""] if played else []),
         f"**{headline(result)}**",
         "",
         "## Before / after",
@@ -317,7 +335,8 @@ def render_html(result: StudyResult) -> str:
         f"<div class='meta'>scenario {esc(result.scenario)} · target {esc(result.target)} · "
         f"objective {esc(result.spec.kind)} · sampler {esc(result.sampler)} · "
         f"{len(result.trials)} trials · {result.elapsed_s / 60:.1f} min</div>"
-        f"<div class='warn'>{esc(headline(result))}</div>"
+        + (f"<div class='meta'>traffic: {esc(played)}</div>" if (played := traffic(result)) else "")
+        + f"<div class='warn'>{esc(headline(result))}</div>"
         f"<h2>Before / after</h2>{table(before_after(result))}"
         f"<h2>Confirmation</h2>{table(confirmation_table(result))}"
         f"<h3>Rounds</h3>{table(rounds_table(result))}"

@@ -139,3 +139,19 @@ def test_a_study_pair_uses_only_the_rounds_both_arms_ran(study_dir: Path) -> Non
     assert a.arrays is not None
     one = RunArrays.from_records(run_records(T0 + 400, 1.0), Window(T0 + 404, T0 + 418))
     assert a.arrays.window_s == pytest.approx(one.window_s)
+
+
+def test_the_study_report_names_the_traffic_its_trials_replayed(study_dir: Path) -> None:
+    """The study report's traffic line comes from the trials' recorded plans (for a trace:
+    file, format, window and speed), not from the scenario file."""
+    from lbtune.report.study import render_markdown, traffic
+    from lbtune.search.result import StudyResult
+
+    data = json.loads((study_dir / "study.json").read_text())
+    result = StudyResult(
+        study="s1", storage="sqlite://", target="haproxy", scenario=data["scenario"],
+        sampler="tpe", spec=ObjectiveSpec(refs={"e2e": 10.0, "ttft": 1.0, "decay": 0.12}),
+        budget=3, trials=(), best=None, baseline=None, report_dir=str(study_dir),
+    )  # fmt: skip
+    assert traffic(result) == "quick"
+    assert "Traffic: quick." in render_markdown(result)
