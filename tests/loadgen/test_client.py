@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -27,13 +28,23 @@ def send(url: str, model: str = "m", timeout: float = 5.0, **kw: object):  # typ
         c.close()
 
 
+def _truth(srv: EchoServer, rid: str) -> dict[str, float]:
+    """The server's ground truth of ``rid``: its thread records it just after its last write,
+    which the client may read first, so wait (bounded) for it to appear."""
+    deadline = time.monotonic() + 5.0
+    while rid not in srv.truth:
+        assert time.monotonic() < deadline, f"the echo server never recorded {rid}"
+        time.sleep(0.001)
+    return srv.truth[rid]
+
+
 def test_ok_stream_matches_ground_truth(echo_thread: tuple[str, EchoServer]) -> None:
     url, srv = echo_thread
     r = send(url)
     assert r.outcome == "ok" and r.status_code == 200
     assert r.replica == "echo-0"
     assert len(r.chunk_times) == 6 and r.output_tokens == 6 and r.prompt_tokens == 7
-    truth = srv.truth[r.request_id]
+    truth = _truth(srv, r.request_id)
     assert r.first_token_at is not None and r.headers_at is not None
     assert r.sent_at <= truth["t_recv"] <= truth["t_first"] <= r.first_token_at
     assert r.first_token_at - truth["t_first"] < 0.05
