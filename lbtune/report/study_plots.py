@@ -14,8 +14,11 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from lbtune.report.frame import Table
 
 if TYPE_CHECKING:
     from lbtune.search.result import StudyResult, TrialResult
@@ -160,12 +163,73 @@ def split_params(
     return split_by_space(_space_of(result, list(params)), params, unmoved)
 
 
+@dataclass(frozen=True)
+class KnobChange:
+    """One knob the winner sets differently from the live configuration, and what it does."""
+
+    name: str
+    live: str
+    """The live value, or why the knob did not act there (another algorithm was live)."""
+    winner: str
+    meaning: str
+    """The knob's ``help`` text from the target's ``space.yaml``."""
+
+
+def _shown(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def explain_changes(result: StudyResult, params: Mapping[str, Any]) -> list[KnobChange]:
+    """The winner's acting knobs that differ from live, each with its meaning (space order).
+
+    A knob that acts under the winner but did not act under the live parameters (the
+    ``llm.*`` weights when the winner switches ``algorithm`` to ``llm``) shows as new.
+    """
+    effective, _ = split_params(result, params)
+    live = next((t.params for t in result.trials if t.role == "live"), {})
+    space = _space_of(result, list(params))
+    specs = space.params if space is not None else {}
+    order = {n: i for i, n in enumerate(specs)}
+    changes = []
+    for name in sorted(effective, key=lambda n: (order.get(n, len(order)), n)):
+        value = effective[name]
+        spec = specs.get(name)
+        inactive = space is not None and spec is not None and not space.is_active(name, live)
+        if name in live and not inactive and repr(live[name]) == repr(value):
+            continue
+        was = "not acting (new under the winner)" if inactive or name not in live else live[name]
+        meaning = " ".join(spec.help.split()) if spec is not None and spec.help else "—"
+        changes.append(KnobChange(name, _shown(was), _shown(value), meaning))
+    return changes
+
+
+def changes_table(changes: Sequence[KnobChange]) -> Table:
+    return Table(
+        ("knob", "live", "winner", "what it does"),
+        tuple((c.name, c.live, c.winner, c.meaning) for c in changes),
+    )
+
+
 def best_params_markdown(result: StudyResult, params: Mapping[str, Any]) -> list[str]:
-    """The "Best parameters" section: effective knobs as JSON, the folded ones listed after."""
+    """The "Best parameters" section: what the winner changes and why it matters, the
+    effective knobs as JSON, the folded ones listed after."""
     import json
 
+    from lbtune.report.markdown import table
+
     effective, folded = split_params(result, params)
-    lines = ["## Best parameters", "", "```json", json.dumps(effective, indent=1), "```", ""]
+    lines = ["## Best parameters", ""]
+    changes = explain_changes(result, params)
+    if changes:
+        lines += [
+            "### What the winner changes",
+            "",
+            table(changes_table(changes)),
+            "",
+        ]
+    else:
+        lines += ["The winner sets every acting knob as the live configuration does.", ""]
+    lines += ["```json", json.dumps(effective, indent=1), "```", ""]
     if folded:
         lines += [f"{len(folded)} knobs without effect here (folded away):", ""]
         lines += [f"- `{k}` {why}" for k, why in folded.items()] + [""]
@@ -176,10 +240,16 @@ def best_params_html(result: StudyResult, params: Mapping[str, Any]) -> str:
     """``<pre>`` of the effective knobs and a closed ``<details>`` with the rest."""
     import json
 
-    from lbtune.report.html import esc
+    from lbtune.report.html import esc, table
 
     effective, folded = split_params(result, params)
-    out = f"<pre>{esc(json.dumps(effective, indent=1))}</pre>"
+    changes = explain_changes(result, params)
+    out = (
+        f"<h3>What the winner changes</h3>{table(changes_table(changes))}"
+        if changes
+        else "<p>The winner sets every acting knob as the live configuration does.</p>"
+    )
+    out += f"<pre>{esc(json.dumps(effective, indent=1))}</pre>"
     if folded:
         items = "".join(f"<li><code>{esc(k)}</code> {esc(why)}</li>" for k, why in folded.items())
         out += (

@@ -55,3 +55,47 @@ def test_a_fixed_knob_is_folded_for_apply_show() -> None:
     assert "hash_bytes" in effective and "weight.h100-0" in effective
     assert "fixed in this cluster" in folded["agent.a"]
     assert "acts only when algorithm = random" in folded["random_draws"]
+
+
+def test_the_report_explains_what_the_winner_changes() -> None:
+    from lbtune.report.study_plots import _space_of, explain_changes
+
+    result = study()
+    best = result.trial(4)
+    assert best is not None
+    changes = {c.name: c for c in explain_changes(result, best.params)}
+    # leastconn vs the live roundrobin, and both weights moved; unchanged/folded knobs absent
+    assert set(changes) == {"algorithm", "weight.h100-0", "weight.l4-0"}
+    algo = changes["algorithm"]
+    assert (algo.live, algo.winner) == ("roundrobin", "leastconn")
+    space = _space_of(result, list(best.params))
+    assert space is not None
+    assert algo.meaning == " ".join(space.params["algorithm"].help.split())  # space.yaml's help
+    assert (changes["weight.h100-0"].live, changes["weight.h100-0"].winner) == ("100", "180")
+    text = "\n".join(best_params_markdown(result, best.params))
+    assert (
+        "### What the winner changes" in text and "| algorithm | roundrobin | leastconn |" in text
+    )
+
+
+def test_knobs_that_start_acting_under_the_winner_show_as_new() -> None:
+    from dataclasses import replace
+
+    from lbtune.report.study_plots import explain_changes
+
+    result = study()
+    llm = {**result.trials[4].params, "algorithm": "llm", "llm.w_queue": 1.5}
+    trials = tuple(replace(t, params=llm) if t.number == 4 else t for t in result.trials)
+    result = replace(result, trials=trials)
+    changes = {c.name: c for c in explain_changes(result, llm)}
+    assert changes["algorithm"].winner == "llm"
+    assert changes["llm.w_queue"].live == "not acting (new under the winner)"
+    assert changes["llm.w_queue"].winner == "1.5" and "queue" in changes["llm.w_queue"].meaning
+
+
+def test_a_winner_equal_to_live_says_so() -> None:
+    result = study()
+    live = result.trial(0)
+    assert live is not None
+    text = "\n".join(best_params_markdown(result, live.params))
+    assert "sets every acting knob as the live configuration does" in text
