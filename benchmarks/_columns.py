@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
 
 import yaml
 from _paired import KEYS, Analysis, Run, analyse, fmt, fmt_ci
@@ -39,7 +39,7 @@ from lbtune.metrics.quantiles import MIN_SAMPLES, percentile
 from lbtune.sim.limit import ReplicaSpec, fastest
 from lbtune.targets import TARGETS, get_target
 from lbtune.targets.base import ParamSet
-from lbtune.targets.space import load_params_file
+from lbtune.targets.space import ReferenceRole, load_params_file
 
 ISSUE10 = (
     "RR=haproxy:ref:round-robin",
@@ -235,7 +235,11 @@ def resolve(
     target = get_target(col.target, cl.ep)
     space = target.space()
     if col.spec.startswith("ref:"):
-        ref = space.reference(col.spec[4:])
+        role = col.spec[4:]
+        roles = get_args(ReferenceRole)
+        if role not in roles:
+            raise SystemExit(f"{col.target}: no reference role {role!r} (roles: {roles})")
+        ref = space.reference(cast(ReferenceRole, role))
         if ref is None:
             raise SystemExit(f"{col.target}: no reference {col.spec[4:]!r}")
         return ref, {"source": col.spec}

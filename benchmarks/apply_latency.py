@@ -154,11 +154,11 @@ def main() -> None:
             t = HaproxyTarget(ep)
             t.apply(t.space().baseline())
             servers = [r.name for r in ep.replicas]
-            rows = [(s.backend, s.server) for s in t.runtime.servers_state()]
+            live = [(s.backend, s.server) for s in t.runtime.servers_state()]
             algos = ["leastconn", "roundrobin"]
             res: dict[str, float] = {}
             res["(a) runtime call, weights"] = median_s(
-                lambda i: t.runtime.set_weights({r: 50 + i for r in rows}), n * 10
+                lambda i: t.runtime.set_weights({r: 50 + i for r in live}), n * 10
             )
             res["(a') direct apply, weights"] = median_s(
                 lambda i: t.apply({f"weight.{s}": 60 + i for s in servers}), n * 4
@@ -179,9 +179,11 @@ def main() -> None:
             for name, body in PLAYS.items():
                 pb = state / f"bench-{len(res)}.yml"
                 pb.write_text(f"- hosts: balancers\n  {body}\n")
-                res[f"ansible: {name}"] = median_s(
-                    lambda i, pb=pb: run_playbook(str(pb), state_dir=state, extravars={}), n
-                )
+
+                def play(i: int, pb: Path = pb) -> object:
+                    return run_playbook(str(pb), state_dir=state, extravars={})
+
+                res[f"ansible: {name}"] = median_s(play, n)
         finally:
             api.down(state)
     base = res["(a) runtime call, weights"]

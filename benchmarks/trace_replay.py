@@ -119,7 +119,7 @@ def generate(d: Path, rate: float) -> dict[str, Path]:
         "free",
         "slot",
     ]
-    convs = []
+    convs: list[dict[str, object]] = []
     i = 0
     while i < N:
         turns = []
@@ -170,7 +170,7 @@ def fit_rows(fmt: str, path: Path) -> dict[str, Any]:
         out[key] = {p: (tp[key][f"p{p:g}"], round(dist.quantile(p / 100), 1))
                     for p in (50.0, 90.0, 99.0)}  # fmt: skip
     if "arrival" in tp:
-        out["gap_cv"] = (tp["arrival"]["cv"], sc.load.cv if sc.load.cv else 1.0)  # type: ignore[union-attr]
+        out["gap_cv"] = (tp["arrival"]["cv"], sc.load.cv if sc.load.cv else 1.0)
         out["rate"] = (tp["arrival"]["rate"], doc["load"]["rate"])
     out["requests"] = len(rows)
     return out

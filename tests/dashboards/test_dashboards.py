@@ -232,7 +232,8 @@ def _load_rules(prom: str, prometheus_yml: Path, state: Path) -> None:
 
 
 def _query(prom: str, expr: str, at: float) -> list[dict[str, Any]]:
-    r = requests.get(f"{prom}/api/v1/query", params={"query": expr, "time": at}, timeout=10)
+    query: dict[str, str | float] = {"query": expr, "time": at}
+    r = requests.get(f"{prom}/api/v1/query", params=query, timeout=10)
     body = r.json()
     assert body.get("status") == "success", f"{expr}: {body}"
     result = body["data"]["result"]

@@ -23,6 +23,7 @@ from lbtune.objective import Figures, ObjectiveSpec
 from lbtune.report import write_report
 from lbtune.report.study import write_study_report
 from lbtune.search.result import Comparison, Confirmation, StudyResult, TrialResult
+from lbtune.targets.base import ParamSet
 from tests.report import data
 
 pytestmark = [
@@ -87,7 +88,7 @@ def study() -> StudyResult:
     algos = ["roundrobin", "leastconn", "random", "hash", "leastconn", "roundrobin"]
     trials = []
     for i, algo in enumerate(algos):
-        params = {
+        params: ParamSet = {
             "weight.h100-0": 100 + 20 * i, "weight.l4-0": 100 - 10 * i, "algorithm": algo,
             "random_draws": 2 + i % 3, "hash_bytes": 256, "hash_balance_factor": 150,
             "queue_timeout_s": 60, "agent.a": 0.5,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from lbtune.metrics.quantiles import percentile
 from lbtune.objective import Figures
 from lbtune.search.harness import Harness
 from lbtune.search.trial import Measurement, Samples, WindowHook
-from lbtune.targets.base import ApplyResult, ParamSet
+from lbtune.targets.base import ApplyResult, ParamSet, zero_weight_replicas
 from lbtune.targets.space import ParameterSpace, SpaceFile
 
 SPACE = {
@@ -41,6 +42,7 @@ SPACE = {
 
 class FakeTarget:
     name = "fake"
+    state_dir = Path("/nonexistent/fake-target")
 
     def __init__(self, fail_when: Callable[[ParamSet], bool] | None = None) -> None:
         self._space = ParameterSpace.from_file(SpaceFile.model_validate(SPACE), ["a", "b"])
@@ -52,19 +54,28 @@ class FakeTarget:
     def space(self) -> ParameterSpace:
         return self._space
 
+    def validate(self, params: Mapping[str, object]) -> ParamSet:
+        return self._space.validate(params)
+
     def read_live(self) -> ParamSet:
         return dict(self.live)
 
-    def apply(self, params: ParamSet, *, check: bool = False) -> ApplyResult:
-        checked = self._space.validate(params)
+    def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
+        checked = self.validate(params)
         if self.fail_when is not None and self.fail_when(checked):
             raise ApplyError("fake balancer refused the config")
         self.live = self._space.complete(checked, self.live)
         self.applied.append(dict(self.live))
         return ApplyResult(changed=True, applied=dict(self.live))
 
-    def rollback(self) -> ApplyResult:
+    def rollback(self, *, check: bool = False) -> ApplyResult:
         return self.apply(self.lkg)
+
+    def owned_elsewhere(self) -> frozenset[str]:
+        return frozenset()
+
+    def replicas_out(self, params: ParamSet) -> frozenset[str]:
+        return zero_weight_replicas(params)
 
 
 def quality(p: ParamSet) -> float:

@@ -7,13 +7,22 @@ import optuna
 import pytest
 
 from lbtune.objective import Figures, ObjectiveSpec, composite_interval
-from lbtune.search.pruning import INTERVAL_ATTR, make_pruner, should_prune, window_value
+from lbtune.search.pruning import (
+    INTERVAL_ATTR,
+    WARMUP_WINDOWS,
+    make_pruner,
+    should_prune,
+    window_value,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _study(n_done: int = 5, score: float = 1.0, **kw: int) -> optuna.Study:
-    study = optuna.create_study(pruner=make_pruner("median", n_references=3, **kw))
+def _study(
+    n_done: int = 5, score: float = 1.0, warmup_windows: int = WARMUP_WINDOWS
+) -> optuna.Study:
+    pruner = make_pruner("median", n_references=3, warmup_windows=warmup_windows)
+    study = optuna.create_study(pruner=pruner)
     for _ in range(n_done):
         t = study.ask()
         for step in (1, 2, 3):

@@ -36,6 +36,7 @@ from tests.conftest import M8, running_cluster
 if TYPE_CHECKING:
     from lbtune.loadgen.records import RequestRecord
     from lbtune.search.result import StudyResult
+    from lbtune.targets.base import ParamSet
 
 pytestmark = pytest.mark.integration
 
@@ -75,8 +76,8 @@ SLOW = "weight.l4-0"
 WINDOW_S = 2.0
 
 
-def _slow_share(params: dict[str, object]) -> float:
-    weights = {k: float(v) for k, v in params.items() if k.startswith("weight.")}  # type: ignore[arg-type]
+def _slow_share(params: ParamSet) -> float:
+    weights = {k: float(v) for k, v in params.items() if k.startswith("weight.")}
     return weights[SLOW] / sum(weights.values())
 
 
