@@ -4,6 +4,8 @@ Layout (the data flows top to bottom):
 
 * :mod:`~lbtune.loadgen.wire` — HTTP/1.1 + SSE bytes (pure, tested with byte streams);
 * :mod:`~lbtune.loadgen.client` — the gevent socket client (one record per request);
+* :mod:`~lbtune.loadgen.response` / :mod:`~lbtune.loadgen.kerneltime` — one exchange on a
+  connection, and the kernel's receive time stamps of its bytes;
 * :mod:`~lbtune.loadgen.user` — Locust ``LLMUser``, open-loop dispatcher, load shape;
 * :mod:`~lbtune.loadgen.worker` — the Locust process (local, master or worker);
 * :mod:`~lbtune.loadgen.records` / :mod:`~lbtune.loadgen.recordio` — records, JSONL, Parquet;

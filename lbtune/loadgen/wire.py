@@ -26,7 +26,10 @@ __all__ = [
     "ResponseHead",
     "SseScanner",
     "build_request",
+    "first_content_at",
+    "nonempty_at",
     "parse_head",
+    "parse_json_body",
 ]
 
 _DONE = b"data: [DONE]"
@@ -220,7 +223,7 @@ class SseScanner:
         n = self.feed(payload)
         if n != 1 or self._carry:
             return n, False
-        p = min((i for i in (nonempty_at(data, pat) for pat in MARKS) if i >= 0), default=-1)
+        p = first_content_at(data)
         if p < 0:
             return n, False
         end = data.find(b"\n\n", p)
@@ -254,6 +257,11 @@ def nonempty_at(data: bytes, pat: bytes) -> int:
     while i >= 0 and data[i + len(pat) : i + len(pat) + 1] == b'"':
         i = data.find(pat, i + 1)
     return i
+
+
+def first_content_at(data: bytes) -> int:
+    """Index of the first content mark (any of :data:`MARKS`) with a non-empty string, else -1."""
+    return min((i for i in (nonempty_at(data, m) for m in MARKS) if i >= 0), default=-1)
 
 
 def parse_json_body(body: bytes) -> tuple[int, int | None, int | None]:

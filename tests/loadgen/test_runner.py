@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lbtune.loadgen.client import KERNEL_TIMESTAMPS
 from lbtune.loadgen.collect import Progress
+from lbtune.loadgen.kerneltime import KERNEL_TIMESTAMPS
 from lbtune.loadgen.recordio import read_records
 from lbtune.loadgen.runner import LoadConfig, LoadResult, run_load
 

@@ -15,7 +15,8 @@ import time
 import gevent
 import pytest
 
-from lbtune.loadgen.client import KERNEL_TIMESTAMPS, StreamClient
+from lbtune.loadgen.client import StreamClient
+from lbtune.loadgen.kerneltime import KERNEL_TIMESTAMPS, Peek, enable, kernel_reader, loop_reader
 from lbtune.loadgen.records import RequestRecord
 from lbtune.loadgen.source import FixedWorkload
 
@@ -138,3 +139,24 @@ def test_a_coalesced_first_token_is_bounded() -> None:
     if b == 0.0:  # exact: token 1's own arrival, not token 2's nor the end of the block
         assert rec.first_token_at < srv.t_first + BLOCK_AFTER_S / 3
     assert rec.chunk_times[1] >= rec.first_token_at
+
+
+def test_a_read_carries_the_kernels_arrival_time() -> None:
+    """Bytes that wait unread keep the time they came, not the time they were read."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        a = socket.create_connection(srv.getsockname())
+        b, _ = srv.accept()
+        with a, b:
+            assert enable(b)
+            t0 = time.time()
+            a.sendall(b"x")
+            deadline = time.monotonic() + 10
+            peek = Peek(b)
+            while not peek.peek(1)[0]:  # queued (MSG_PEEK leaves it there)
+                assert time.monotonic() < deadline
+            t1 = time.time()
+            time.sleep(0.05)  # the read comes late; its stamp must not
+            data, t = kernel_reader(b)()
+            assert data == b"x" and t0 <= t <= t1
+            a.close()
+            assert loop_reader(b)()[0] == b""  # EOF
