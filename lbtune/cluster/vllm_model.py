@@ -6,13 +6,14 @@ which lbtune's own venv does not), by path, so that lbtune need not be installed
     .venv-vllm/bin/python lbtune/cluster/vllm_model.py OUT_DIR [TEXT_FILE ...]
 
 It trains a byte-level BPE of :data:`VOCAB_SIZE` tokens on the given local text files
-(lbtune's README and docs by default), wraps it as a ``PreTrainedTokenizerFast`` with a
-chat template (the simulator's: ``<|role|>\\ncontent\\n`` per message, then
-``<|assistant|>\\n``), makes a random-weight ``LlamaConfig`` model (hidden 128,
-intermediate 256, 2 layers, 4 heads of 32, 2 KV heads: vLLM's CPU attention needs a head
-size of 32..512) and ``save_pretrained``s both into ``OUT_DIR``. No model hub is reached
-(``HF_HUB_OFFLINE=1``). The weights are seeded: the same text gives the same model.
-A file ``lbtune-model.json`` written last marks a finished build.
+(by default the package's ``data/tokenizer/corpus.txt``, a frozen snapshot of lbtune's README
+and some docs, which :mod:`lbtune.cluster.vllm` passes through importlib.resources), wraps
+it as a ``PreTrainedTokenizerFast`` with a chat template (the simulator's:
+``<|role|>\\ncontent\\n`` per message, then ``<|assistant|>\\n``), makes a random-weight
+``LlamaConfig`` model (hidden 128, intermediate 256, 2 layers, 4 heads of 32, 2 KV heads:
+vLLM's CPU attention needs a head size of 32..512) and ``save_pretrained``s both into
+``OUT_DIR``. No model hub is reached (``HF_HUB_OFFLINE=1``). The weights are seeded: the same
+text gives the same model. A file ``lbtune-model.json`` written last marks a finished build.
 """
 
 from __future__ import annotations
@@ -40,9 +41,8 @@ ARCH = {
 
 
 def default_texts() -> list[Path]:
-    """lbtune's README and docs: local text that is there on every checkout."""
-    root = Path(__file__).resolve().parents[2]
-    return sorted([root / "README.md", *(root / "docs").glob("*.md")])
+    """The training text shipped in the package, next to this file's package (``lbtune/``)."""
+    return [Path(__file__).resolve().parents[1] / "data" / "tokenizer" / "corpus.txt"]
 
 
 def build(out: Path, texts: list[Path]) -> None:

@@ -235,8 +235,8 @@ def vllm_server(_vllm_boot: Process | None) -> Server:
         return Server("vllm", given.rstrip("/"))
     if _vllm_boot is None:
         if os.environ.get("LBTUNE_SKIP_VLLM") == "1":
-            pytest.skip(f"LBTUNE_SKIP_VLLM=1 and vLLM is not installed in {vllm.venv()}")
-        pytest.fail(f"vLLM is not installed in {vllm.venv()}: {vllm.SETUP_HINT}")
+            pytest.skip(f"LBTUNE_SKIP_VLLM=1: {vllm.not_installed_message()}")
+        pytest.fail(vllm.not_installed_message())
     return Server("vllm", _vllm_boot.wait_healthy(VLLM_HEALTH_TIMEOUT))
 
 

@@ -39,8 +39,12 @@ TYPES = {
 }
 """Every vLLM family the simulator writes, with its type (a superset of what lbtune reads)."""
 FINISHED_REASONS = {"stop", "length", "abort", "error", "repetition"}
-DCGM = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_DEV_FB_USED",
-        "DCGM_FI_DEV_FB_FREE")  # fmt: skip
+DCGM = (
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_FREE",
+)
 
 
 def names_lbtune_reads() -> set[str]:
@@ -82,8 +86,11 @@ def test_every_family_with_its_type_and_labels(server: Server) -> None:
             # lbtune groups by Prometheus' own target label `replica`: a server-written
             # one would be renamed exported_replica and break every `by (replica)`
             assert "replica" not in dict(labels), f"{name}: {sorted(labels)}"
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "vllm:kv_cache_usage_perc"):  # fmt: skip
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+    ):
         # one engine per replica: `count(...)` is the number of replicas
         assert len(m.series(name)) == 1, name
 
@@ -105,8 +112,10 @@ def test_histograms_have_cumulative_buckets(server: Server) -> None:
 
 
 def test_success_has_every_finished_reason(server: Server) -> None:
-    reasons = {dict(lab)["finished_reason"] for lab in server.metrics().series(
-        "vllm:request_success_total")}  # fmt: skip
+    reasons = {
+        dict(lab)["finished_reason"]
+        for lab in server.metrics().series("vllm:request_success_total")
+    }
     assert reasons == FINISHED_REASONS
 
 
@@ -141,8 +150,10 @@ def test_success_counted_per_finished_reason(server: Server) -> None:
     disconnect, and the sim does the same."""
     _settle(server)
     before = _success(server)
-    assert server.complete(max_tokens=5, ignore_eos=True).json()["choices"][0][
-        "finish_reason"] == "length"  # fmt: skip
+    assert (
+        server.complete(max_tokens=5, ignore_eos=True).json()["choices"][0]["finish_reason"]
+        == "length"
+    )
     server.complete(max_tokens=0)
     server.post("/v1/completions", {"model": "nope", "prompt": "x", "max_tokens": 1})
     _disconnect_mid_stream(server)
@@ -156,8 +167,15 @@ def _disconnect_mid_stream(server: Server) -> None:
     """Open a long stream, read its first chunk, close the connection."""
     u = urlsplit(server.url)
     conn = HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=30)
-    body = json.dumps({"model": server.model, "prompt": "x", "max_tokens": 3000,
-                       "ignore_eos": True, "stream": True})  # fmt: skip
+    body = json.dumps(
+        {
+            "model": server.model,
+            "prompt": "x",
+            "max_tokens": 3000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+    )
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
@@ -184,8 +202,7 @@ def test_prefix_cache_hits_move_with_a_shared_prefix(server: Server) -> None:
 
     def counts() -> tuple[float, float]:
         m = _settle(server)
-        return (m.total("vllm:prefix_cache_hits_total"),
-                m.total("vllm:prefix_cache_queries_total"))  # fmt: skip
+        return (m.total("vllm:prefix_cache_hits_total"), m.total("vllm:prefix_cache_queries_total"))
 
     server.complete(prompt, max_tokens=1)
     h0, q0 = counts()

@@ -31,8 +31,11 @@ def test_preset_resolves_to_pinned_vllm_replicas() -> None:
 
 
 def test_one_source_of_replicas() -> None:
-    doc = {"name": "x", "vllm": {"count": 1}, "external": [
-        {"name": "e", "url": "http://127.0.0.1:9", "models": ["m"]}]}  # fmt: skip
+    doc = {
+        "name": "x",
+        "vllm": {"count": 1},
+        "external": [{"name": "e", "url": "http://127.0.0.1:9", "models": ["m"]}],
+    }
     with pytest.raises(ConfigError, match="Give one of 'replicas'"):
         parse_config(doc, "x.yaml")
     with pytest.raises(ConfigError, match=r"vllm\.count"):
@@ -45,9 +48,16 @@ def test_server_command_pins_and_sets_the_engine_flags() -> None:
     assert cmd[:2] == ["/v/bin/python", "-c"] and "sched_setaffinity" in cmd[2]
     assert cmd[3] == "1"
     flags = " ".join(cmd[4:])
-    for flag in ("--port 8123", "--model /models/t", "--served-model-name m",
-                 "--max-num-seqs 4", "--enable-prefix-caching", "--num-gpu-blocks-override 40",
-                 "--max-model-len 4096", "--dtype bfloat16"):  # fmt: skip
+    for flag in (
+        "--port 8123",
+        "--model /models/t",
+        "--served-model-name m",
+        "--max-num-seqs 4",
+        "--enable-prefix-caching",
+        "--num-gpu-blocks-override 40",
+        "--max-model-len 4096",
+        "--dtype bfloat16",
+    ):
         assert flag in flags
     env = vllm.server_env(s)
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["HF_HUB_OFFLINE"] == "1"
@@ -59,8 +69,8 @@ def vllm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[End
         pytest.fail("haproxy and prometheus are needed: run scripts/setup.sh")
     if not vllm.installed():
         if os.environ.get("LBTUNE_SKIP_VLLM") == "1":
-            pytest.skip(f"LBTUNE_SKIP_VLLM=1 and vLLM is not installed in {vllm.venv()}")
-        pytest.fail(f"vLLM is not installed in {vllm.venv()}: {vllm.SETUP_HINT}")
+            pytest.skip(f"LBTUNE_SKIP_VLLM=1: {vllm.not_installed_message()}")
+        pytest.fail(vllm.not_installed_message())
     cfg, _ = load_config("vllm-cpu")
     assert cfg.vllm is not None
     one = cfg.vllm.model_copy(update={"count": 1, "cpus": [max(os.sched_getaffinity(0))]})
