@@ -4,37 +4,57 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
-from lbtune.apply.host import HostRequest, module_result, run_on_host
+from lbtune.apply.host import HostRequest, MakeTarget, module_result, run_on_host
 from lbtune.apply.lkg import LkgStore
 from lbtune.cluster.state import Endpoints, StatePaths, write_endpoints
 from lbtune.errors import ConfigError, TargetError
-from lbtune.targets.base import ApplyResult, ParamSet
+from lbtune.targets.base import ApplyResult, ParamSet, zero_weight_replicas
+from lbtune.targets.space import ParameterSpace, SpaceFile
 from tests.targets.test_haproxy_target import fake_endpoints
+
+SPACE = SpaceFile.model_validate(
+    {
+        "target": "haproxy",
+        "params": {
+            "algorithm": {
+                "type": "categorical",
+                "choices": ["roundrobin", "leastconn"],
+                "baseline": "roundrobin",
+            },
+            "weight": {"type": "int", "low": 0, "high": 256, "baseline": 100, "per_server": True},
+            "a": {"type": "int", "low": 0, "high": 10, "baseline": 0},
+        },
+    }
+)
 
 
 class FakeTarget:
+    """A :class:`~lbtune.targets.base.Target` that records its calls and touches nothing."""
+
     name = "haproxy"
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.calls: list[str] = []
+        self._space = ParameterSpace.from_file(SPACE, ["h100-0", "a100-0", "l4-0"])
 
     def validate(self, params: Mapping[str, object]) -> ParamSet:
         return {k: v for k, v in params.items() if isinstance(v, int | float | str | bool)}
 
-    def space(self) -> Any:
-        return SimpleNamespace(complete=lambda params, base: {**base, **params})
+    def space(self) -> ParameterSpace:
+        return self._space
 
     def read_live(self) -> ParamSet:
         return {}
 
     def replicas_out(self, params: ParamSet) -> frozenset[str]:
-        return frozenset(k.removeprefix("weight.") for k, v in params.items() if v == 0)
+        return zero_weight_replicas(params)
+
+    def owned_elsewhere(self) -> frozenset[str]:
+        return frozenset()
 
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
         self.calls.append(f"apply check={check}")
@@ -54,7 +74,7 @@ def host(tmp_path: Path) -> tuple[Endpoints, FakeTarget]:
     return ep, FakeTarget(tmp_path)
 
 
-def make(fake: FakeTarget) -> Any:
+def make(fake: FakeTarget) -> MakeTarget:
     return lambda ep, options: fake
 
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from lbtune.cli import app
-from lbtune.metrics.summary import Slo
+from lbtune.metrics.summary import RunSummary, Slo
+from lbtune.report import ReportPaths
 from lbtune.search.result import Rollout
 from tests.report import data
 from tests.report.test_junit import study
@@ -24,13 +25,24 @@ def step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return p
 
 
+@dataclass(frozen=True)
+class FakeLoad:
+    stopped_early: bool = False
+
+
+@dataclass(frozen=True)
+class FakeStressResult:
+    """What the stress command reads of :class:`lbtune.stress.StressResult`."""
+
+    summary: RunSummary
+    report: ReportPaths | None = None
+    load: FakeLoad = field(default_factory=FakeLoad)
+
+
 def _stub_stress(monkeypatch: pytest.MonkeyPatch, slo: Slo) -> None:
-    def fake(opts: Any, **kw: Any) -> Any:
-        kw["on_progress"]  # the CLI always passes a progress callback
-        return SimpleNamespace(
-            summary=data.summary(slo=slo), report=None,
-            load=SimpleNamespace(stopped_early=False),
-        )  # fmt: skip
+    def fake(opts: object, **kw: object) -> FakeStressResult:
+        assert callable(kw["on_progress"])  # the CLI always passes a progress callback
+        return FakeStressResult(data.summary(slo=slo))
 
     monkeypatch.setattr("lbtune.stress.run_stress", fake)
 
