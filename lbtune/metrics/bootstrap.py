@@ -30,13 +30,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from lbtune.loadgen.records import RequestRecord
-from lbtune.metrics.quantiles import MIN_SAMPLES, percentile
+from lbtune.metrics.quantiles import (
+    MIN_SAMPLES,
+    FloatArray,
+    Weights,
+    percentile,
+    weighted_percentiles,
+)
 from lbtune.metrics.summary import Slo, Window
 
-FloatArray = np.ndarray[tuple[int], np.dtype[np.float64]]
 BoolArray = np.ndarray[tuple[int], np.dtype[np.bool_]]
 IntArray = np.ndarray[tuple[int], np.dtype[np.int64]]
-Weights = np.ndarray[tuple[int, int], np.dtype[np.int32]]
 
 FIGURE_KEYS: tuple[str, ...] = (
     "ttft_p50",
@@ -138,29 +142,6 @@ class RunArrays:
         )
 
 
-def _quantile(values: FloatArray, weights: Weights, q: float) -> FloatArray:
-    """Linear-interpolation quantile of each column's expanded sample (``values`` sorted).
-
-    Column ``k`` stands for the sample in which ``values[j]`` appears ``weights[j, k]``
-    times; the result equals ``np.percentile(expanded, 100 q, method="linear")``.
-    """
-    if values.size == 0:
-        return np.full(weights.shape[1], np.nan)
-    cum = np.cumsum(weights, axis=0, dtype=np.int32)
-    total = cum[-1]
-    h = (total - 1) * q
-    lo = np.floor(h)
-    frac = h - lo
-    i_lo = np.minimum((cum <= lo).sum(axis=0), values.size - 1)
-    i_hi = np.minimum((cum <= lo + 1).sum(axis=0), values.size - 1)
-    lo_v, hi_v = values[i_lo], values[i_hi]
-    diff = hi_v - lo_v
-    # numpy's own interpolation, term for term, so that the point estimate equals
-    # :func:`lbtune.metrics.quantiles.percentile` to the last bit.
-    out = np.where(frac >= 0.5, hi_v - diff * (1 - frac), lo_v + diff * frac)
-    return np.where(total > 0, out, np.nan)
-
-
 def _rate(num: FloatArray, den: float) -> FloatArray:
     return num / den if den > 0 else np.full(num.shape, np.nan)
 
@@ -170,15 +151,15 @@ def figures(a: RunArrays, weights: Weights) -> dict[str, FloatArray]:
     lat = a.in_window & a.ok
     out: dict[str, FloatArray] = {}
     for key, values, mask, q in (
-        ("ttft_p50", a.ttft, lat & ~np.isnan(a.ttft), 0.5),
-        ("ttft_p99", a.ttft, lat & ~np.isnan(a.ttft), 0.99),
-        ("e2e_p99", a.e2e, lat, 0.99),
+        ("ttft_p50", a.ttft, lat & ~np.isnan(a.ttft), 50.0),
+        ("ttft_p99", a.ttft, lat & ~np.isnan(a.ttft), 99.0),
+        ("e2e_p99", a.e2e, lat, 99.0),
     ):
         idx = np.flatnonzero(mask)
         order = idx[np.argsort(values[idx], kind="stable")]
-        out[key] = _quantile(values[order], weights[order], q)
+        out[key] = weighted_percentiles(values[order], weights[order], q)
     order = np.argsort(a.itl, kind="stable")
-    out["itl_p50"] = _quantile(a.itl[order], weights[a.itl_owner[order]], 0.5)
+    out["itl_p50"] = weighted_percentiles(a.itl[order], weights[a.itl_owner[order]], 50.0)
     done = np.flatnonzero(a.done)
     out["requests_per_s"] = _rate(weights[done].sum(axis=0).astype(float), a.window_s)
     out["output_tokens_per_s"] = _rate(a.tokens[done] @ weights[done], a.window_s)
@@ -196,8 +177,12 @@ def sample_counts(a: RunArrays) -> dict[str, int]:
     """How many samples each percentile figure of :data:`FIGURE_KEYS` rests on."""
     lat = a.in_window & a.ok
     n_ttft = int((lat & ~np.isnan(a.ttft)).sum())
-    return {"ttft_p50": n_ttft, "ttft_p99": n_ttft, "e2e_p99": int(lat.sum()),
-            "itl_p50": int(a.itl.size)}  # fmt: skip
+    return {
+        "ttft_p50": n_ttft,
+        "ttft_p99": n_ttft,
+        "e2e_p99": int(lat.sum()),
+        "itl_p50": int(a.itl.size),
+    }
 
 
 def point(a: RunArrays) -> dict[str, float | None]:
@@ -270,7 +255,7 @@ def percentile_draws(
     while left > 0:
         k = min(chunk, left)
         w = rng.poisson(1.0, size=(x.size, k)).astype(np.int32)
-        parts.append(_quantile(x, w, q / 100))
+        parts.append(weighted_percentiles(x, w, q))
         left -= k
     return np.concatenate(parts) if parts else np.empty(0)
 

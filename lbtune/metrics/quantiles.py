@@ -4,8 +4,9 @@ One method everywhere: numpy's ``method="linear"`` (Hyndman & Fan type 7, the
 numpy and pandas default): for ``n`` sorted samples ``x[0..n-1]`` the q-th
 percentile sits at index ``h = (n - 1) * q / 100`` and is
 ``x[floor h] + (h - floor h) * (x[ceil h] - x[floor h])``. Every percentile lbtune
-reports over records goes through :func:`percentile`; the bootstrap's weighted form
-(:mod:`lbtune.metrics.bootstrap`) equals it to the last bit. Nearest rank is not used.
+reports over records goes through :func:`percentile`, or through its weighted form
+:func:`weighted_percentiles` (the bootstrap's, :mod:`lbtune.metrics.bootstrap`), which
+equals it to the last bit. Nearest rank is not used.
 
 A percentile ``q`` is reported only with at least ``1 / (1 - q/100)`` samples
 (:data:`MIN_SAMPLES`: P50 2, P90 10, P95 20, P99 100, P99.9 1000), i.e. when at
@@ -21,6 +22,10 @@ from typing import Any, Final, Literal
 import numpy as np
 
 from lbtune.metrics.summary import LatencyStats
+
+FloatArray = np.ndarray[tuple[int], np.dtype[np.float64]]
+Weights = np.ndarray[tuple[int, int], np.dtype[np.int32]]
+"""Sample weights, one column per resample: ``weights[j, k]`` copies of sample ``j``."""
 
 METHOD: Final[Literal["linear"]] = "linear"
 """numpy's name for the one method (Hyndman & Fan type 7)."""
@@ -40,6 +45,31 @@ def percentile(values: Sequence[float] | np.ndarray[Any, np.dtype[np.float64]], 
     if len(values) == 0:
         raise ValueError("percentile of no samples")
     return float(np.percentile(np.asarray(values, dtype=float), q, method=METHOD))
+
+
+def weighted_percentiles(sorted_values: FloatArray, weights: Weights, q: float) -> FloatArray:
+    """:func:`percentile` (q in 0..100) of each column's expanded sample, vectorised.
+
+    ``sorted_values`` is ascending; column ``k`` stands for the sample in which
+    ``sorted_values[j]`` appears ``weights[j, k]`` times, and its result equals
+    ``percentile(np.repeat(sorted_values, weights[:, k]), q)`` to the last bit (NaN for
+    an empty column).
+    """
+    if sorted_values.size == 0:
+        return np.full(weights.shape[1], np.nan)
+    cum = np.cumsum(weights, axis=0, dtype=np.int32)
+    total = cum[-1]
+    h = (total - 1) * (q / 100)
+    lo = np.floor(h)
+    frac = h - lo
+    i_lo = np.minimum((cum <= lo).sum(axis=0), sorted_values.size - 1)
+    i_hi = np.minimum((cum <= lo + 1).sum(axis=0), sorted_values.size - 1)
+    lo_v, hi_v = sorted_values[i_lo], sorted_values[i_hi]
+    diff = hi_v - lo_v
+    # numpy's own linear interpolation, term for term, so that the result equals
+    # :func:`percentile` to the last bit.
+    out = np.where(frac >= 0.5, hi_v - diff * (1 - frac), lo_v + diff * frac)
+    return np.where(total > 0, out, np.nan)
 
 
 def reported_percentile(values: Sequence[float], name: str) -> float | None:
@@ -72,7 +102,7 @@ def latency_stats(values: Iterable[float]) -> LatencyStats:
     withheld: list[str] = []
     for name, q in PERCENTILES:
         if n >= MIN_SAMPLES[name]:
-            found[name] = float(np.percentile(arr, q, method=METHOD))
+            found[name] = percentile(arr, q)
         else:
             found[name] = None
             withheld.append(name)

@@ -1,4 +1,4 @@
-"""The Poisson bootstrap of run figures: exact weighted percentiles, point = summary."""
+"""The Poisson bootstrap of run figures: point = summary, resamples vary around it."""
 
 from __future__ import annotations
 
@@ -6,28 +6,12 @@ import numpy as np
 import pytest
 
 from lbtune.loadgen.records import RequestRecord
-from lbtune.metrics.bootstrap import RunArrays, _quantile, point, resample
+from lbtune.metrics.bootstrap import RunArrays, point, resample
 from lbtune.metrics.stats import summarize
 from lbtune.metrics.summary import Slo, Window
 from tests.metrics.records import rec
 
 T0 = 1_700_000_000.0
-
-
-@pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 0.99, 1.0])
-def test_weighted_quantile_equals_numpy_on_the_expanded_sample(q: float) -> None:
-    rng = np.random.default_rng(3)
-    for _ in range(50):
-        m = int(rng.integers(1, 40))
-        values = np.sort(rng.random(m))
-        weights = rng.poisson(1.0, size=(m, 6)).astype(np.int32)
-        got = _quantile(values, weights, q)
-        for k in range(6):
-            expanded = np.repeat(values, weights[:, k])
-            if expanded.size == 0:
-                assert np.isnan(got[k])
-            else:
-                assert got[k] == np.percentile(expanded, q * 100)  # to the last bit
 
 
 def _records() -> list[RequestRecord]:
@@ -36,8 +20,8 @@ def _records() -> list[RequestRecord]:
         sent = T0 + i * 0.1
         ttft = 0.03 + (i % 17) * 0.004
         chunks = tuple(sent + ttft + 0.01 * j * (1 + i % 3) for j in range(5))
-        out.append(rec(i, sent=sent, ttft=ttft, e2e=chunks[-1] - sent + 0.001, chunks=chunks,
-                       output_tokens=5 + i % 4))  # fmt: skip
+        e2e = chunks[-1] - sent + 0.001
+        out.append(rec(i, sent=sent, ttft=ttft, e2e=e2e, chunks=chunks, output_tokens=5 + i % 4))
     out += [rec(500 + j, sent=T0 + 3 + j, ttft=None, e2e=0.5, outcome="timeout") for j in range(4)]
     out.append(rec(900, sent=T0 + 15, ttft=None, e2e=9.0, outcome="cancelled"))
     return out
