@@ -26,8 +26,19 @@ from lbtune.search.paired import Draws, paired_draws
 CONFIGS = ("RR", "LC", "W")
 LABELS = {"RR": "round robin", "LC": "least-conn", "W": "tuned winner"}
 BIN_S = 2.5
-KEYS = ("p99_e2e", "ttft_p50", "ttft_p99", "ttft_p99_all", "fail", "rps", "tok_s", "gpu_sd",
-        "kv_sd", "hit", "p50_e2e")  # fmt: skip
+KEYS = (
+    "p99_e2e",
+    "ttft_p50",
+    "ttft_p99",
+    "ttft_p99_all",
+    "fail",
+    "rps",
+    "tok_s",
+    "gpu_sd",
+    "kv_sd",
+    "hit",
+    "p50_e2e",
+)
 # The source material's figures: (round robin, least-conn or None, tuned).
 SOURCE: dict[str, tuple[float, float | None, float]] = {
     "p99_e2e": (2140, 1890, 960),
@@ -296,9 +307,14 @@ def _n_note(n: int) -> str:
 
 
 def render(
-    a: Analysis, runs: Sequence[Run], cluster: str, scenario: str, duration: float, seed: int,
+    a: Analysis,
+    runs: Sequence[Run],
+    cluster: str,
+    scenario: str,
+    duration: float,
+    seed: int,
     same_params: bool,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """The source material's table per config, then the paired ratios against RR."""
     lines = [
         f"## Round robin vs least-conn vs tuned winner — {cluster} / {scenario}, "

@@ -437,8 +437,9 @@ def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
         print(f"  + {agent} agent.* knobs, inert here (no feedback agent runs in this benchmark)")
     print(f"weight shares: RR {weight_shares(rr, o.replicas)}; W {weight_shares(w, o.replicas)}")
     print()
-    lines = render(a, o.runs, args.cluster, args.scenario, args.duration, args.seed,
-                   same_params=(w == rr))  # fmt: skip
+    lines = render(
+        a, o.runs, args.cluster, args.scenario, args.duration, args.seed, same_params=(w == rr)
+    )
     print("\n".join(lines))
     print()
     rounds = rounds_table(a, o.runs)

@@ -66,17 +66,28 @@ def replicas_cfg(ports: list[int]) -> str:
 
 def endpoints(state: Path, ports: list[int], lb: int, stats: int) -> Endpoints:
     return Endpoints(
-        config_name="bench", config_path="-", state_dir=str(state), balancer="haproxy",
-        balancer_url=f"http://127.0.0.1:{lb}", stats_url=f"http://127.0.0.1:{stats}/stats",
-        balancer_metrics_url="-", balancer_components=["haproxy"], balancer_jobs=["haproxy"],
-        balancer_details=HaproxyFiles.in_dir(state).details(), replica_header="X-Lbtune-Replica",
-        prometheus_url="http://127.0.0.1:1", exporter_port=1, exporter_url="-", prometheus_yml="-",
+        config_name="bench",
+        config_path="-",
+        state_dir=str(state),
+        balancer="haproxy",
+        balancer_url=f"http://127.0.0.1:{lb}",
+        stats_url=f"http://127.0.0.1:{stats}/stats",
+        balancer_metrics_url="-",
+        balancer_components=["haproxy"],
+        balancer_jobs=["haproxy"],
+        balancer_details=HaproxyFiles.in_dir(state).details(),
+        replica_header="X-Lbtune-Replica",
+        prometheus_url="http://127.0.0.1:1",
+        exporter_port=1,
+        exporter_url="-",
+        prometheus_yml="-",
         replicas=[
             ReplicaEndpoint(name=n, url=f"http://127.0.0.1:{p}", models=[M8], gpu=g)
             for (n, g), p in zip(GPUS, ports, strict=True)
         ],
-        time_scale=1.0, ground_truth_path=None,
-    )  # fmt: skip
+        time_scale=1.0,
+        ground_truth_path=None,
+    )
 
 
 def bodies(n: int, seed: int = 1) -> list[bytes]:

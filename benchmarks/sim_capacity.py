@@ -238,8 +238,10 @@ def main() -> int:
         print("no level kept the step ratio within 5 %")
     else:
         best = ok[-1]
-        print(f"largest N within 5 % of the cost model: {best['streams']:.0f} streams, "
-              f"{best['tokens_per_s']:.0f} streamed tokens/s")  # fmt: skip
+        print(
+            f"largest N within 5 % of the cost model: {best['streams']:.0f} streams, "
+            f"{best['tokens_per_s']:.0f} streamed tokens/s"
+        )
     if args.json:
         print(json.dumps(rows))
     return 0

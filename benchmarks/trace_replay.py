@@ -91,18 +91,34 @@ def generate(d: Path, rate: float) -> dict[str, Path]:
                 ids, length = [2 * g, 2 * g + 1, *own], 1024 + a
             else:
                 ids, length = own, a
-            rec = {"timestamp": round(t * 1000, 3), "input_length": length,
-                   "output_length": b, "hash_ids": ids}  # fmt: skip
+            rec = {
+                "timestamp": round(t * 1000, 3),
+                "input_length": length,
+                "output_length": b,
+                "hash_ids": ids,
+            }
             f.write(json.dumps(rec) + "\n")
     p = files["lbtune"] = d / "run" / "requests.parquet"
     p.parent.mkdir()
     write_parquet(
-        [RequestRecord(request_id=f"r{i}", index=i, model="llama-3.1-8b-instruct", api="chat",
-                       stream=True, sent_at=T0 + t, ended_at=T0 + t + 1, outcome="ok",
-                       scheduled_at=T0 + t, prompt_tokens=a, output_tokens=b)
-         for i, (t, a, b) in enumerate(rows)],
+        [
+            RequestRecord(
+                request_id=f"r{i}",
+                index=i,
+                model="llama-3.1-8b-instruct",
+                api="chat",
+                stream=True,
+                sent_at=T0 + t,
+                ended_at=T0 + t + 1,
+                outcome="ok",
+                scheduled_at=T0 + t,
+                prompt_tokens=a,
+                output_tokens=b,
+            )
+            for i, (t, a, b) in enumerate(rows)
+        ],
         p,
-    )  # fmt: skip
+    )
     p = files["sharegpt"] = d / "sharegpt.json"
     words = [
         "the",
@@ -136,28 +152,41 @@ def generate(d: Path, rate: float) -> dict[str, Path]:
     return files
 
 
-def replay(fmt: str, path: Path, speed: float, window: float, state: Path, out: Path,
-           rate: float) -> dict[str, Any]:  # fmt: skip
+def replay(
+    fmt: str, path: Path, speed: float, window: float, state: Path, out: Path, rate: float
+) -> dict[str, Any]:
     if fmt == "sharegpt":
         sc, rate_opt = trace_ref(path, fmt, limit=N), rate * 4
     else:
         sc, rate_opt = trace_ref(path, fmt, speed), None
     t = time.monotonic()
     res = run_stress(
-        StressOptions(scenario=sc, duration_s=window, rate=rate_opt, state_dir=state,
-                      out_dir=out, write_report=False, request_timeout_s=30.0)
-    )  # fmt: skip
+        StressOptions(
+            scenario=sc,
+            duration_s=window,
+            rate=rate_opt,
+            state_dir=state,
+            out_dir=out,
+            write_report=False,
+            request_timeout_s=30.0,
+        )
+    )
     recs = read_records(res.records_path)
     late = [r.sent_at - r.scheduled_at for r in recs if r.scheduled_at is not None]
     ok = sum(r.outcome == "ok" for r in recs)
     return {
-        "format": fmt, "speed": speed if fmt != "sharegpt" else None, "window_s": window,
-        "planned": res.plan.load.arrivals, "sent": len(recs), "ok": ok,
+        "format": fmt,
+        "speed": speed if fmt != "sharegpt" else None,
+        "window_s": window,
+        "planned": res.plan.load.arrivals,
+        "sent": len(recs),
+        "ok": ok,
         "lateness_p50_ms": percentile(late, 50) * 1000 if late else None,
         "lateness_p99_ms": percentile(late, 99) * 1000 if late else None,
         "lateness_max_ms": max(late) * 1000 if late else None,
-        "degraded": res.summary.generator.degraded, "wall_s": time.monotonic() - t,
-    }  # fmt: skip
+        "degraded": res.summary.generator.degraded,
+        "wall_s": time.monotonic() - t,
+    }
 
 
 def fit_rows(fmt: str, path: Path) -> dict[str, Any]:
@@ -167,8 +196,9 @@ def fit_rows(fmt: str, path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"format": fmt, "fit": doc["fitted"]["fit"]}
     tp = doc["fitted"]["percentiles"]
     for key, dist in (("prompt_tokens", sc.prompt_tokens), ("output_tokens", sc.output_tokens)):
-        out[key] = {p: (tp[key][f"p{p:g}"], round(dist.quantile(p / 100), 1))
-                    for p in (50.0, 90.0, 99.0)}  # fmt: skip
+        out[key] = {
+            p: (tp[key][f"p{p:g}"], round(dist.quantile(p / 100), 1)) for p in (50.0, 90.0, 99.0)
+        }
     if "arrival" in tp:
         out["gap_cv"] = (tp["arrival"]["cv"], sc.load.cv if sc.load.cv else 1.0)
         out["rate"] = (tp["arrival"]["rate"], doc["load"]["rate"])
@@ -206,28 +236,37 @@ def main(argv: list[str] | None = None) -> int:
         for fmt in formats:
             for speed in SPEEDS if fmt != "sharegpt" else (1.0,):
                 say(f"replay {fmt} x{speed:g}, {args.window:g} s")
-                r = replay(fmt, files[fmt], speed, args.window, state,
-                           out / f"{fmt}-x{speed:g}", args.rate)  # fmt: skip
+                r = replay(
+                    fmt, files[fmt], speed, args.window, state, out / f"{fmt}-x{speed:g}", args.rate
+                )
                 results.append(r)
                 say(json.dumps(r))
     finally:
         api.down(state)
     fits = [fit_rows(f, files[f]) for f in formats]
     (out / "results.json").write_text(json.dumps({"replays": results, "fits": fits}, indent=1))
-    print(f"\nSend lateness (sent_at - scheduled_at), {args.window:g} s of replay per run, "
-          f"mini2 at time scale {args.time_scale:g}; trace mean rate {args.rate:g} req/s "
-          "at 1x")  # fmt: skip
-    print(f"{'format':>9} {'speed':>6} {'planned':>8} {'sent':>6} {'ok':>6} "
-          f"{'P50 ms':>8} {'P99 ms':>8} {'max ms':>8} degraded")  # fmt: skip
+    print(
+        f"\nSend lateness (sent_at - scheduled_at), {args.window:g} s of replay per run, "
+        f"mini2 at time scale {args.time_scale:g}; trace mean rate {args.rate:g} req/s "
+        "at 1x"
+    )
+    print(
+        f"{'format':>9} {'speed':>6} {'planned':>8} {'sent':>6} {'ok':>6} "
+        f"{'P50 ms':>8} {'P99 ms':>8} {'max ms':>8} degraded"
+    )
     for r in results:
         sp = "-" if r["speed"] is None else f"x{r['speed']:g}"
-        print(f"{r['format']:>9} {sp:>6} {r['planned']:>8} {r['sent']:>6} {r['ok']:>6} "
-              f"{r['lateness_p50_ms'] or 0:8.2f} {r['lateness_p99_ms'] or 0:8.2f} "
-              f"{r['lateness_max_ms'] or 0:8.2f} {r['degraded']}")  # fmt: skip
+        print(
+            f"{r['format']:>9} {sp:>6} {r['planned']:>8} {r['sent']:>6} {r['ok']:>6} "
+            f"{r['lateness_p50_ms'] or 0:8.2f} {r['lateness_p99_ms'] or 0:8.2f} "
+            f"{r['lateness_max_ms'] or 0:8.2f} {r['degraded']}"
+        )
     print("\nFitted scenario vs trace (trace, fit): length quantiles, gap CV, rate")
     for f in fits:
-        parts = [f"{k} " + " ".join(f"P{p:g} {a:g}/{b:g}" for p, (a, b) in f[k].items())
-                 for k in ("prompt_tokens", "output_tokens")]  # fmt: skip
+        parts = [
+            f"{k} " + " ".join(f"P{p:g} {a:g}/{b:g}" for p, (a, b) in f[k].items())
+            for k in ("prompt_tokens", "output_tokens")
+        ]
         if "gap_cv" in f:
             parts.append(f"gap CV {f['gap_cv'][0]:.2f}/{f['gap_cv'][1]:.2f}")
         print(f"{f['format']:>9}: " + "; ".join(parts))

@@ -43,9 +43,15 @@ def console(stderr: bool = False, width: int = 140) -> Console:
     from rich.console import Console
 
     return Console(
-        stderr=stderr, color_system=None, force_terminal=False, force_interactive=False,
-        highlight=False, emoji=False, width=width, soft_wrap=True,
-    )  # fmt: skip
+        stderr=stderr,
+        color_system=None,
+        force_terminal=False,
+        force_interactive=False,
+        highlight=False,
+        emoji=False,
+        width=width,
+        soft_wrap=True,
+    )
 
 
 def plain_logging() -> None:
@@ -169,13 +175,16 @@ def study_markdown(result: StudyResult) -> str:
     r = result.rollout
     bad = r is not None and (r.rolled_back or not r.applied)
     parts = [
-        f"### {'❌' if bad else '✅'} lbtune optimize `{result.study}`", "",
-        f"**{headline(result)}**", "",
+        f"### {'❌' if bad else '✅'} lbtune optimize `{result.study}`",
+        "",
+        f"**{headline(result)}**",
+        "",
         f"Scenario `{result.scenario}`, target `{result.target}`: {len(result.trials)} trials "
         f"({result.count('COMPLETE')} complete, {result.count('PRUNED')} pruned, "
-        f"{result.count('FAIL')} failed) in {result.elapsed_s / 60:.1f} min.", "",
+        f"{result.count('FAIL')} failed) in {result.elapsed_s / 60:.1f} min.",
+        "",
         table(before_after(result)),
-    ]  # fmt: skip
+    ]
     conf = confirmation_table(result)
     if conf.rows:
         parts += ["", table(conf)]

@@ -155,9 +155,13 @@ def apply_params(
             lkg = store.record(live, "baseline (live before the first apply)")
         try:
             result, hosts, log_path = _run(
-                target, checked, via=via, check=check, inventory=inventory,
+                target,
+                checked,
+                via=via,
+                check=check,
+                inventory=inventory,
                 extravars=extravars,
-            )  # fmt: skip
+            )
             if not check and expected is not None:
                 live = target.read_live()
                 others = target.owned_elsewhere()
@@ -185,9 +189,14 @@ def apply_params(
             say(f"apply failed ({exc}); {back}")
             try:
                 _run(
-                    target, lkg.params, via=via, check=False, inventory=inventory,
-                    rollback=True, extravars=only,
-                )  # fmt: skip
+                    target,
+                    lkg.params,
+                    via=via,
+                    check=False,
+                    inventory=inventory,
+                    rollback=True,
+                    extravars=only,
+                )
             except ApplyError as exc2:
                 raise ApplyError(f"{exc}; the rollback failed too: {exc2}") from None
             raise ApplyError(

@@ -87,15 +87,27 @@ def hold(
     _write(path, doc)
     logs = Path(state_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "lbtune.apply.lease", "--state-dir", str(state_dir),
-            "--target", target, "--holder", str(pid)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "lbtune.apply.lease",
+        "--state-dir",
+        str(state_dir),
+        "--target",
+        target,
+        "--holder",
+        str(pid),
+    ]
     if space_file is not None:
         argv += ["--space", str(space_file)]
     with (logs / f"lease-guard-{target}.log").open("ab") as out:
         guard = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     done = threading.Event()
 
     def renew() -> None:

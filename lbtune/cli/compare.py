@@ -68,8 +68,7 @@ def compare_command(
     began = time.monotonic()
     try:
         side_a, side_b = load_pair(a, b)
-        result = compare(side_a, side_b, fail_on=gates, level=level, resamples=resamples,
-                         seed=seed)  # fmt: skip
+        result = compare(side_a, side_b, fail_on=gates, level=level, resamples=resamples, seed=seed)
     except Exception as exc:
         ci_mode.junit_on_error(junit, "compare", exc)
         raise

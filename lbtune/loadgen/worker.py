@@ -160,9 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     grace = float(cfg["grace_s"])
     if cfg.get("run_plan"):  # the run's recorded plan, whole: the scenario file is not read
         STATE.workload, STATE.plan = resolve(
-            cfg["scenario"], int(cfg["seed"]), duration, cfg.get("users"), cfg.get("rate"),
-            cfg.get("tokenizer_path"), run_plan=cfg["run_plan"],
-        )  # fmt: skip
+            cfg["scenario"],
+            int(cfg["seed"]),
+            duration,
+            cfg.get("users"),
+            cfg.get("rate"),
+            cfg.get("tokenizer_path"),
+            run_plan=cfg["run_plan"],
+        )
     else:
         STATE.load(
             cfg["scenario"],

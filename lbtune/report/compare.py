@@ -67,10 +67,17 @@ def frame(result: CompareResult) -> Table:
     pct = round(result.level * 100)
     cols = ("figure", "A", "B", "change", f"{pct} % CI", "limit", "verdict")
     rows = tuple(
-        (f.label, value(f.a, f.unit), value(f.b, f.unit), change(f), interval(f), limit(f),
-         verdict(f))
+        (
+            f.label,
+            value(f.a, f.unit),
+            value(f.b, f.unit),
+            change(f),
+            interval(f),
+            limit(f),
+            verdict(f),
+        )
         for f in result.figures
-    )  # fmt: skip
+    )
     return Table(cols, rows)
 
 

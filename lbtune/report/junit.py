@@ -63,8 +63,10 @@ def _clean(text: str) -> str:
 
 
 _COUNTED: tuple[tuple[str, Outcome], ...] = (
-    ("failures", "failure"), ("errors", "error"), ("skipped", "skipped"),
-)  # fmt: skip
+    ("failures", "failure"),
+    ("errors", "error"),
+    ("skipped", "skipped"),
+)
 
 
 def _counts(el: ET.Element, suites: Sequence[JUnitSuite]) -> None:
@@ -89,9 +91,12 @@ def to_xml(suites: Sequence[JUnitSuite], name: str = "lbtune") -> str:
                 ET.SubElement(props, "property", name=_clean(k), value=_clean(str(v)))
         for c in s.cases:
             tc = ET.SubElement(
-                el, "testcase", name=_clean(c.name), classname=_clean(c.classname),
+                el,
+                "testcase",
+                name=_clean(c.name),
+                classname=_clean(c.classname),
                 time=f"{max(0.0, c.time_s):.3f}",
-            )  # fmt: skip
+            )
             if c.outcome != "passed":
                 child = ET.SubElement(tc, c.outcome, message=_clean(c.message))
                 if c.outcome != "skipped":
@@ -140,14 +145,20 @@ def stress_suite(summary: RunSummary, report_dir: str | None = None) -> JUnitSui
         cases.append(case)
     if not cases:
         cases.append(JUnitCase("SLO", cls, "skipped", "no SLO given (--slo or the scenario's)"))
-    props = {"scenario": summary.scenario, "target": summary.target,
-             "requests_sent": str(summary.outcomes.sent)}  # fmt: skip
+    props = {
+        "scenario": summary.scenario,
+        "target": summary.target,
+        "requests_sent": str(summary.outcomes.sent),
+    }
     if report_dir:
         props["report"] = report_dir
     return JUnitSuite(
-        f"lbtune stress {summary.scenario}", tuple(cases), summary.window.duration,
-        summary.run_start, props,
-    )  # fmt: skip
+        f"lbtune stress {summary.scenario}",
+        tuple(cases),
+        summary.window.duration,
+        summary.run_start,
+        props,
+    )
 
 
 def compare_suite(result: CompareResult, elapsed_s: float = 0.0) -> JUnitSuite:
@@ -197,12 +208,17 @@ def study_suite(result: StudyResult) -> JUnitSuite:
         detail = f"score diff {x.diff:+.3f} (95 % CI {x.ci_low:+.3f} .. {x.ci_high:+.3f}): {what}"
         cases.append(JUnitCase(f"confirmation: trial {x.trial} vs baseline", cls, detail=detail))
     cases.extend(_rollout_cases(result, cls))
-    props = {"study": result.study, "scenario": result.scenario, "target": result.target,
-             "verdict": "none" if c is None else c.verdict}  # fmt: skip
+    props = {
+        "study": result.study,
+        "scenario": result.scenario,
+        "target": result.target,
+        "verdict": "none" if c is None else c.verdict,
+    }
     if result.report_dir:
         props["report"] = result.report_dir
-    return JUnitSuite(f"lbtune optimize {result.study}", tuple(cases), result.elapsed_s,
-                      properties=props)  # fmt: skip
+    return JUnitSuite(
+        f"lbtune optimize {result.study}", tuple(cases), result.elapsed_s, properties=props
+    )
 
 
 def _rollout_cases(result: StudyResult, cls: str) -> list[JUnitCase]:

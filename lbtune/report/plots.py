@@ -165,8 +165,13 @@ def throughput_over_time(points: Sequence[RatePoint], window: tuple[float, float
     if not points:
         _no_data(ax, "no completed request")
         return _png(fig)
-    ax.plot([p.t for p in points], [p.completed_per_s for p in points], color=BLUE,
-            linewidth=1.4, label="completed (ok)")  # fmt: skip
+    ax.plot(
+        [p.t for p in points],
+        [p.completed_per_s for p in points],
+        color=BLUE,
+        linewidth=1.4,
+        label="completed (ok)",
+    )
     ax.axvspan(window[0], window[1], color=GREEN, alpha=0.08, label="measurement window")
     ax.set_xlabel("time since start (s)")
     ax.set_ylabel("completed req/s")
@@ -201,8 +206,13 @@ def throughput_vs_load(
         zorder=2,
     )
     for p in points:
-        ax.annotate(p.label, (p.offered_load, p.throughput_rps), fontsize=7,
-                    textcoords="offset points", xytext=(4, 4))  # fmt: skip
+        ax.annotate(
+            p.label,
+            (p.offered_load, p.throughput_rps),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(4, 4),
+        )
     if knee_load is not None:
         label = f"knee at {knee_load:g} {load_unit}"
         ax.axvline(knee_load, color=GREEN, linestyle=":", label=label)

@@ -41,10 +41,14 @@ if TYPE_CHECKING:
 
 Pick = Literal["baseline", "result", "best"]
 _STUDY_FIGURES = {
-    "ttft_p50": "p50_ttft_s", "ttft_p99": "p99_ttft_s", "e2e_p99": "p99_e2e_s",
-    "requests_per_s": "requests_per_s", "output_tokens_per_s": "output_tokens_per_s",
-    "goodput_per_s": "goodput_per_s", "error_rate": "error_rate",
-}  # fmt: skip
+    "ttft_p50": "p50_ttft_s",
+    "ttft_p99": "p99_ttft_s",
+    "e2e_p99": "p99_e2e_s",
+    "requests_per_s": "requests_per_s",
+    "output_tokens_per_s": "output_tokens_per_s",
+    "goodput_per_s": "goodput_per_s",
+    "error_rate": "error_rate",
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,12 +72,18 @@ class Side:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "label": self.label, "path": self.path, "kind": self.kind,
-            "scenario": self.scenario, "runs": self.runs, "requests": self.requests,
-            "records": self.arrays is not None, "figures": dict(self.figures),
+            "name": self.name,
+            "label": self.label,
+            "path": self.path,
+            "kind": self.kind,
+            "scenario": self.scenario,
+            "runs": self.runs,
+            "requests": self.requests,
+            "records": self.arrays is not None,
+            "figures": dict(self.figures),
             "slo": None if self.slo is None else {"ttft_s": self.slo[0], "e2e_s": self.slo[1]},
             "notes": list(self.notes),
-        }  # fmt: skip
+        }
 
 
 def load_pair(a: str | Path, b: str | Path | None) -> tuple[Side, Side]:
@@ -129,11 +139,15 @@ def _json(p: Path) -> dict[str, Any]:
 def summary_figures(s: RunSummary) -> dict[str, float | None]:
     lat, thr = s.latency, s.throughput
     return {
-        "ttft_p50": lat.ttft.p50, "ttft_p99": lat.ttft.p99, "e2e_p99": lat.e2e.p99,
-        "itl_p50": lat.itl.p50, "requests_per_s": thr.requests_per_s,
-        "output_tokens_per_s": thr.output_tokens_per_s, "goodput_per_s": thr.goodput_per_s,
+        "ttft_p50": lat.ttft.p50,
+        "ttft_p99": lat.ttft.p99,
+        "e2e_p99": lat.e2e.p99,
+        "itl_p50": lat.itl.p50,
+        "requests_per_s": thr.requests_per_s,
+        "output_tokens_per_s": thr.output_tokens_per_s,
+        "goodput_per_s": thr.goodput_per_s,
         "error_rate": s.outcomes.error_rate,
-    }  # fmt: skip
+    }
 
 
 def _few(ok: int) -> tuple[str, ...]:
@@ -161,11 +175,17 @@ def _stress_side(p: Path, name: str) -> Side:
     if s.incomplete:
         notes.append("the run is incomplete (stopped early or Prometheus lost)")
     return Side(
-        name=name, label=f"{p.parent.name} (stress, {s.scenario})", path=str(p.parent),
-        kind="stress", scenario=s.scenario, figures=summary_figures(s), arrays=arrays,
-        requests=s.outcomes.sent, slo=None if s.slo is None else (s.slo.ttft_s, s.slo.e2e_s),
+        name=name,
+        label=f"{p.parent.name} (stress, {s.scenario})",
+        path=str(p.parent),
+        kind="stress",
+        scenario=s.scenario,
+        figures=summary_figures(s),
+        arrays=arrays,
+        requests=s.outcomes.sent,
+        slo=None if s.slo is None else (s.slo.ttft_s, s.slo.e2e_s),
         notes=tuple(notes),
-    )  # fmt: skip
+    )
 
 
 def _has_records(d: Path) -> bool:
@@ -234,12 +254,18 @@ def _study_side_of(p: Path, data: dict[str, Any], name: str, pick: Pick) -> Side
     else:
         notes.extend(_few(int((arrays.ok & arrays.in_window).sum())))
     return Side(
-        name=name, label=f"study {study}: {what}", path=str(p.parent), kind="study",
-        scenario=_scenario_name(str(data.get("scenario", "")), plan), figures=figures,
+        name=name,
+        label=f"study {study}: {what}",
+        path=str(p.parent),
+        kind="study",
+        scenario=_scenario_name(str(data.get("scenario", "")), plan),
+        figures=figures,
         arrays=arrays,
-        runs=max(1, runs), requests=0 if arrays is None else int(arrays.in_window.sum()),
-        slo=None if slo is None else (slo.ttft_s, slo.e2e_s), notes=tuple(notes),
-    )  # fmt: skip
+        runs=max(1, runs),
+        requests=0 if arrays is None else int(arrays.in_window.sum()),
+        slo=None if slo is None else (slo.ttft_s, slo.e2e_s),
+        notes=tuple(notes),
+    )
 
 
 def _scenario_name(ref: str, plan: RunPlan | None) -> str:

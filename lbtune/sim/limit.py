@@ -80,8 +80,9 @@ def fastest(
     for r in replicas:
         if model not in r.models:
             continue
-        ttft, e2e = alone(get_gpu(r.gpu), get_model(model), prompt_tokens, output_tokens,
-                          chunk_tokens)  # fmt: skip
+        ttft, e2e = alone(
+            get_gpu(r.gpu), get_model(model), prompt_tokens, output_tokens, chunk_tokens
+        )
         if best is None or e2e / time_scale < best.e2e_s:
             best = Alone(ttft / time_scale, e2e / time_scale, r.name)
     return best

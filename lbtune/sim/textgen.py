@@ -268,8 +268,13 @@ def _envelope(
     kind = ("chat.completion" if whole else "chat.completion.chunk") if chat else "text_completion"
     rid_prefix = "chatcmpl-" if chat else "cmpl-"
     created = int(time.time())
-    return {"id": rid_prefix + rid, "object": kind, "created": created, "model": p.model,
-            "choices": choices}  # fmt: skip
+    return {
+        "id": rid_prefix + rid,
+        "object": kind,
+        "created": created,
+        "model": p.model,
+        "choices": choices,
+    }
 
 
 def _choice(chat: bool, content: str, finish: str | None) -> dict[str, Any]:
@@ -326,5 +331,8 @@ def whole_body(p: ParsedRequest, rid: str, text: str, finish_reason: str) -> dic
 
 def usage(p: ParsedRequest, completion_tokens: int) -> dict[str, int]:
     n = len(p.prompt_ids)
-    return {"prompt_tokens": n, "completion_tokens": completion_tokens,
-            "total_tokens": n + completion_tokens}  # fmt: skip
+    return {
+        "prompt_tokens": n,
+        "completion_tokens": completion_tokens,
+        "total_tokens": n + completion_tokens,
+    }
