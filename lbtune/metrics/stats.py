@@ -18,9 +18,11 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from lbtune.loadgen.records import ERROR_OUTCOMES, OUTCOMES, RequestRecord
+from lbtune.metrics import replica_events
 from lbtune.metrics import stages as stage_figures
 from lbtune.metrics.crosscheck import cross_check
 from lbtune.metrics.quantiles import latency_stats, p99_or_max, reported_percentile
+from lbtune.metrics.replica_events import ReplicaTimeline, balancer_made, owners
 from lbtune.metrics.summary import (
     GeneratorHealth,
     Latencies,
@@ -132,11 +134,16 @@ def cancelled(records: Sequence[RequestRecord]) -> int:
     return sum(1 for r in records if r.outcome == "cancelled")
 
 
-def replica_stats(records: Sequence[RequestRecord]) -> tuple[ReplicaStats, ...]:
-    """Share, errors and TTFT/E2E P50/P99 per replica (``unknown`` if no header)."""
+def replica_stats(
+    records: Sequence[RequestRecord], timeline: ReplicaTimeline | None = None
+) -> tuple[ReplicaStats, ...]:
+    """Share, errors and TTFT/E2E P50/P99 per replica (``unknown`` if no header). With a
+    ``timeline``, an error the balancer answered itself counts against the replica that
+    was down then (:func:`lbtune.metrics.replica_events.owners`)."""
     groups: dict[str, list[RequestRecord]] = {}
-    for r in records:
-        groups.setdefault(r.replica or UNKNOWN_REPLICA, []).append(r)
+    owned, _ = owners(records, timeline)
+    for r, owner in zip(records, owned, strict=True):
+        groups.setdefault(owner or UNKNOWN_REPLICA, []).append(r)
     total = len(records)
     out = []
     for name in sorted(groups):
@@ -163,6 +170,9 @@ def replica_stats(records: Sequence[RequestRecord]) -> tuple[ReplicaStats, ...]:
                 else None,
                 errors_by_outcome=dict(sorted(errors.items())),
                 too_few_samples=tuple(k for k, v in figures.items() if v is None),
+                balancer_errors=sum(1 for r in group if r.replica is None and balancer_made(r))
+                if name != UNKNOWN_REPLICA
+                else 0,
                 **figures,
             )
         )
@@ -221,6 +231,7 @@ def summarize(
     stage_settle_s: float = 0.0,
     recovery_window_s: float = 2.0,
     recovery_step_s: float = 0.25,
+    replicas: ReplicaTimeline | None = None,
 ) -> RunSummary:
     """Every client-side figure of a run, plus the server side and the cross-check if given."""
     from lbtune import __version__
@@ -268,7 +279,8 @@ def summarize(
         throughput=throughput(records, window, slo),
         latency=lat,
         lateness=late,
-        replicas=replica_stats(in_window),
+        replicas=replica_stats(in_window, replicas),
+        replica_events=replica_events.events(replicas, records, in_window, run_start),
         generator=gen,
         slo=slo,
         slo_checks=slo_checks(ok, outs, slo) if slo is not None else (),

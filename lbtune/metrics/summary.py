@@ -110,6 +110,46 @@ class ReplicaStats:
     e2e_p50: float | None = None
     e2e_p99: float | None = None
     too_few_samples: tuple[str, ...] = ()
+    balancer_errors: int = 0
+    """Of ``errors``: ones the balancer answered itself (no replica header) while this
+    replica was down or failing, attributed here (see :class:`ReplicaEvents`)."""
+
+
+@dataclass(frozen=True)
+class ReplicaOutage:
+    """A replica the balancer took out during the run (its health checks failed)."""
+
+    replica: str
+    status: str
+    """The balancer's own word for it then (HAProxy ``DOWN``, ``MAINT``)."""
+    down_s: float
+    """When the balancer first reported it down, in seconds since the run's start."""
+    after_requests: int
+    """Requests the run had sent before that moment."""
+    up_s: float | None = None
+    """When it was reported back up; ``None``: still down when the run ended."""
+    trouble_s: float | None = None
+    """The first sign of trouble before ``down_s`` (connection or response errors the
+    balancer counted against it), if it came earlier."""
+
+
+@dataclass(frozen=True)
+class ReplicaEvents:
+    """What the balancer said about its replicas while the load ran (sampled a few times a
+    second), and the errors it answered itself that this explains."""
+
+    known: bool
+    """Whether the balancer could say when a replica was down."""
+    source: str = ""
+    """Who said it (the balancer's registry name); empty when unknown."""
+    reason: str = ""
+    """Why it is not known (an external target, a balancer that cannot say)."""
+    samples: int = 0
+    outages: tuple[ReplicaOutage, ...] = ()
+    unattributed: int = 0
+    """Errors the balancer answered itself (5xx without a replica header, in the window)
+    that could not be put on one replica."""
+    unattributed_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -304,6 +344,8 @@ class RunSummary:
     """``None`` when the run had no spike stage."""
     server: ServerSide | None = None
     cross_check: CrossCheck | None = None
+    replica_events: ReplicaEvents | None = None
+    """``None``: not watched (a summary written before lbtune watched replicas)."""
     incomplete: bool = False
     notes: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION

@@ -113,6 +113,33 @@ def warnings(summary: RunSummary) -> list[str]:
     failed = [c.name for c in summary.slo_checks if c.ok is False]
     if failed:
         out.append("SLO NOT MET: " + ", ".join(failed) + ".")
+    return out + replica_events(summary)
+
+
+def replica_events(summary: RunSummary) -> list[str]:
+    """Each replica the balancer took out during the run, and the balancer's own errors
+    that could not be put on one replica (from ``summary.replica_events``)."""
+    ev = summary.replica_events
+    if ev is None:
+        return []
+    out = []
+    for o in ev.outages:
+        trouble = (
+            f", first errors at t={o.trouble_s:.1f} s"
+            if o.trouble_s is not None and o.trouble_s < o.down_s
+            else ""
+        )
+        back = "still DOWN when the run ended"
+        if o.up_s is not None:
+            back = f"back UP at t={o.up_s:.1f} s"
+        out.append(
+            f"replica {o.replica} went {o.status.split()[0] if o.status else 'DOWN'} at "
+            f"t={o.down_s:.1f} s (after {o.after_requests} requests{trouble}), {back}."
+        )
+    if ev.unattributed:
+        out.append(
+            f"unattributed: {ev.unattributed}, balancer answered itself ({ev.unattributed_reason})."
+        )
     return out
 
 
@@ -228,6 +255,7 @@ def replica_table(summary: RunSummary) -> Table:
                 r.sent,
                 pct(r.share),
                 r.errors,
+                r.balancer_errors,
                 ms(r.ttft_p50),
                 ms(r.ttft_p99),
                 ms(r.e2e_p50),
@@ -238,8 +266,8 @@ def replica_table(summary: RunSummary) -> Table:
             )
         )
     cols = (
-        "Replica", "Sent", "Share (%)", "Errors", "TTFT P50 (ms)", "TTFT P99 (ms)",
-        "E2E P50 (ms)", "E2E P99 (ms)", "Busy (%)", "KV avg (%)", "Waiting avg",
+        "Replica", "Sent", "Share (%)", "Errors", "By balancer", "TTFT P50 (ms)",
+        "TTFT P99 (ms)", "E2E P50 (ms)", "E2E P99 (ms)", "Busy (%)", "KV avg (%)", "Waiting avg",
     )  # fmt: skip
     return Table(cols, tuple(rows))
 

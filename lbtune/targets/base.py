@@ -291,6 +291,12 @@ class ReplicaRow:
     """Its live weight (the same in each of the balancer's per-model pools), if any."""
     active: int | None = None
     """Sessions or requests open through the balancer to it now; ``None``: cannot say."""
+    down: bool | None = None
+    """The balancer sends it nothing because its health checks failed (or an operator put
+    it in maintenance); ``None``: this balancer cannot say (stress reports "unknown")."""
+    failures: int | None = None
+    """Connection and response errors the balancer has counted against it since it
+    started; ``None``: cannot say."""
 
 
 class Supervisor(Protocol):

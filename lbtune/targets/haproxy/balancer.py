@@ -54,6 +54,12 @@ def servers_missing(runtime: HaproxyRuntime, replicas: list[str], balancer_url: 
     return None
 
 
+def _count(row: Mapping[str, str], column: str) -> int:
+    """A ``show stat`` counter (empty where HAProxy leaves it out: 0)."""
+    value = row.get(column) or "0"
+    return int(value) if value.isdigit() else 0
+
+
 class HaproxyWeights:
     """Per-replica weights through the runtime API: a replica's weight is set in every
     backend its server is in (one per model it serves, and ``all``)."""
@@ -129,7 +135,9 @@ class HaproxyBalancer:
         return [] if found is None else [found]
 
     def replica_rows(self, endpoints: Endpoints) -> list[ReplicaRow]:
-        """``show stat``: the ``all`` backend's status, sessions summed over the backends."""
+        """``show stat``: the ``all`` backend's status, sessions and errors (``econ`` +
+        ``eresp``) summed over the backends; down is ``DOWN*`` or ``MAINT*`` (``UP 1/2``:
+        a check failed, still up)."""
         try:
             stats = HaproxyRuntime(HaproxyFiles.of(endpoints).runtime_socket).stat()
         except (TargetError, ClusterError, OSError):
@@ -141,7 +149,9 @@ class HaproxyBalancer:
                 continue
             main = next((s for s in mine if s.backend == ALL_BACKEND), mine[0])
             active = sum(s.scur for s in mine)
-            rows.append(ReplicaRow(r.name, main.status, main.weight, active))
+            failures = sum(_count(s.raw, "econ") + _count(s.raw, "eresp") for s in mine)
+            down = main.status.startswith(("DOWN", "MAINT"))
+            rows.append(ReplicaRow(r.name, main.status, main.weight, active, down, failures))
         return rows
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> HaproxyTarget:
