@@ -10,19 +10,12 @@ fractional digits, UTC) or a number of seconds. Example::
 
 from __future__ import annotations
 
-import csv
 import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from lbtune.scenario.traces.rows import (
-    Monotonic,
-    TraceRow,
-    as_float,
-    as_int,
-    bad,
-    require_columns,
-)
+from lbtune.scenario.traces.csvfile import CsvLine, read_csv
+from lbtune.scenario.traces.rows import TraceRow, as_float, bad
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _STAMP = re.compile(r"^\s*(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)(\.\d+)?\s*(Z|[+-]00:?00)?\s*$")
@@ -42,24 +35,11 @@ def parse_time(path: str, line: int, column: str, raw: str) -> float:
     return base.timestamp() + (float(m.group(3)) if m.group(3) else 0.0)
 
 
+def _row(c: CsvLine) -> TraceRow:
+    prompt = c.whole("ContextTokens", minimum=1)
+    out = c.whole("GeneratedTokens")
+    return TraceRow(line=c.line, t=c.t, prompt_tokens=prompt, output_tokens=max(out, 1))
+
+
 def read(path: Path, shown: str) -> list[TraceRow]:
-    rows: list[TraceRow] = []
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        require_columns(shown, header, COLUMNS)
-        assert header is not None
-        idx = {name.strip(): k for k, name in enumerate(header)}
-        order = Monotonic(shown, "TIMESTAMP")
-        for cells in reader:
-            line = reader.line_num
-            if not cells or all(not c.strip() for c in cells):
-                continue
-            if len(cells) != len(header):
-                raise bad(shown, line, None, f"expected {len(header)} fields, found {len(cells)}")
-            t = parse_time(shown, line, "TIMESTAMP", cells[idx["TIMESTAMP"]])
-            order.check(line, t)
-            prompt = as_int(shown, line, "ContextTokens", cells[idx["ContextTokens"]], minimum=1)
-            out = as_int(shown, line, "GeneratedTokens", cells[idx["GeneratedTokens"]])
-            rows.append(TraceRow(line=line, t=t, prompt_tokens=prompt, output_tokens=max(out, 1)))
-    return rows
+    return read_csv(path, shown, COLUMNS, "TIMESTAMP", _row, parse_time)

@@ -11,46 +11,24 @@ become ``max_tokens: 1``. Only the first four columns are required. Example::
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
-from lbtune.scenario.traces.rows import (
-    Monotonic,
-    TraceRow,
-    as_float,
-    as_int,
-    bad,
-    require_columns,
-)
+from lbtune.scenario.traces.csvfile import CsvLine, read_csv
+from lbtune.scenario.traces.rows import TraceRow, bad
 
 COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
 
 
+def _row(c: CsvLine) -> TraceRow:
+    model = c.cell("Model").strip()
+    if not model:
+        raise bad(c.shown, c.line, "Model", "empty model name")
+    prompt = c.whole("Request tokens", minimum=1)
+    out = c.whole("Response tokens")
+    return TraceRow(
+        line=c.line, t=c.t, prompt_tokens=prompt, output_tokens=max(out, 1), model=model
+    )
+
+
 def read(path: Path, shown: str) -> list[TraceRow]:
-    rows: list[TraceRow] = []
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        require_columns(shown, header, COLUMNS)
-        assert header is not None
-        idx = {name.strip(): k for k, name in enumerate(header)}
-        order = Monotonic(shown, "Timestamp")
-        for cells in reader:
-            line = reader.line_num
-            if not cells or all(not c.strip() for c in cells):
-                continue
-            if len(cells) != len(header):
-                raise bad(shown, line, None, f"expected {len(header)} fields, found {len(cells)}")
-            t = as_float(shown, line, "Timestamp", cells[idx["Timestamp"]])
-            order.check(line, t)
-            model = cells[idx["Model"]].strip()
-            if not model:
-                raise bad(shown, line, "Model", "empty model name")
-            prompt = as_int(shown, line, "Request tokens", cells[idx["Request tokens"]], minimum=1)
-            out = as_int(shown, line, "Response tokens", cells[idx["Response tokens"]])
-            rows.append(
-                TraceRow(
-                    line=line, t=t, prompt_tokens=prompt, output_tokens=max(out, 1), model=model
-                )
-            )
-    return rows
+    return read_csv(path, shown, COLUMNS, "Timestamp", _row)

@@ -27,7 +27,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist, median
+from statistics import NormalDist
 from typing import Any, Literal
 
 from lbtune import tokens
@@ -79,8 +79,13 @@ def fit_lengths(values: list[int], kind: Kind = "auto") -> LengthFit:
     if lo == hi:
         return LengthFit({"type": "fixed", "value": max(lo, 1)}, "fixed (every length equal)", 0.0)
     if kind == "lognormal" or (kind == "auto" and ks <= KS_OK):
-        dist = {"type": "lognormal", "median": round(math.exp(mu), 2), "sigma": round(sigma, 4),
-                "min": max(lo, 1), "max": max(hi, 1)}  # fmt: skip
+        dist = {
+            "type": "lognormal",
+            "median": round(math.exp(mu), 2),
+            "sigma": round(sigma, 4),
+            "min": max(lo, 1),
+            "max": max(hi, 1),
+        }
         return LengthFit(dist, f"lognormal (KS distance {ks:.3f})", ks)
     table: dict[float, int] = {}
     last = 0
@@ -153,8 +158,13 @@ def fit_trace(
     if sessions is not None:
         doc["sessions"] = sessions
         fits["sessions"] = f"{sessions['fraction']:.1%} of requests are session turns"
-    doc["fitted"] = {"trace": str(path), "format": fmt, "requests": len(rows),
-                     "percentiles": trace_pcts, "fit": fits}  # fmt: skip
+    doc["fitted"] = {
+        "trace": str(path),
+        "format": fmt,
+        "requests": len(rows),
+        "percentiles": trace_pcts,
+        "fit": fits,
+    }
     return doc
 
 
@@ -187,7 +197,7 @@ def _prefix(rows: list[TraceRow], block: int) -> tuple[dict[str, Any] | None, di
         return None, {}
     groups = sum(1 for r in seen.values() if id(r) in shared)
     sharers = len(shared)
-    tokens_ = max(round(median(shared.values())), 1)
+    tokens_ = max(round(percentile(list(shared.values()), 50)), 1)
     return (
         {
             "groups": groups,
@@ -204,5 +214,7 @@ def _sessions(rows: list[TraceRow]) -> dict[str, Any] | None:
     if not multi:
         return None
     in_sessions = sum(multi.values())
-    return {"fraction": round(in_sessions / len(rows), 4),
-            "turns": min(max(round(median(multi.values())), 2), 256)}  # fmt: skip
+    return {
+        "fraction": round(in_sessions / len(rows), 4),
+        "turns": min(max(round(percentile(list(multi.values()), 50)), 2), 256),
+    }
