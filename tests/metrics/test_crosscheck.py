@@ -135,8 +135,7 @@ def test_a_thin_tail_reaches_the_buckets_of_requests_from_before_the_window() ->
     request, a little further than the one below: Prometheus' P99 came out at 50.03 ms.
     """
     bounds = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125)
-    ttfts = [0.02 + 0.0001 * i for i in range(101)] + [0.033, 0.0335, 0.0336, 0.0338, 0.034,
-                                                        0.0343]  # fmt: skip
+    ttfts = [0.02 + 0.0001 * i for i in range(101)] + [0.033, 0.0335, 0.0336, 0.0338, 0.034, 0.0343]
     window = Window(T0, T0 + 11)
     inside = [rec(i, sent=T0 + i * 0.09, ttft=t, e2e=0.1) for i, t in enumerate(ttfts)]
     early = rec(500, sent=T0 - 0.5, ttft=0.0564, e2e=0.2)  # ended before the window

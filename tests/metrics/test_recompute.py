@@ -74,9 +74,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Path]]:
             scen.write_text(SCENARIO.format(seed=seed))
             report = base / f"run-{seed}"
             proc = _lbtune(
-                "stress", "--scenario", str(scen), "--duration", "14",
-                "--state-dir", str(ep.state_dir), "--out", str(report), "--json",
-            )  # fmt: skip
+                "stress",
+                "--scenario",
+                str(scen),
+                "--duration",
+                "14",
+                "--state-dir",
+                str(ep.state_dir),
+                "--out",
+                str(report),
+                "--json",
+            )
             assert proc.returncode == 0, proc.stderr[-3000:]
             out.append(report)
     yield out

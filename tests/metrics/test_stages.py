@@ -123,9 +123,14 @@ def test_summarize_reports_recovery_and_knee() -> None:
     assert s.stages[1].recovery_s == pytest.approx(3.0)
     assert s.knee_stage == 0 and s.knee_offered_load == 5.0  # the spike stage sent nothing
     never = summarize(
-        _spike_run(), run_start=T0, window=Window(T0, T0 + 26), scenario="surge",
-        target="t", slo=Slo(ttft_s=0.05), stages=stages,
-    )  # fmt: skip
+        _spike_run(),
+        run_start=T0,
+        window=Window(T0, T0 + 26),
+        scenario="surge",
+        target="t",
+        slo=Slo(ttft_s=0.05),
+        stages=stages,
+    )
     assert never.recovery_s is None and never.recovered is False
 
 

@@ -56,9 +56,14 @@ def test_itl_tpot_and_latency_from_schedule() -> None:
     # Chunks at +0.1, +0.15, +0.3: ITLs 0.05 and 0.15.
     # TPOT = (E2E - TTFT) / (tokens - 1) = (0.3 - 0.1) / (5 - 1) = 0.05.
     r = rec(
-        0, sent=T0, ttft=0.1, e2e=0.3, output_tokens=5, scheduled=T0 - 0.02,
+        0,
+        sent=T0,
+        ttft=0.1,
+        e2e=0.3,
+        output_tokens=5,
+        scheduled=T0 - 0.02,
         chunks=(T0 + 0.1, T0 + 0.15, T0 + 0.3),
-    )  # fmt: skip
+    )
     r2 = rec(1, sent=T0 + 1, ttft=0.2, e2e=0.4, output_tokens=5, scheduled=T0 + 1 - 0.04)
     lat = latencies([r, r2])
     assert sorted(round(x, 9) for x in r.itls) == [0.05, 0.15]
@@ -105,9 +110,13 @@ def test_every_request_in_exactly_one_outcome() -> None:
     out = outcomes(records)
     assert out.sent == 10 == sum(out.counts.values())
     assert dict(out.counts) == {
-        "ok": 6, "http_error": 2, "broken_stream": 1, "timeout": 1, "connect_error": 0,
+        "ok": 6,
+        "http_error": 2,
+        "broken_stream": 1,
+        "timeout": 1,
+        "connect_error": 0,
         "cancelled": 0,
-    }  # fmt: skip
+    }
     assert out.error_rate == pytest.approx(0.4)
     assert out.rates["http_error"] == pytest.approx(0.2)
     assert outcomes([]).error_rate is None
@@ -235,9 +244,15 @@ def test_one_ttft_p99_in_the_summary() -> None:
         client=PromClientSide(ttft_p99=1.19, ttft_buckets=bounds, e2e_buckets=bounds),
     )
     s = summarize(
-        streamed + whole, run_start=T0, window=window, scenario="mixed", target="t",
-        slo=Slo(ttft_s=1.0), server=server, scrape_interval_s=1.0,
-    )  # fmt: skip
+        streamed + whole,
+        run_start=T0,
+        window=window,
+        scenario="mixed",
+        target="t",
+        slo=Slo(ttft_s=1.0),
+        server=server,
+        scrape_interval_s=1.0,
+    )
     # 120 TTFTs 0.01..1.20: P99 at h = 119 * 0.99 = 117.81 -> 1.18 + 0.81 * 0.01 = 1.1881.
     expected = percentile([r.ttft for r in streamed if r.ttft is not None], 99)
     assert expected == pytest.approx(1.1881)
@@ -257,8 +272,12 @@ def test_slo_check_without_streamed_requests() -> None:
         for i in range(20)
     ]
     s = summarize(
-        whole, run_start=T0, window=Window(T0, T0 + 10), scenario="x", target="y",
+        whole,
+        run_start=T0,
+        window=Window(T0, T0 + 10),
+        scenario="x",
+        target="y",
         slo=Slo(ttft_s=0.1),
-    )  # fmt: skip
+    )
     check = {c.name: c for c in s.slo_checks}["p99_ttft"]
     assert check.value is None and check.ok is None and "no streamed request" in check.detail

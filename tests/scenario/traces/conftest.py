@@ -35,9 +35,13 @@ def mooncake_text(n: int, gap_ms: float = 100.0, shared: int = 2) -> str:
     for i in range(n):
         hashes = [*list(range(shared)), 1000 + 2 * i, 1001 + 2 * i]
         rows.append(
-            {"timestamp": i * gap_ms, "input_length": 512 * (shared + 1) + 100 + i,
-             "output_length": 4 + i % 5, "hash_ids": hashes}
-        )  # fmt: skip
+            {
+                "timestamp": i * gap_ms,
+                "input_length": 512 * (shared + 1) + 100 + i,
+                "output_length": 4 + i % 5,
+                "hash_ids": hashes,
+            }
+        )
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 

@@ -18,37 +18,79 @@ BG = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
 
 CASES = [
     # (format, file name, content, expected fragments)
-    ("azure", "a.csv", AZ + "2023-11-16 18:15:46.68,10,5\n2023-11-16 18:15:47,ten,5\n",
-     ["a.csv:3:", "'ContextTokens'", "whole number", "'ten'"]),
-    ("azure", "a.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,10\n",
-     ["a.csv:1:", "'GeneratedTokens'", "missing column"]),
-    ("azure", "a.csv", AZ + "2023-11-16 18:15:47,10,5\n2023-11-16 18:15:46,10,5\n",
-     ["a.csv:3:", "'TIMESTAMP'", "go back"]),
+    (
+        "azure",
+        "a.csv",
+        AZ + "2023-11-16 18:15:46.68,10,5\n2023-11-16 18:15:47,ten,5\n",
+        ["a.csv:3:", "'ContextTokens'", "whole number", "'ten'"],
+    ),
+    (
+        "azure",
+        "a.csv",
+        "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,10\n",
+        ["a.csv:1:", "'GeneratedTokens'", "missing column"],
+    ),
+    (
+        "azure",
+        "a.csv",
+        AZ + "2023-11-16 18:15:47,10,5\n2023-11-16 18:15:46,10,5\n",
+        ["a.csv:3:", "'TIMESTAMP'", "go back"],
+    ),
     ("azure", "a.csv", AZ + "yesterday,10,5\n", ["a.csv:2:", "'TIMESTAMP'", "'yesterday'"]),
     ("azure", "a.csv", AZ + "2023-11-16 18:15:47,10\n", ["a.csv:2:", "expected 3 fields"]),
-    ("burstgpt", "b.csv", BG + "0,ChatGPT,10,5,15,x\n1,ChatGPT,-3,5,2,x\n",
-     ["b.csv:3:", "'Request tokens'", ">= 1"]),
-    ("burstgpt", "b.csv", BG + "5,ChatGPT,10,5,15,x\n2,ChatGPT,10,5,15,x\n",
-     ["b.csv:3:", "'Timestamp'", "go back"]),
-    ("mooncake", "m.jsonl",
-     '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1,\n',
-     ["m.jsonl:2:", "invalid JSON"]),
-    ("mooncake", "m.jsonl", '{"timestamp": 0, "output_length": 1}\n',
-     ["m.jsonl:1:", "'input_length'", "missing field"]),
-    ("mooncake", "m.jsonl",
-     '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": "x"}\n',
-     ["m.jsonl:1:", "'hash_ids'", "list of integers"]),
-    ("mooncake", "m.jsonl", '{"timestamp": 9, "input_length": 5, "output_length": 1}\n'
-     '{"timestamp": 3, "input_length": 5, "output_length": 1}\n', ["m.jsonl:2:", "go back"]),
-    ("mooncake", "m.jsonl",
-     '{"timestamp": 0, "input_length": 5, "output_length": 1, "tokens": 3}\n',
-     ["m.jsonl:1:", "'tokens'", "unknown field"]),
-    ("sharegpt", "s.json", '[\n{"conversations": [{"from": "human", "value": "hi"}]},\n'
-     '{"conversations": [{"from": "robot", "value": "x"}]}\n]',
-     ["s.json:3:", "'conversations[0].from'", "unknown role"]),
+    (
+        "burstgpt",
+        "b.csv",
+        BG + "0,ChatGPT,10,5,15,x\n1,ChatGPT,-3,5,2,x\n",
+        ["b.csv:3:", "'Request tokens'", ">= 1"],
+    ),
+    (
+        "burstgpt",
+        "b.csv",
+        BG + "5,ChatGPT,10,5,15,x\n2,ChatGPT,10,5,15,x\n",
+        ["b.csv:3:", "'Timestamp'", "go back"],
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1,\n',
+        ["m.jsonl:2:", "invalid JSON"],
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        '{"timestamp": 0, "output_length": 1}\n',
+        ["m.jsonl:1:", "'input_length'", "missing field"],
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": "x"}\n',
+        ["m.jsonl:1:", "'hash_ids'", "list of integers"],
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        '{"timestamp": 9, "input_length": 5, "output_length": 1}\n'
+        '{"timestamp": 3, "input_length": 5, "output_length": 1}\n',
+        ["m.jsonl:2:", "go back"],
+    ),
+    (
+        "mooncake",
+        "m.jsonl",
+        '{"timestamp": 0, "input_length": 5, "output_length": 1, "tokens": 3}\n',
+        ["m.jsonl:1:", "'tokens'", "unknown field"],
+    ),
+    (
+        "sharegpt",
+        "s.json",
+        '[\n{"conversations": [{"from": "human", "value": "hi"}]},\n'
+        '{"conversations": [{"from": "robot", "value": "x"}]}\n]',
+        ["s.json:3:", "'conversations[0].from'", "unknown role"],
+    ),
     ("sharegpt", "s.json", '{"conversations": []}', ["s.json:1:", "JSON array"]),
     ("lbtune", "r.parquet", "not parquet", ["r.parquet", "not a Parquet file"]),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("fmt", "name", "content", "needles"), CASES)
@@ -102,10 +144,24 @@ def test_stress_with_a_bad_trace_is_one_line_exit_2_and_sends_nothing(
     p.write_text(AZ + f"2023-11-16 18:15:46.68,10,5\n2023-11-16 18:15:47,{bad_row},5\n")
     # A target nothing listens on: the error must come before any connection is tried.
     proc = subprocess.run(
-        [sys.executable, "-m", "lbtune", "stress", "--trace", str(p), *args,
-         "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=60, env=dict(os.environ),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lbtune",
+            "stress",
+            "--trace",
+            str(p),
+            *args,
+            "--target",
+            "http://127.0.0.1:9",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines

@@ -39,8 +39,16 @@ def _lognormal_mooncake(path: Path, n: int, cv: float, seed: int = 3) -> list[in
             ids = [200_000 + 10 * i + j for j in range(new // 512 + 1)]
             prompt = new
         lengths.append(new)
-        lines.append(json.dumps({"timestamp": round(t, 3), "input_length": prompt,
-                                 "output_length": 50 + i % 40, "hash_ids": ids}))  # fmt: skip
+        lines.append(
+            json.dumps(
+                {
+                    "timestamp": round(t, 3),
+                    "input_length": prompt,
+                    "output_length": 50 + i % 40,
+                    "hash_ids": ids,
+                }
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
     return lengths
 
@@ -114,10 +122,22 @@ def test_fit_of_a_bad_trace_is_one_line_exit_2(tmp_path: Path) -> None:
     p.write_text("TIMESTAMP,ContextTokens\n1,2\n")
     out = tmp_path / "x.yaml"
     proc = subprocess.run(
-        [sys.executable, "-m", "lbtune", "scenarios", "fit", str(p), "--format", "azure",
-         "-o", str(out)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lbtune",
+            "scenarios",
+            "fit",
+            str(p),
+            "--format",
+            "azure",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "a.csv:1: column 'GeneratedTokens'" in lines[0]

@@ -48,9 +48,11 @@ def test_burstgpt_keeps_served_models_and_a_failed_row_asks_for_one_token(
     traces: dict[str, Path],
 ) -> None:
     sc = scenario_from_dict(
-        {"source": {"trace": str(traces["burstgpt"]), "format": "burstgpt"},
-         "models": {"llama-3.1-8b-instruct": 1, "other": 1}}
-    )  # fmt: skip
+        {
+            "source": {"trace": str(traces["burstgpt"]), "format": "burstgpt"},
+            "models": {"llama-3.1-8b-instruct": 1, "other": 1},
+        }
+    )
     w = build_workload(sc)
     assert w.request(0).model == "llama-3.1-8b-instruct"  # in the trace, and served
     assert {w.request(i).model for i in range(12)} <= {"llama-3.1-8b-instruct", "other"}
@@ -112,9 +114,13 @@ def test_mooncake_shared_blocks_become_exactly_the_shared_prefix(traces: dict[st
 
 def test_sharegpt_replays_real_texts_as_sessions(traces: dict[str, Path]) -> None:
     sc = scenario_from_dict(
-        {"source": {"trace": str(traces["sharegpt"]), "format": "sharegpt"},
-         "load": {"type": "rate", "rate": 5}, "duration_s": 4, "turn_gap": 2}
-    )  # fmt: skip
+        {
+            "source": {"trace": str(traces["sharegpt"]), "format": "sharegpt"},
+            "load": {"type": "rate", "rate": 5},
+            "duration_s": 4,
+            "turn_gap": 2,
+        }
+    )
     w = build_workload(sc)
     specs = [w.request(i) for i in range(9)]
     firsts = [s for s in specs if s.turn == 0]
@@ -140,13 +146,20 @@ def test_a_run_replays_exactly_from_its_requests_parquet(tmp_path: Path) -> None
     arrivals = plan.load_plan().arrivals[:15]
     recs = [
         RequestRecord(
-            request_id=f"r{i}", index=i, model="m", api="chat", stream=True,
-            sent_at=1000 + t + 0.001, ended_at=1000 + t + 0.5, outcome="ok",
-            scheduled_at=1000 + t, prompt_tokens=recorded.request(i).prompt_tokens,
+            request_id=f"r{i}",
+            index=i,
+            model="m",
+            api="chat",
+            stream=True,
+            sent_at=1000 + t + 0.001,
+            ended_at=1000 + t + 0.5,
+            outcome="ok",
+            scheduled_at=1000 + t,
+            prompt_tokens=recorded.request(i).prompt_tokens,
             output_tokens=recorded.request(i).max_tokens,
         )
         for i, t in enumerate(arrivals)
-    ]  # fmt: skip
+    ]
     write_parquet(recs, run / "requests.parquet")
     sc = load_scenario(trace_ref(run / "requests.parquet", "lbtune"))
     replay = build_workload(sc)

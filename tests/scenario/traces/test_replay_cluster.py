@@ -33,9 +33,13 @@ def _trace(path: Path, shared: bool) -> Path:
     for i in range(N):
         lead = [7, 8] if shared else [10_000 + 3 * i, 10_001 + 3 * i]
         rows.append(
-            {"timestamp": i * 80, "input_length": 1024 + 64, "output_length": 4,
-             "hash_ids": [*lead, 20_000 + i]}
-        )  # fmt: skip
+            {
+                "timestamp": i * 80,
+                "input_length": 1024 + 64,
+                "output_length": 4,
+                "hash_ids": [*lead, 20_000 + i],
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -52,10 +56,12 @@ def _replay(cluster: Any, trace: Path, out: Path) -> tuple[float, Any]:
     before = _hits(cluster)
     result = run_stress(
         StressOptions(
-            scenario=trace_ref(trace, "mooncake", 2.0), state_dir=Path(cluster.state_dir),
-            out_dir=out, write_report=False,
+            scenario=trace_ref(trace, "mooncake", 2.0),
+            state_dir=Path(cluster.state_dir),
+            out_dir=out,
+            write_report=False,
         )
-    )  # fmt: skip
+    )
     return _hits(cluster) - before, result
 
 
@@ -94,10 +100,25 @@ def test_stress_trace_shortcut_runs_the_trace_and_names_it(cluster: Any, tmp_pat
     trace.write_text(azure_text(16, gap=0.2))
     out = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "-m", "lbtune", "stress", "--trace", str(trace), "--speedup", "2",
-         "--state-dir", str(cluster.state_dir), "--out", str(out), "--json"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lbtune",
+            "stress",
+            "--trace",
+            str(trace),
+            "--speedup",
+            "2",
+            "--state-dir",
+            str(cluster.state_dir),
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["scenario"] == "trace azure.csv (azure, from 0 s, all requests, x2 speed)"
