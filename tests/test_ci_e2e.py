@@ -93,8 +93,9 @@ def runs(cluster: Any, scenario: Path, tmp_path_factory: pytest.TempPathFactory)
     )
     out: dict[str, Any] = {}
     for name in ("a", "a2"):
-        proc = _lbtune(*common, "--out", str(root / name), "--ci",
-                       "--junit", str(root / f"{name}.xml"))  # fmt: skip
+        proc = _lbtune(
+            *common, "--out", str(root / name), "--ci", "--junit", str(root / f"{name}.xml")
+        )
         assert proc.returncode == 0, proc.stderr
         out[name] = root / name
         out[f"{name}_proc"] = proc
@@ -142,14 +143,33 @@ def test_optimize_ci_writes_junit_and_the_step_summary(
     step = tmp_path / "step-summary.md"
     junit = tmp_path / "out.xml"
     proc = _lbtune(
-        "optimize", "--ci", "--budget", "3", "--trial-duration", "8", "--confirm-runs", "1",
-        "--confirm-top", "1", "--confirm-max-rounds", "2", "--junit", str(junit),
-        "--scenario", str(scenario),
-        "--study", "ci-gate",
-        "--state-dir", str(cluster.state_dir), "--storage", f"sqlite:///{tmp_path / 's.db'}",
-        "--out", str(tmp_path / "study"),
-        env={"GITHUB_STEP_SUMMARY": str(step)}, timeout=240,
-    )  # fmt: skip
+        "optimize",
+        "--ci",
+        "--budget",
+        "3",
+        "--trial-duration",
+        "8",
+        "--confirm-runs",
+        "1",
+        "--confirm-top",
+        "1",
+        "--confirm-max-rounds",
+        "2",
+        "--junit",
+        str(junit),
+        "--scenario",
+        str(scenario),
+        "--study",
+        "ci-gate",
+        "--state-dir",
+        str(cluster.state_dir),
+        "--storage",
+        f"sqlite:///{tmp_path / 's.db'}",
+        "--out",
+        str(tmp_path / "study"),
+        env={"GITHUB_STEP_SUMMARY": str(step)},
+        timeout=240,
+    )
     assert proc.returncode in (0, 1), proc.stderr  # 1: a winner rolled back after verification
     assert "\x1b[" not in proc.stdout + proc.stderr
     assert "trial 0 (live) COMPLETE" in proc.stderr

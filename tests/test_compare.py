@@ -40,21 +40,34 @@ def records(
         bad = i % max(1, n // errors) == 0 if errors else False
         out.append(
             RequestRecord(
-                request_id=f"r{i}", index=i, model="m", api="chat", stream=True, sent_at=sent,
-                ended_at=chunks[-1] + 0.001, outcome="http_error" if bad else "ok",
-                status_code=500 if bad else 200, first_token_at=None if bad else sent + ttft,
-                chunk_times=() if bad else chunks, prompt_tokens=100, output_tokens=ntok,
+                request_id=f"r{i}",
+                index=i,
+                model="m",
+                api="chat",
+                stream=True,
+                sent_at=sent,
+                ended_at=chunks[-1] + 0.001,
+                outcome="http_error" if bad else "ok",
+                status_code=500 if bad else 200,
+                first_token_at=None if bad else sent + ttft,
+                chunk_times=() if bad else chunks,
+                prompt_tokens=100,
+                output_tokens=ntok,
                 replica=f"rep{i % 2}",
             )
-        )  # fmt: skip
+        )
     return out
 
 
 def write_run(out: Path, recs: list[RequestRecord], *, with_records: bool = True) -> Path:
     summary = summarize(
-        recs, run_start=T0, window=WINDOW, scenario="chat", target="http://127.0.0.1:8000",
+        recs,
+        run_start=T0,
+        window=WINDOW,
+        scenario="chat",
+        target="http://127.0.0.1:8000",
         slo=Slo(ttft_s=0.35, e2e_s=5.0),
-    )  # fmt: skip
+    )
     write_report(out, summary, recs)
     if with_records:
         write_parquet(recs, out / "requests.parquet")
@@ -157,13 +170,15 @@ def test_a_summary_json_file_reads_its_records_from_its_folder(runs: dict[str, P
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("p99=+10%,ttft=+10%,goodput=-5%",
-         {"e2e_p99": 0.10, "ttft_p99": 0.10, "goodput_per_s": 0.05}),
+        (
+            "p99=+10%,ttft=+10%,goodput=-5%",
+            {"e2e_p99": 0.10, "ttft_p99": 0.10, "goodput_per_s": 0.05},
+        ),
         ("p99=10%", {"e2e_p99": 0.10}),
         ("errors=+1pp", {"error_rate": 0.01}),
         ("all=0%,p99=+20%", {"e2e_p99": 0.20}),
     ],
-)  # fmt: skip
+)
 def test_parse_fail_on(text: str, expected: dict[str, float]) -> None:
     got = parse_fail_on(text)
     for k, v in expected.items():
@@ -244,8 +259,12 @@ def test_bad_input_is_one_line_exit_2(
 ) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "junk.json").write_text('{"a": 1}')
-    paths = {"a": runs["a"], "missing": tmp_path / "no-such-report", "empty": tmp_path / "empty",
-             "junk": tmp_path / "junk.json"}  # fmt: skip
+    paths = {
+        "a": runs["a"],
+        "missing": tmp_path / "no-such-report",
+        "empty": tmp_path / "empty",
+        "junk": tmp_path / "junk.json",
+    }
     proc = _lbtune("compare", *(a.format(**paths) for a in args))
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()

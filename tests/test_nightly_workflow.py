@@ -77,8 +77,9 @@ def test_workflow_runs_only_on_a_schedule_or_by_hand() -> None:
     # Secrets reach the job only as the two staging variables, nowhere else.
     text = WORKFLOW.read_text()
     assert sorted(re.findall(r"secrets\.(\w+)", text)) == [
-        "LBTUNE_STAGING_CLUSTER", "LBTUNE_STAGING_INVENTORY",
-    ]  # fmt: skip
+        "LBTUNE_STAGING_CLUSTER",
+        "LBTUNE_STAGING_INVENTORY",
+    ]
 
 
 def test_every_workflow_passes_actionlint() -> None:
@@ -102,8 +103,12 @@ def test_gitlab_job_runs_only_scheduled_and_calls_the_same_script() -> None:
 
 
 def test_nightly_script_refuses_an_unknown_step() -> None:
-    proc = subprocess.run(["bash", str(ROOT / "scripts/nightly.sh"), "nope"], capture_output=True,
-                          text=True, timeout=30)  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts/nightly.sh"), "nope"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2 and "usage" in proc.stderr
 
 
@@ -119,20 +124,29 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
     assert env["LBTUNE_STAGING_CLUSTER"] == "" and env["LBTUNE_STAGING_INVENTORY"] == ""
     nightly, report, state = tmp_path / "nightly", tmp_path / "nightly/reports/4242", tmp_path / "s"
     env.update(
-        LBTUNE_NIGHTLY_BUDGET="3", LBTUNE_NIGHTLY_TRIAL_S="8", LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
-        LBTUNE_NIGHTLY_CLUSTER="mini2", LBTUNE_NIGHTLY_DIR=str(nightly),
-        LBTUNE_NIGHTLY_REPORT=str(report), LBTUNE_STATE_DIR=str(state),
-        LBTUNE_BIN=f"{sys.executable} -m lbtune", GITHUB_STEP_SUMMARY=str(tmp_path / "summary.md"),
-    )  # fmt: skip
+        LBTUNE_NIGHTLY_BUDGET="3",
+        LBTUNE_NIGHTLY_TRIAL_S="8",
+        LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
+        LBTUNE_NIGHTLY_CLUSTER="mini2",
+        LBTUNE_NIGHTLY_DIR=str(nightly),
+        LBTUNE_NIGHTLY_REPORT=str(report),
+        LBTUNE_STATE_DIR=str(state),
+        LBTUNE_BIN=f"{sys.executable} -m lbtune",
+        GITHUB_STEP_SUMMARY=str(tmp_path / "summary.md"),
+    )
     base = {k: v for k, v in os.environ.items() if not k.startswith("LBTUNE_STAGING_")}
     full_env = {**base, **env, "CI": "true", "GITHUB_ACTIONS": "true"}
     ran, skipped = [], []
 
     def run(script: str, name: str) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=ROOT,
-            env=full_env, capture_output=True, text=True, timeout=400,
-        )  # fmt: skip
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+            cwd=ROOT,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         assert proc.returncode == 0, f"step {name!r} exited {proc.returncode}:\n{proc.stderr}"
         return proc
 

@@ -68,8 +68,10 @@ def test_pareto_values_and_front() -> None:
     assert dominates(pts[0], pts[2]) and not dominates(pts[0], pts[1])
     assert pareto_front(pts) == [0, 1, 3]
     assert values(Figures(1.0, 0.1, goodput_per_s=9.0), ObjectiveSpec(kind="pareto")) == [
-        1.0, 0.1, -9.0,
-    ]  # fmt: skip
+        1.0,
+        0.1,
+        -9.0,
+    ]
 
 
 def test_pick_rule_feasible_front_point_with_lowest_composite() -> None:

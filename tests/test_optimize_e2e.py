@@ -114,8 +114,10 @@ def test_study_killed_mid_trial_resumes_confirms_and_rolls_out(tmp_path: Path) -
         assert res.trial(0) is not None and res.trial(0).role == "live"  # type: ignore[union-attr]
         c = res.confirmation
         assert c is not None and c.verdict in (
-            "improved", "no significant improvement", "baseline is best"
-        )  # fmt: skip
+            "improved",
+            "no significant improvement",
+            "baseline is best",
+        )
         target = get_target("haproxy", endpoints)
         live = target.read_live()
         lkg = LkgStore(state, "haproxy").get()
@@ -169,11 +171,20 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
         ).raise_for_status()
         res = run_optimize(
             OptimizeOptions(
-                budget=3, scenario=str(scenario), trial_duration_s=8, study="paired",
-                storage=f"sqlite:///{tmp_path / 's.db'}", state_dir=state, confirm_runs=1,
-                confirm_top=1, confirm_max_rounds=2, apply=False, out_dir=out, seed=5,
+                budget=3,
+                scenario=str(scenario),
+                trial_duration_s=8,
+                study="paired",
+                storage=f"sqlite:///{tmp_path / 's.db'}",
+                state_dir=state,
+                confirm_runs=1,
+                confirm_top=1,
+                confirm_max_rounds=2,
+                apply=False,
+                out_dir=out,
+                seed=5,
             )
-        )  # fmt: skip
+        )
     c = res.confirmation
     trials = [(t.number, t.role, t.state, t.objective, t.fail_reason) for t in res.trials]
     assert c is not None and c.comparisons, (None if c is None else c.note, trials)

@@ -61,10 +61,20 @@ def run(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any
     out = tmp_path_factory.mktemp("stress-report")
     before = {r.name: _success_total(r.url) for r in cluster.replicas}
     proc = _lbtune(
-        "stress", "--scenario", "chat", "--duration", "14", "--users", "6",
-        "--state-dir", str(cluster.state_dir), "--out", str(out), "--json",
+        "stress",
+        "--scenario",
+        "chat",
+        "--duration",
+        "14",
+        "--users",
+        "6",
+        "--state-dir",
+        str(cluster.state_dir),
+        "--out",
+        str(out),
+        "--json",
         env={"LBTUNE_API_KEY": SECRET},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr
     after = {r.name: _success_total(r.url) for r in cluster.replicas}
     return {"proc": proc, "out": out, "before": before, "after": after}
@@ -122,10 +132,26 @@ def test_api_key_never_reaches_reports_logs_or_metrics(run: dict[str, Any], clus
 
 def test_ctrl_c_stops_cleanly_and_writes_a_partial_report(cluster: Any, tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lbtune", "stress", "--scenario", "chat", "--duration", "60",
-         "--users", "4", "--state-dir", str(cluster.state_dir), "--out", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lbtune",
+            "stress",
+            "--scenario",
+            "chat",
+            "--duration",
+            "60",
+            "--users",
+            "4",
+            "--state-dir",
+            str(cluster.state_dir),
+            "--out",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not list(tmp_path.glob("records-*.jsonl")):
         time.sleep(0.2)
@@ -164,8 +190,9 @@ def test_unreachable_target_fails_within_5_s(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends: nothing listens there
     began = time.monotonic()
-    proc = _lbtune("stress", "--target", f"http://127.0.0.1:{port}", "--duration", "5",
-                   "--out", str(tmp_path))  # fmt: skip
+    proc = _lbtune(
+        "stress", "--target", f"http://127.0.0.1:{port}", "--duration", "5", "--out", str(tmp_path)
+    )
     assert time.monotonic() - began < 5 + 3  # interpreter start-up on a loaded machine
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "unreachable" in proc.stderr
@@ -181,10 +208,13 @@ def test_every_builtin_scenario_runs_briefly(cluster: Any, name: str, tmp_path: 
 
     result = run_stress(
         StressOptions(
-            scenario=name, duration_s=6, state_dir=Path(cluster.state_dir), out_dir=tmp_path,
+            scenario=name,
+            duration_s=6,
+            state_dir=Path(cluster.state_dir),
+            out_dir=tmp_path,
             write_report=False,
         )
-    )  # fmt: skip
+    )
     counts = result.summary.all_outcomes.counts
     assert counts["ok"] > 0, counts
     errors = {k: v for k, v in counts.items() if k not in ("ok", "cancelled") and v}
@@ -206,11 +236,20 @@ def test_report_html_renders_its_plots_in_headless_chromium(
     assert browser, "chromium is installed by scripts/setup.sh"
     shot = tmp_path / "report.png"
     subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         f"--screenshot={shot}", "--window-size=1280,1600",
-         (run["out"] / "report.html").as_uri()],
-        capture_output=True, timeout=90, check=True,
-    )  # fmt: skip
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            "--window-size=1280,1600",
+            (run["out"] / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        timeout=90,
+        check=True,
+    )
     pixels = matplotlib.image.imread(str(shot))
     assert pixels.shape[0] >= 1600 and pixels.shape[1] >= 1280
     # A rendered page with plots has many distinct colours; a blank page has one.

@@ -57,9 +57,12 @@ def test_replica_crash_and_prometheus_loss_mid_run(tmp_path: Path) -> None:
         failed_on_l4 = [r for r in records if r.replica == "l4-0" and r.outcome == "broken_stream"]
         assert failed_on_l4, "the streams cut by the crash must be counted against l4-0"
         later_ok = [
-            r for r in records if r.outcome == "ok" and r.replica == "h100-0"
+            r
+            for r in records
+            if r.outcome == "ok"
+            and r.replica == "h100-0"
             and r.sent_at > min(x.ended_at for x in failed_on_l4)
-        ]  # fmt: skip
+        ]
         assert later_ok, "the run must go on on the surviving replica"
         summary = result.summary
         assert summary.all_outcomes.sent == len(records)

@@ -71,10 +71,23 @@ def _build_wheel(tmp: Path) -> Path:
     )
     dist = tmp / "dist"
     proc = _run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "--no-index", "-w", str(dist), str(src)],
-        cwd=tmp, env=dict(os.environ), timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(dist),
+            str(src),
+        ],
+        cwd=tmp,
+        env=dict(os.environ),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = dist.glob("lbtune-*.whl")
     return wheel
@@ -89,15 +102,28 @@ def _make_venv(tmp: Path, wheel: Path) -> Path:
     py = venv / "bin" / "python"
     site = _run(
         [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        cwd=tmp, env=dict(os.environ),
-    ).stdout.strip()  # fmt: skip
+        cwd=tmp,
+        env=dict(os.environ),
+    ).stdout.strip()
     deps = sysconfig.get_paths()["purelib"]
     (Path(site) / "_lbtune_test_deps.pth").write_text(deps + "\n")
     proc = _run(
-        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-         "--no-index", str(wheel)],
-        cwd=tmp, env=dict(os.environ), timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        cwd=tmp,
+        env=dict(os.environ),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ours = Path(sys.executable).parent
     for script in ours.glob("ansible*"):
@@ -140,8 +166,9 @@ def test_the_installed_wheel_runs_cluster_stress_optimize_apply(
 
     where = _run(
         [str(bindir / "python"), "-c", "import lbtune; print(lbtune.__file__)"],
-        cwd=work, env=env,
-    ).stdout.strip()  # fmt: skip
+        cwd=work,
+        env=env,
+    ).stdout.strip()
     assert Path(where).is_relative_to(bindir.parent), where
     assert not Path(where).is_relative_to(CHECKOUT), where
 
@@ -158,8 +185,21 @@ def test_the_installed_wheel_runs_cluster_stress_optimize_apply(
     assert len(summaries) == 1, list((work / "reports").iterdir())
     assert json.loads(summaries[0].read_text())["throughput"]["completed"] > 0
 
-    run("optimize", "--scenario", "wheel.yaml", "--budget", "2", "--trial-duration", "6",
-        "--confirm-runs", "0", "--study", "wheel", "--ci", timeout=300)  # fmt: skip
+    run(
+        "optimize",
+        "--scenario",
+        "wheel.yaml",
+        "--budget",
+        "2",
+        "--trial-duration",
+        "6",
+        "--confirm-runs",
+        "0",
+        "--study",
+        "wheel",
+        "--ci",
+        timeout=300,
+    )
     assert (work / "reports" / "studies.db").is_file()
     studies = list((work / "reports").glob("*-optimize-wheel/study.json"))
     assert len(studies) == 1, list((work / "reports").iterdir())

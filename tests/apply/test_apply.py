@@ -84,9 +84,11 @@ def test_a_playbook_failing_halfway_rolls_back_to_the_last_known_good(
         match=r"FAILED at task 'Injected failure.*rolled back to the last known good .* from good",
     ):
         apply_params(
-            fresh, {"weight.h100-0": 5, "algorithm": "leastconn"}, via="ansible",
+            fresh,
+            {"weight.h100-0": 5, "algorithm": "leastconn"},
+            via="ansible",
             extravars={"lbtune_fail_after_apply": True},
-        )  # fmt: skip
+        )
     live = fresh.read_live()
     assert live["weight.h100-0"] == 70 and live["algorithm"] == "roundrobin"
 
@@ -95,9 +97,11 @@ def test_a_config_haproxy_rejects_through_ansible_keeps_the_old_one(fresh: Hapro
     pid = fresh.worker_pid()
     with pytest.raises(RejectedBeforeApply, match="HAProxy rejects the new config"):
         apply_params(
-            fresh, {"algorithm": "leastconn"}, via="ansible",
+            fresh,
+            {"algorithm": "leastconn"},
+            via="ansible",
             extravars={"lbtune_options": {"template_overrides": BOGUS_QUEUE}},
-        )  # fmt: skip
+        )
     assert fresh.worker_pid() == pid and fresh.read_live()["algorithm"] == "roundrobin"
 
 
@@ -181,21 +185,29 @@ def test_an_unreachable_host_is_reported_and_no_host_is_left_half_applied(
     inventory = tmp_path / "two-hosts.yml"
     inventory.write_text(
         yaml.safe_dump(
-            {"all": {"children": {"balancers": {
-                "vars": {"lbtune_serial": 1},
-                "hosts": {
-                    "localhost": {
-                        "ansible_connection": "local",
-                        "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                    },
-                    "lb-down": {
-                        "ansible_host": "127.0.0.1", "ansible_port": closed_port,
-                        "ansible_connection": "ssh", "ansible_ssh_timeout": 3,
-                    },
-                },
-            }}}}
+            {
+                "all": {
+                    "children": {
+                        "balancers": {
+                            "vars": {"lbtune_serial": 1},
+                            "hosts": {
+                                "localhost": {
+                                    "ansible_connection": "local",
+                                    "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                                },
+                                "lb-down": {
+                                    "ansible_host": "127.0.0.1",
+                                    "ansible_port": closed_port,
+                                    "ansible_connection": "ssh",
+                                    "ansible_ssh_timeout": 3,
+                                },
+                            },
+                        }
+                    }
+                }
+            }
         )
-    )  # fmt: skip
+    )
     with pytest.raises(ApplyError) as err:
         apply_params(fresh, {"weight.h100-0": 9}, via="ansible", inventory=inventory)
     message = str(err.value)

@@ -37,8 +37,12 @@ def test_piped_help_is_wider_than_80_columns() -> None:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     out = subprocess.run(
-        [sys.executable, "-m", "lbtune", "--help"], env=env, capture_output=True, text=True,
-        timeout=60, check=True,
-    ).stdout  # fmt: skip
+        [sys.executable, "-m", "lbtune", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     widths = {len(line) for line in out.splitlines()}
     assert max(widths) == PIPED_COLUMNS

@@ -41,10 +41,19 @@ MAX_GAP_S = 10.0
 
 def _progress(elapsed: float, remaining: float, in_flight: int) -> Progress:
     return Progress(
-        elapsed_s=elapsed, remaining_s=remaining, sent=40, completed=40 - in_flight,
-        requests_per_s=3.0, output_tokens_per_s=90.0, ttft_p50_s=0.02, ttft_p99_s=0.05,
-        errors=0, in_flight=in_flight, generator_lag_p99_s=None, generator_cpu_percent=None,
-    )  # fmt: skip
+        elapsed_s=elapsed,
+        remaining_s=remaining,
+        sent=40,
+        completed=40 - in_flight,
+        requests_per_s=3.0,
+        output_tokens_per_s=90.0,
+        ttft_p50_s=0.02,
+        ttft_p99_s=0.05,
+        errors=0,
+        in_flight=in_flight,
+        generator_lag_p99_s=None,
+        generator_cpu_percent=None,
+    )
 
 
 def test_stress_line_counts_down_then_says_draining() -> None:
@@ -81,11 +90,28 @@ def test_piped_optimize_prints_a_line_at_least_every_10_s(tmp_path: Path) -> Non
     scenario.write_text(SCENARIO)
     state = tmp_path / "state"
     cmd = [
-        sys.executable, "-m", "lbtune", "optimize", "--budget", "2", "--scenario", str(scenario),
-        "--trial-duration", "12", "--confirm-runs", "0", "--no-apply", "--study", "piped",
-        "--storage", f"sqlite:///{tmp_path / 'studies.db'}", "--state-dir", str(state),
-        "--out", str(tmp_path / "report"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "lbtune",
+        "optimize",
+        "--budget",
+        "2",
+        "--scenario",
+        str(scenario),
+        "--trial-duration",
+        "12",
+        "--confirm-runs",
+        "0",
+        "--no-apply",
+        "--study",
+        "piped",
+        "--storage",
+        f"sqlite:///{tmp_path / 'studies.db'}",
+        "--state-dir",
+        str(state),
+        "--out",
+        str(tmp_path / "report"),
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     env.pop("LBTUNE_CI", None)
     arrivals: list[tuple[float, str]] = []

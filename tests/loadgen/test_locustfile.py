@@ -32,11 +32,29 @@ def test_plain_locust_run_records_every_request(tmp_path: Path) -> None:
     locust = Path(sys.executable).with_name("locust")
     with run_in_thread(spec) as host:
         proc = subprocess.run(
-            [str(locust), "-f", str(ROOT / "examples" / "locustfile.py"), "--headless",
-             "-u", "2", "-r", "2", "-t", "4s", "--host", host.urls["r0"],
-             "--lbtune-scenario", "chat", "--lbtune-records-dir", str(tmp_path)],
-            capture_output=True, text=True, timeout=60, env={**os.environ},
-        )  # fmt: skip
+            [
+                str(locust),
+                "-f",
+                str(ROOT / "examples" / "locustfile.py"),
+                "--headless",
+                "-u",
+                "2",
+                "-r",
+                "2",
+                "-t",
+                "4s",
+                "--host",
+                host.urls["r0"],
+                "--lbtune-scenario",
+                "chat",
+                "--lbtune-records-dir",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ},
+        )
     assert proc.returncode in (0, 1), proc.stderr[-2000:]  # 1: Locust saw failures
     from lbtune.loadgen.recordio import finalize, read_records
 

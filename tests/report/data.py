@@ -30,8 +30,11 @@ class Step:
     label: str
 
 
-STAGES = (Step(0, 10, 4, None, "4 users"), Step(10, 20, 8, None, "8 users"),
-          Step(20, 30, 16, None, "16 users"))  # fmt: skip
+STAGES = (
+    Step(0, 10, 4, None, "4 users"),
+    Step(10, 20, 8, None, "8 users"),
+    Step(20, 30, 16, None, "16 users"),
+)
 
 
 def records() -> list[RequestRecord]:
@@ -42,8 +45,10 @@ def records() -> list[RequestRecord]:
         slow = replica == "r2"
         ttft = (0.04 if not slow else 0.2) + (i % 10) * 0.002
         out.append(rec(i, sent=T0 + i * 0.1, ttft=ttft, e2e=ttft + 0.3, replica=replica))
-    out += [rec(1000 + j, sent=T0 + 5 + j, ttft=None, e2e=1.0, outcome="http_error",
-                replica="r1") for j in range(3)]  # fmt: skip
+    out += [
+        rec(1000 + j, sent=T0 + 5 + j, ttft=None, e2e=1.0, outcome="http_error", replica="r1")
+        for j in range(3)
+    ]
     return out
 
 

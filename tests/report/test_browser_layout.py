@@ -69,14 +69,26 @@ def measure(page: Path, width: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="lbtune-chromium-") as profile:
         out = subprocess.run(
             [
-                _chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                "--no-first-run", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
-                f"--window-size={width},2000", "--virtual-time-budget=10000", "--dump-dom",
+                _chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},2000",
+                "--virtual-time-budget=10000",
+                "--dump-dom",
                 probe.as_uri(),
             ],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     found = re.search(r'<pre id="lbtune-layout">(.*?)</pre>', out.stdout, re.S)
     assert found, f"no layout from chromium (rc {out.returncode}): {out.stderr[-2000:]}"
     text = found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
@@ -89,24 +101,47 @@ def study() -> StudyResult:
     trials = []
     for i, algo in enumerate(algos):
         params: ParamSet = {
-            "weight.h100-0": 100 + 20 * i, "weight.l4-0": 100 - 10 * i, "algorithm": algo,
-            "random_draws": 2 + i % 3, "hash_bytes": 256, "hash_balance_factor": 150,
-            "queue_timeout_s": 60, "agent.a": 0.5,
-        }  # fmt: skip
+            "weight.h100-0": 100 + 20 * i,
+            "weight.l4-0": 100 - 10 * i,
+            "algorithm": algo,
+            "random_draws": 2 + i % 3,
+            "hash_bytes": 256,
+            "hash_balance_factor": 150,
+            "queue_timeout_s": 60,
+            "agent.a": 0.5,
+        }
         note = "load generator fell behind: local: TTFT P50 34.7 ms may be overstated" * (i == 2)
         trials.append(
-            TrialResult(i, "COMPLETE" if i != 2 else "FAIL", "live" if i == 0 else "sampled",
-                        params, None if i == 2 else 1.0 - 0.1 * i, None, FIG, True,
-                        fail_reason=note or None, duration_s=9.0)
-        )  # fmt: skip
+            TrialResult(
+                i,
+                "COMPLETE" if i != 2 else "FAIL",
+                "live" if i == 0 else "sampled",
+                params,
+                None if i == 2 else 1.0 - 0.1 * i,
+                None,
+                FIG,
+                True,
+                fail_reason=note or None,
+                duration_s=9.0,
+            )
+        )
     comp = Comparison(4, trials[4].params, (0.6,), (1.0,), -0.4, -0.5, -0.3, -0.4, True, True, FIG)
     conf = Confirmation("improved", 0, FIG, (comp,), winner=4, runs_per_arm=1, order=("A", "B1"))
     return StudyResult(
-        study="layout", storage="sqlite://", target="haproxy", scenario="chat", sampler="tpe",
-        spec=ObjectiveSpec(), budget=6, trials=tuple(trials), best=4, baseline=0,
+        study="layout",
+        storage="sqlite://",
+        target="haproxy",
+        scenario="chat",
+        sampler="tpe",
+        spec=ObjectiveSpec(),
+        budget=6,
+        trials=tuple(trials),
+        best=4,
+        baseline=0,
         importances={"algorithm": 0.6, "weight.h100-0": 0.3, "weight.l4-0": 0.1},
-        confirmation=conf, elapsed_s=60.0,
-    )  # fmt: skip
+        confirmation=conf,
+        elapsed_s=60.0,
+    )
 
 
 @pytest.fixture(scope="module")

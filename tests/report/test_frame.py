@@ -35,8 +35,10 @@ def test_throughput_vs_load_and_replica_points() -> None:
     s = data.summary()
     load = frame.throughput_vs_load(s)
     assert [(p.label, p.offered_load) for p in load] == [
-        ("4 users", 4.0), ("8 users", 8.0), ("16 users", 16.0),
-    ]  # fmt: skip
+        ("4 users", 4.0),
+        ("8 users", 8.0),
+        ("16 users", 16.0),
+    ]
     assert [p.meets_slo for p in load] == [False, True, True]  # stage 0: 3 errors of 103
     assert s.knee_offered_load == 16.0
     reps = frame.replica_load(s)
@@ -58,8 +60,15 @@ def test_tables_hold_the_key_figures() -> None:
     assert head["Replica balance (std-dev)"] == 0.245
     assert head["Prefix-cache hit rate"] == pytest.approx(42.0)
     outcomes = {row[0]: row[1] for row in frame.outcome_table(s).rows}
-    assert outcomes == {"ok": 280, "http_error": 3, "broken_stream": 0, "timeout": 0,
-                        "connect_error": 0, "cancelled": 0, "sent": 283}  # fmt: skip
+    assert outcomes == {
+        "ok": 280,
+        "http_error": 3,
+        "broken_stream": 0,
+        "timeout": 0,
+        "connect_error": 0,
+        "cancelled": 0,
+        "sent": 283,
+    }
     slo = {row[0]: row[3] for row in frame.slo_table(s).rows}
     assert slo == {"p99_ttft": "pass", "p99_e2e": "pass", "error_rate": "FAIL"}
     lat = frame.latency_table(s)
@@ -90,9 +99,15 @@ def test_cross_check_warning_names_the_figure_both_values_and_the_tolerance() ->
     from lbtune.metrics.summary import CountCheck, CrossCheck, QuantileCheck
 
     q = QuantileCheck(
-        "ttft_p99", 0.06, 0.3, 0.05, False,
-        "records 60.0 ms, Prometheus 300.0 ms, tolerance 25.0 ms to 250.0 ms", 0.025, 0.25,
-    )  # fmt: skip
+        "ttft_p99",
+        0.06,
+        0.3,
+        0.05,
+        False,
+        "records 60.0 ms, Prometheus 300.0 ms, tolerance 25.0 ms to 250.0 ms",
+        0.025,
+        0.25,
+    )
     cc = CrossCheck(
         counts=(CountCheck("ok", 100, 60.0, 11.0, False), CountCheck("timeout", 3, 3.0, 1.6, True)),
         quantiles=(q,),

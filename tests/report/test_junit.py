@@ -36,10 +36,21 @@ def study(rollout: Rollout | None = None, **kw: object) -> StudyResult:
     comp = Comparison(3, {"w": 4}, (0.8,), (1.0,), -0.2, -0.3, -0.1, -0.2, True, True, FIG)
     conf = Confirmation("improved", 0, FIG, (comp,), winner=3, runs_per_arm=1, order=("A", "B1"))
     fields: dict[str, object] = dict(
-        study="nightly", storage="sqlite://", target="haproxy", scenario="chat", sampler="tpe",
-        spec=ObjectiveSpec(), budget=4, trials=trials, best=3, baseline=0, confirmation=conf,
-        rollout=rollout, elapsed_s=60.0, report_dir="reports/x",
-    )  # fmt: skip
+        study="nightly",
+        storage="sqlite://",
+        target="haproxy",
+        scenario="chat",
+        sampler="tpe",
+        spec=ObjectiveSpec(),
+        budget=4,
+        trials=trials,
+        best=3,
+        baseline=0,
+        confirmation=conf,
+        rollout=rollout,
+        elapsed_s=60.0,
+        report_dir="reports/x",
+    )
     fields.update(kw)
     return StudyResult(**fields)  # type: ignore[arg-type]
 
@@ -52,10 +63,16 @@ def parse(xml: str) -> ET.Element:
 
 def test_xml_is_the_common_junit_subset_with_consistent_counts(tmp_path: Path) -> None:
     suite = JUnitSuite(
-        "s", (JUnitCase("ok", "c"), JUnitCase("bad", "c", "failure", "why <&>", "long\x00text"),
-              JUnitCase("skip", "c", "skipped", "not run"), JUnitCase("err", "c", "error", "x")),
-        time_s=1.5, properties={"k": "v"},
-    )  # fmt: skip
+        "s",
+        (
+            JUnitCase("ok", "c"),
+            JUnitCase("bad", "c", "failure", "why <&>", "long\x00text"),
+            JUnitCase("skip", "c", "skipped", "not run"),
+            JUnitCase("err", "c", "error", "x"),
+        ),
+        time_s=1.5,
+        properties={"k": "v"},
+    )
     root = ET.parse(write_junit(tmp_path / "deep" / "j.xml", [suite])).getroot()
     assert root.get("tests") == "4" and root.get("failures") == "1"
     assert root.get("errors") == "1" and root.get("skipped") == "1"
@@ -89,10 +106,14 @@ def test_study_suite_cases_per_trial_confirmation_and_rollout() -> None:
     root = parse(to_xml([study_suite(study(ok))]))
     names = [c.get("name") for c in root.iter("testcase")]
     assert names == [
-        "trial 0 (live)", "trial 1 (sampled)", "trial 2 (sampled)", "trial 3 (sampled)",
-        "confirmation: trial 3 vs baseline", "rollout: apply trial 3 via ansible",
+        "trial 0 (live)",
+        "trial 1 (sampled)",
+        "trial 2 (sampled)",
+        "trial 3 (sampled)",
+        "confirmation: trial 3 vs baseline",
+        "rollout: apply trial 3 via ansible",
         "rollout: verification",
-    ]  # fmt: skip
+    ]
     assert root.get("failures") == "1" and root.get("skipped") == "1"
     bad = root.find(".//testcase[@name='trial 2 (sampled)']/failure")
     assert bad is not None and "<boom>" in (bad.get("message") or "")

@@ -49,10 +49,11 @@ def test_ttft_caption_promises_only_the_lines_it_draws() -> None:
     s = data.summary()
     assert "P50 and P99 and the SLO" in html.ttft_caption(s)
     few = dataclasses.replace(
-        s, latency=dataclasses.replace(
+        s,
+        latency=dataclasses.replace(
             s.latency, ttft=dataclasses.replace(s.latency.ttft, p99=None, count=40)
-        )
-    )  # fmt: skip
+        ),
+    )
     text = html.ttft_caption(few)
     assert "P99 and" not in text and "No P99 line: 40 samples" in text
 
@@ -79,9 +80,10 @@ def test_verdict_says_what_the_figures_mean() -> None:
     assert text.startswith("Verdict: SLO ")
     assert "req/s served" in text and "first token within" in text
     few = dataclasses.replace(
-        s, latency=dataclasses.replace(
+        s,
+        latency=dataclasses.replace(
             s.latency, e2e=dataclasses.replace(s.latency.e2e, p99=None, count=40)
-        )
-    )  # fmt: skip
+        ),
+    )
     assert "no P99 yet: 40 requests in the window, 100 needed" in frame.verdict(few)
     assert frame.verdict(s) in html.render(s, data.records())

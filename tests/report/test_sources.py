@@ -34,10 +34,14 @@ T0 = 1_700_000_000.0
 
 def run_records(t0: float, scale: float) -> list[RequestRecord]:
     return [
-        rec(i, sent=t0 + i * 0.1, ttft=(0.05 + (i % 13) * 0.01) * scale,
-            e2e=(0.4 + (i % 29) * 0.02) * scale)
+        rec(
+            i,
+            sent=t0 + i * 0.1,
+            ttft=(0.05 + (i % 13) * 0.01) * scale,
+            e2e=(0.4 + (i % 29) * 0.02) * scale,
+        )
         for i in range(200)
-    ]  # fmt: skip
+    ]
 
 
 def write_run(d: Path, scenario: Path, t0: float, scale: float) -> list[RequestRecord]:
@@ -67,7 +71,7 @@ def study_dir(tmp_path: Path) -> Path:
         ("confirm-2-B1", T0 + 500, 0.5),
     ):
         (d / "runs" / label).mkdir(parents=True)
-        write_run(d / "runs" / label, scenario, t0, scale)  # fmt: skip
+        write_run(d / "runs" / label, scenario, t0, scale)
     trials = (
         TrialResult(0, "COMPLETE", "live", {"w": 1}, 1.0, (1.0,), fig, True),
         TrialResult(1, "FAIL", "sampled", {"w": 2}, fail_reason="x"),
@@ -75,11 +79,18 @@ def study_dir(tmp_path: Path) -> Path:
     )
     comp = Comparison(2, {"w": 3}, (0.5, 0.5), (1.0, 1.0), -0.5, -0.6, -0.4, -0.5, True, True, fig)
     result = StudyResult(
-        study="s1", storage="sqlite://", target="haproxy", scenario=str(scenario), sampler="tpe",
-        spec=ObjectiveSpec(refs={"e2e": 10.0, "ttft": 1.0, "decay": 0.12}), budget=3,
-        trials=trials, best=2, baseline=0,
+        study="s1",
+        storage="sqlite://",
+        target="haproxy",
+        scenario=str(scenario),
+        sampler="tpe",
+        spec=ObjectiveSpec(refs={"e2e": 10.0, "ttft": 1.0, "decay": 0.12}),
+        budget=3,
+        trials=trials,
+        best=2,
+        baseline=0,
         confirmation=Confirmation("improved", 0, fig, (comp,), winner=2, runs_per_arm=2),
-    )  # fmt: skip
+    )
     (d / "study.json").write_text(json.dumps(to_jsonable(result.to_dict())))
     return d
 
@@ -149,9 +160,17 @@ def test_the_study_report_names_the_traffic_its_trials_replayed(study_dir: Path)
 
     data = json.loads((study_dir / "study.json").read_text())
     result = StudyResult(
-        study="s1", storage="sqlite://", target="haproxy", scenario=data["scenario"],
-        sampler="tpe", spec=ObjectiveSpec(refs={"e2e": 10.0, "ttft": 1.0, "decay": 0.12}),
-        budget=3, trials=(), best=None, baseline=None, report_dir=str(study_dir),
-    )  # fmt: skip
+        study="s1",
+        storage="sqlite://",
+        target="haproxy",
+        scenario=data["scenario"],
+        sampler="tpe",
+        spec=ObjectiveSpec(refs={"e2e": 10.0, "ttft": 1.0, "decay": 0.12}),
+        budget=3,
+        trials=(),
+        best=None,
+        baseline=None,
+        report_dir=str(study_dir),
+    )
     assert traffic(result) == "quick"
     assert "Traffic: quick." in render_markdown(result)

@@ -215,8 +215,16 @@ def test_cli_refuses_a_file_for_another_target(haproxy_state: Path, tmp_path: Pa
     f = tmp_path / "router.yaml"
     f.write_text("target: vllm-router\nparams:\n  algorithm: leastconn\n")
     before = _cli_snapshot(haproxy_state)
-    r = run_cli("apply", "--target", "haproxy", "--params", str(f), "--direct",
-                "--state-dir", str(haproxy_state))  # fmt: skip
+    r = run_cli(
+        "apply",
+        "--target",
+        "haproxy",
+        "--params",
+        str(f),
+        "--direct",
+        "--state-dir",
+        str(haproxy_state),
+    )
     assert r.rc == 2, r.stderr
     assert len(r.lines()) == 1 and "vllm-router" in r.stderr and "Traceback" not in r.stderr
     assert _cli_snapshot(haproxy_state) == before
@@ -240,8 +248,9 @@ def test_cli_refuses_all_weights_zero(haproxy_state: Path, tmp_path: Path) -> No
     f.write_text("weight.h100-0: 0\nweight.l4-0: 0\n")
     before = _cli_snapshot(haproxy_state)
     for extra in (["--check"], []):
-        r = run_cli("apply", "--params", str(f), "--direct", "--state-dir", str(haproxy_state),
-                    *extra)  # fmt: skip
+        r = run_cli(
+            "apply", "--params", str(f), "--direct", "--state-dir", str(haproxy_state), *extra
+        )
         assert r.rc == 2, r.stderr
         assert len(r.lines()) == 1 and "no replica able to take traffic" in r.stderr
     assert _cli_snapshot(haproxy_state) == before
@@ -288,8 +297,11 @@ def test_haproxy_sends_a_dead_replicas_requests_to_the_live_one(tmp_path: Path) 
         victim = next(r for r in ep.replicas if r.name == "l4-0")
         status, _ = _post(victim.url + "/admin/crash", {})
         assert status == 200
-        body = {"model": "llama-3.1-8b-instruct", "max_tokens": 2,
-                "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+        body = {
+            "model": "llama-3.1-8b-instruct",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         got = [_post(ep.balancer_url + "/v1/chat/completions", body) for _ in range(20)]
     finally:
         api.down(state)

@@ -22,15 +22,32 @@ def _side(name: str, n: int, ttft: float, seed: int):  # type: ignore[no-untyped
         first = t0 + ttft * rng.uniform(0.8, 1.2)
         recs.append(
             RequestRecord(
-                request_id=f"{name}{i}", index=i, model="m", api="chat", stream=True,
-                sent_at=t0, ended_at=first + 0.05, outcome="ok", status_code=200,
-                headers_at=t0 + 0.001, first_token_at=first, chunk_times=(first, first + 0.05),
+                request_id=f"{name}{i}",
+                index=i,
+                model="m",
+                api="chat",
+                stream=True,
+                sent_at=t0,
+                ended_at=first + 0.05,
+                outcome="ok",
+                status_code=200,
+                headers_at=t0 + 0.001,
+                first_token_at=first,
+                chunk_times=(first, first + 0.05),
                 output_tokens=2,
             )
-        )  # fmt: skip
+        )
     arrays = RunArrays.from_records(recs, Window(1000.0, 1000.0 + n * 0.5 + 1))
-    return Side(name=name, label=name, path=name, kind="stress", scenario="s", figures={},
-                arrays=arrays, requests=n)  # fmt: skip
+    return Side(
+        name=name,
+        label=name,
+        path=name,
+        kind="stress",
+        scenario="s",
+        figures={},
+        arrays=arrays,
+        requests=n,
+    )
 
 
 @pytest.mark.parametrize(("na", "nb"), [(50, 49), (99, 100), (100, 60), (150, 150)])

@@ -26,9 +26,14 @@ def test_users_back_off_and_the_report_says_so(tmp_path: Path, echo_url: str) ->
     scen = tmp_path / "storm.yaml"
     scen.write_text(SCENARIO)
     res = run_stress(
-        StressOptions(scenario=str(scen), target_url=echo_url, out_dir=tmp_path / "o",
-                      reports_root=tmp_path, write_report=False)
-    )  # fmt: skip
+        StressOptions(
+            scenario=str(scen),
+            target_url=echo_url,
+            out_dir=tmp_path / "o",
+            reports_root=tmp_path,
+            write_report=False,
+        )
+    )
     recs = read_records(res.records_path)
     assert recs and all(r.outcome == "http_error" for r in recs)
     # Without back-off the echo's instant 500s gave thousands of requests in 3 s; with it
@@ -46,6 +51,7 @@ def test_the_backoff_is_exponential_and_capped() -> None:
         "from lbtune.loadgen.user import backoff_s, BACKOFF_CAP_S;"
         "print([backoff_s(k) for k in (0, 1, 2, 3, 6, 7, 50, 10**6)], BACKOFF_CAP_S)"
     )  # a subprocess: importing lbtune.loadgen.user monkey-patches with gevent
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert out.strip() == "[0.0, 0.05, 0.1, 0.2, 1.6, 2.0, 2.0, 2.0] 2.0"

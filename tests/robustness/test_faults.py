@@ -160,13 +160,35 @@ def test_kill_9_of_optimize_mid_trial_puts_the_last_known_good_back(
     good = _lkg(t)
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
     proc = subprocess.Popen(
-        [*LBTUNE, "optimize", "--state-dir", cluster.state_dir, "--budget", "8",
-         "--trial-duration", "6", "--sampler", "random", "--pruner", "none",
-         "--confirm-runs", "0", "--storage", f"sqlite:///{tmp_path / 'studies.db'}",
-         "--study", "killed", "--out", str(tmp_path / "report"), "--ci"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "optimize.log").open("w"),
-        env=env, cwd=tmp_path, start_new_session=True,
-    )  # fmt: skip
+        [
+            *LBTUNE,
+            "optimize",
+            "--state-dir",
+            cluster.state_dir,
+            "--budget",
+            "8",
+            "--trial-duration",
+            "6",
+            "--sampler",
+            "random",
+            "--pruner",
+            "none",
+            "--confirm-runs",
+            "0",
+            "--storage",
+            f"sqlite:///{tmp_path / 'studies.db'}",
+            "--study",
+            "killed",
+            "--out",
+            str(tmp_path / "report"),
+            "--ci",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "optimize.log").open("w"),
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
     try:
         changed = _wait(lambda: proc.poll() is None and _differs(t, good), 240)
         assert changed, (tmp_path / "optimize.log").read_text()[-2000:]
@@ -189,8 +211,14 @@ def test_structural_applies_under_traffic_drop_no_request(cluster: Endpoints) ->
     good = _lkg(t)
     url = cluster.balancer_url + "/v1/chat/completions"
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    body = json.dumps({"model": "llama-3.1-8b-instruct", "max_tokens": 4, "stream": True,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "model": "llama-3.1-8b-instruct",
+            "max_tokens": 4,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+    ).encode()
     statuses: list[int | str] = []
     stop = threading.Event()
 

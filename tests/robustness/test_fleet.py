@@ -177,8 +177,15 @@ def test_a_rollout_over_ssh_stops_at_the_first_failing_host_and_leaves_none_half
 
     # 0. A clean rollout to all three: the fleet's last known good.
     inv = inventory(fleet, work / "fleet.yml", {})
-    done = run_cli(*apply, "--params", str(write_params(work / "good.yaml", GOOD)),
-                   "--inventory", str(inv), "--json", cwd=work)  # fmt: skip
+    done = run_cli(
+        *apply,
+        "--params",
+        str(write_params(work / "good.yaml", GOOD)),
+        "--inventory",
+        str(inv),
+        "--json",
+        cwd=work,
+    )
     assert done.returncode == 0, done.stderr
     hosts = {h["host"]: h["status"] for h in json.loads(done.stdout)["hosts"]}
     assert hosts == {"lb1": "changed", "lb2": "changed", "lb3": "changed"}, done.stdout
@@ -191,8 +198,9 @@ def test_a_rollout_over_ssh_stops_at_the_first_failing_host_and_leaves_none_half
     inv_a = inventory(fleet, work / "fleet-a.yml", {"lb1": hook})
     try:
         a = run_cli(*apply, "--params", new_file, "--inventory", str(inv_a), cwd=work)
-        down = subprocess.run(["ip", "-br", "link", "show", lb2.root_veth], capture_output=True,
-                              text=True).stdout  # fmt: skip
+        down = subprocess.run(
+            ["ip", "-br", "link", "show", lb2.root_veth], capture_output=True, text=True
+        ).stdout
     finally:
         lb2.set_link(up=True)
     assert " DOWN " in f" {down} ", f"the hook did not take lb2 down: {down!r}"
@@ -226,8 +234,18 @@ def test_a_rollout_over_ssh_stops_at_the_first_failing_host_and_leaves_none_half
     assert after_b["lb3"].reloads == after_a["lb3"].reloads
 
     # The controller's last known good is still the good rollout's.
-    rb = run_cli("apply", "--state-dir", str(work), "--inventory", str(inv), "--check",
-                 "--params", str(work / "good.yaml"), "--json", cwd=work)  # fmt: skip
+    rb = run_cli(
+        "apply",
+        "--state-dir",
+        str(work),
+        "--inventory",
+        str(inv),
+        "--check",
+        "--params",
+        str(work / "good.yaml"),
+        "--json",
+        cwd=work,
+    )
     assert rb.returncode == 0, rb.stderr
     assert not json.loads(rb.stdout)["changed"], "the fleet is exactly on the good set"
     took = time.monotonic() - t0
@@ -270,24 +288,62 @@ def distributed(fleet: Fleet) -> Distributed:
     work = fleet.root / "stress"
     work.mkdir()
     port = _free_port(h.peer)
-    common = ["stress", "--target", h.url, "--allow-remote", "--scenario", "chat",
-              "--master-port", str(port)]  # fmt: skip
+    common = [
+        "stress",
+        "--target",
+        h.url,
+        "--allow-remote",
+        "--scenario",
+        "chat",
+        "--master-port",
+        str(port),
+    ]
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     master_out, worker_out = work / "master", work / "worker"
     served0 = _served(h)
     t0 = time.monotonic()
     master = subprocess.Popen(
-        [*LBTUNE, *common, "--master", "--expect-workers", "1", "--master-bind", h.peer,
-         "--duration", "4", "--users", "2", "--json", "--out", str(master_out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work, env=env,
+        [
+            *LBTUNE,
+            *common,
+            "--master",
+            "--expect-workers",
+            "1",
+            "--master-bind",
+            h.peer,
+            "--duration",
+            "4",
+            "--users",
+            "2",
+            "--json",
+            "--out",
+            str(master_out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=work,
+        env=env,
         start_new_session=True,
-    )  # fmt: skip
+    )
     worker = subprocess.Popen(
-        h.exec(*LBTUNE, *common, "--worker", "--master-host", h.peer, "--json",
-               "--out", str(worker_out)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work, env=env,
+        h.exec(
+            *LBTUNE,
+            *common,
+            "--worker",
+            "--master-host",
+            h.peer,
+            "--json",
+            "--out",
+            str(worker_out),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=work,
+        env=env,
         start_new_session=True,
-    )  # fmt: skip
+    )
     fleet.extra += [master, worker]  # killed by the fleet whatever happens here
     try:
         m_out, m_err = master.communicate(timeout=CLI_TIMEOUT_S)

@@ -102,8 +102,15 @@ def _scenario_cases() -> list[Case]:
         body = scenario(**fields)
         if cid == "extra-body-bomb":
             body += b"extra_body:\n" + b"".join(b"  " + ln + b"\n" for ln in BOMB.splitlines())
-        out.append(Case(f"scenario-{cid}", ("scenarios", "validate", "{dir}/s.yaml"), 2, says,
-                        {"s.yaml": body}))  # fmt: skip
+        out.append(
+            Case(
+                f"scenario-{cid}",
+                ("scenarios", "validate", "{dir}/s.yaml"),
+                2,
+                says,
+                {"s.yaml": body},
+            )
+        )
     raw = {
         "not-utf8": (b"name: \xff\xfe\x00bad\n" + scenario(), "not UTF-8"),
         "latin1": ("name: caf\xe9\n".encode("latin-1") + scenario(name=""), "not UTF-8"),
@@ -116,14 +123,29 @@ def _scenario_cases() -> list[Case]:
         "alias-bomb": (BOMB, "alias bomb"),
     }
     for cid, (body, says) in raw.items():
-        out.append(Case(f"scenario-{cid}", ("scenarios", "validate", "{dir}/s.yaml"), 2, says,
-                        {"s.yaml": body}))  # fmt: skip
+        out.append(
+            Case(
+                f"scenario-{cid}",
+                ("scenarios", "validate", "{dir}/s.yaml"),
+                2,
+                says,
+                {"s.yaml": body},
+            )
+        )
     out.append(Case("scenario-missing", ("scenarios", "validate", "{dir}/none.yaml"), 2, "none"))
     out.append(
-        Case("scenario-show-bomb", ("scenarios", "show", "{dir}/s.yaml"), 2, "alias bomb",
-             {"s.yaml": scenario() + b"extra_body:\n" + b"".join(
-                 b"  " + ln + b"\n" for ln in BOMB.splitlines())})
-    )  # fmt: skip
+        Case(
+            "scenario-show-bomb",
+            ("scenarios", "show", "{dir}/s.yaml"),
+            2,
+            "alias bomb",
+            {
+                "s.yaml": scenario()
+                + b"extra_body:\n"
+                + b"".join(b"  " + ln + b"\n" for ln in BOMB.splitlines())
+            },
+        )
+    )
     return out
 
 
@@ -171,8 +193,9 @@ def _stress_flag_cases() -> list[Case]:
         "empty": "",
     }
     for cid, url in targets.items():
-        out.append(Case(f"stress-target-{cid}", ("stress", "--target", url, "-d", "2"), 2,
-                        "--target"))  # fmt: skip
+        out.append(
+            Case(f"stress-target-{cid}", ("stress", "--target", url, "-d", "2"), 2, "--target")
+        )
     return out
 
 
@@ -180,50 +203,103 @@ def _optimize_cases() -> list[Case]:
     out = []
     for v in ("0", "-1", "inf", "nan", "1e308"):
         out.append(
-            Case(f"optimize-trial-duration-{v}",
-                 ("optimize", "--trial-duration", v, "--state-dir", "{dir}/state"), 2,
-                 "--trial-duration")
-        )  # fmt: skip
+            Case(
+                f"optimize-trial-duration-{v}",
+                ("optimize", "--trial-duration", v, "--state-dir", "{dir}/state"),
+                2,
+                "--trial-duration",
+            )
+        )
     return out
 
 
 def _compare_cases() -> list[Case]:
     both = ("compare", "{dir}/a", "{dir}/a")
     return [
-        Case("compare-corrupt-parquet", both, 2, "requests.parquet",
-             {"a/requests.parquet": b"PAR1 this is not parquet"}, report=True),
-        Case("compare-empty-parquet", both, 2, "requests.parquet",
-             {"a/requests.parquet": b""}, report=True),
+        Case(
+            "compare-corrupt-parquet",
+            both,
+            2,
+            "requests.parquet",
+            {"a/requests.parquet": b"PAR1 this is not parquet"},
+            report=True,
+        ),
+        Case(
+            "compare-empty-parquet",
+            both,
+            2,
+            "requests.parquet",
+            {"a/requests.parquet": b""},
+            report=True,
+        ),
         Case("compare-parquet-of-something-else", both, 2, "request records", report=True),
         Case("compare-missing-report", ("compare", "{dir}/nope", "{dir}/nope2"), 2, "nope"),
-    ]  # fmt: skip
+    ]
 
 
 def _cluster_cases() -> list[Case]:
     """Tried against the running mini2 cluster: refused before anything touches it."""
     st = ("stress", "--state-dir", "{state}", "--out", "{dir}/out", "-s", "{dir}/s.yaml")
     return [
-        Case("cluster-unserved-model", st, 2, "does not serve",
-             {"s.yaml": scenario(models="{no-such-model: 1}")}, cluster=True),
-        Case("cluster-users-1e12", st, 2, "users",
-             {"s.yaml": scenario(load="{type: constant, users: 1000000000000}")}, cluster=True),
-        Case("cluster-prompt-1e9", st, 2, "prompt_tokens",
-             {"s.yaml": scenario(prompt_tokens="{type: fixed, value: 1000000000}")},
-             cluster=True),
-        Case("cluster-not-utf8", st, 2, "not UTF-8", {"s.yaml": b"\xff\xfe" + scenario()},
-             cluster=True),
+        Case(
+            "cluster-unserved-model",
+            st,
+            2,
+            "does not serve",
+            {"s.yaml": scenario(models="{no-such-model: 1}")},
+            cluster=True,
+        ),
+        Case(
+            "cluster-users-1e12",
+            st,
+            2,
+            "users",
+            {"s.yaml": scenario(load="{type: constant, users: 1000000000000}")},
+            cluster=True,
+        ),
+        Case(
+            "cluster-prompt-1e9",
+            st,
+            2,
+            "prompt_tokens",
+            {"s.yaml": scenario(prompt_tokens="{type: fixed, value: 1000000000}")},
+            cluster=True,
+        ),
+        Case(
+            "cluster-not-utf8",
+            st,
+            2,
+            "not UTF-8",
+            {"s.yaml": b"\xff\xfe" + scenario()},
+            cluster=True,
+        ),
         Case("cluster-alias-bomb", st, 2, "alias bomb", {"s.yaml": BOMB}, cluster=True),
-        Case("cluster-slo-errors-150", (*st, "--slo", "errors=150%"), 2, "0..100",
-             {"s.yaml": scenario()}, cluster=True),
-        Case("cluster-duration-inf", (*st, "--duration", "inf"), 2, "--duration",
-             {"s.yaml": scenario()}, cluster=True),
-    ]  # fmt: skip
+        Case(
+            "cluster-slo-errors-150",
+            (*st, "--slo", "errors=150%"),
+            2,
+            "0..100",
+            {"s.yaml": scenario()},
+            cluster=True,
+        ),
+        Case(
+            "cluster-duration-inf",
+            (*st, "--duration", "inf"),
+            2,
+            "--duration",
+            {"s.yaml": scenario()},
+            cluster=True,
+        ),
+    ]
 
 
 CASES = [
-    *_scenario_cases(), *_stress_flag_cases(), *_optimize_cases(), *_compare_cases(),
+    *_scenario_cases(),
+    *_stress_flag_cases(),
+    *_optimize_cases(),
+    *_compare_cases(),
     *_cluster_cases(),
-]  # fmt: skip
+]
 
 
 def test_the_probe_is_wide_enough() -> None:

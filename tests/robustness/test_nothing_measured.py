@@ -69,10 +69,16 @@ def test_a_generator_that_sent_nothing_is_named_with_its_failure(tmp_path: Path)
 
     plan = plan_run(StressOptions(scenario=str(_scenario(tmp_path, "{type: constant, users: 2}"))))
     load = LoadResult(
-        records_dir=tmp_path, records_path=finalize(tmp_path), sent=0, outcomes={},
-        health=GeneratorHealth(()), started_at=0.0, ended_at=3.0, stopped_early=False,
+        records_dir=tmp_path,
+        records_path=finalize(tmp_path),
+        sent=0,
+        outcomes={},
+        health=GeneratorHealth(()),
+        started_at=0.0,
+        ended_at=3.0,
+        stopped_early=False,
         failures=("local exited 1: MemoryError",),
-    )  # fmt: skip
+    )
     why = nothing_measured(plan, load)
     assert why is not None and "sent no request" in why and "MemoryError" in why
 

@@ -45,10 +45,24 @@ def _free_port() -> int:
 def test_a_worker_without_master_honours_ctrl_c(tmp_path: Path, echo_url: str) -> None:
     out = tmp_path / "w"
     proc = subprocess.Popen(
-        [*LBTUNE, "stress", "--target", echo_url, "--worker", "--master-port", str(_free_port()),
-         "-d", "30", "--out", str(out), "--ci"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            *LBTUNE,
+            "stress",
+            "--target",
+            echo_url,
+            "--worker",
+            "--master-port",
+            str(_free_port()),
+            "-d",
+            "30",
+            "--out",
+            str(out),
+            "--ci",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not processes_mentioning(str(out)):
         assert proc.poll() is None, proc.communicate()

@@ -31,10 +31,23 @@ def _start(tmp_path: Path, echo_url: str) -> tuple[subprocess.Popen[str], Path]:
     scen.write_text(SCENARIO)
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [*LBTUNE, "stress", "--scenario", str(scen), "--target", echo_url, "--out", str(out),
-         "--ci", "--duration", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            *LBTUNE,
+            "stress",
+            "--scenario",
+            str(scen),
+            "--target",
+            echo_url,
+            "--out",
+            str(out),
+            "--ci",
+            "--duration",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # Ready once the generator has written records (load is flowing).
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
@@ -87,13 +100,30 @@ def test_generator_exits_when_its_parent_is_already_gone(tmp_path: Path) -> None
     """The watchdog: a generator whose --parent-pid is not its parent stops at once."""
     import json
 
-    cfg = {"target_url": "http://127.0.0.1:9", "scenario": "chat", "records_dir": str(tmp_path),
-           "seed": 0, "duration_s": 60, "request_timeout_s": 5, "replica_header": "X",
-           "max_in_flight": 4, "grace_s": 1}  # fmt: skip
+    cfg = {
+        "target_url": "http://127.0.0.1:9",
+        "scenario": "chat",
+        "records_dir": str(tmp_path),
+        "seed": 0,
+        "duration_s": 60,
+        "request_timeout_s": 5,
+        "replica_header": "X",
+        "max_in_flight": 4,
+        "grace_s": 1,
+    }
     p = subprocess.run(
-        [sys.executable, "-m", "lbtune.loadgen.worker", "--config", json.dumps(cfg),
-         "--parent-pid", "1"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lbtune.loadgen.worker",
+            "--config",
+            json.dumps(cfg),
+            "--parent-pid",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 3, p.stderr
     assert "parent" in p.stdout

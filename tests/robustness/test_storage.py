@@ -43,9 +43,16 @@ def test_the_default_storage_directory_is_still_created(
 )
 def test_a_bad_storage_is_one_line(tmp_path: Path, storage: str, says: str) -> None:
     r = run_cli(
-        "optimize", "--storage", storage, "--resume", "--budget", "2",
-        "--state-dir", str(tmp_path / "state"), cwd=tmp_path,
-    )  # fmt: skip
+        "optimize",
+        "--storage",
+        storage,
+        "--resume",
+        "--budget",
+        "2",
+        "--state-dir",
+        str(tmp_path / "state"),
+        cwd=tmp_path,
+    )
     assert r.rc == 2, r.stderr
     assert "Traceback" not in r.stderr
     assert len(r.lines()) == 1 and says in r.stderr, r.stderr

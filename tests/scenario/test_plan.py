@@ -122,8 +122,12 @@ def test_override_errors() -> None:
 
 
 def test_a_hold_keeps_the_last_level_until_its_bound() -> None:
-    ramp = _sc({"type": "ramp", "from": 2, "to": 8, "over": 10, "mode": "open"}, duration_s=20,
-               warmup_s=2, cooldown_s=1)  # fmt: skip
+    ramp = _sc(
+        {"type": "ramp", "from": 2, "to": 8, "over": 10, "mode": "open"},
+        duration_s=20,
+        warmup_s=2,
+        cooldown_s=1,
+    )
     plain = plan_load(ramp)
     held = plan_load(ramp, hold_until_s=50)
     assert held.duration_s == 50 and held.stages[-1].label == "hold"

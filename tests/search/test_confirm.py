@@ -16,9 +16,13 @@ from tests.search.fakes import FakeMeasure, FakeTarget, harness
 
 def _opts(tmp_path: Path, **kw: object) -> OptimizeOptions:
     base: dict[str, object] = dict(
-        budget=8, study="c", storage=f"sqlite:///{tmp_path}/s.db", out_dir=tmp_path / "rep",
-        seed=3, confirm_runs=2,
-    )  # fmt: skip
+        budget=8,
+        study="c",
+        storage=f"sqlite:///{tmp_path}/s.db",
+        out_dir=tmp_path / "rep",
+        seed=3,
+        confirm_runs=2,
+    )
     base.update(kw)
     return OptimizeOptions(**base)  # type: ignore[arg-type]
 

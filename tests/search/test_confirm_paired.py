@@ -94,19 +94,29 @@ def test_before_after_compares_the_same_rounds_and_never_the_search_run() -> Non
     comp = c.comparisons[0]
     assert comp.rounds == (1, 3)
     assert c.order == ("A", "B1", "A", "B1", "A", "B1")
+    # Hand-formatted: one round per line (arm A, then B1), the table the rounds are.
     assert [(r.round, r.arm, r.measured) for r in c.rounds] == [
-        (1, "A", True), (1, "B1", True), (2, "A", True), (2, "B1", False),
+        (1, "A", True), (1, "B1", True),
+        (2, "A", True), (2, "B1", False),
         (3, "A", True), (3, "B1", True),
     ]  # fmt: skip
     search_live = Figures(p99_e2e_s=0.1, p99_ttft_s=0.01, requests_per_s=99.0)  # a fast run
     result = StudyResult(
-        study="s", storage="sqlite://", target="fake", scenario="x", sampler="tpe",
-        spec=ObjectiveSpec(), budget=2, best=5, baseline=0, confirmation=c,
+        study="s",
+        storage="sqlite://",
+        target="fake",
+        scenario="x",
+        sampler="tpe",
+        spec=ObjectiveSpec(),
+        budget=2,
+        best=5,
+        baseline=0,
+        confirmation=c,
         trials=(
             TrialResult(0, "COMPLETE", "live", base.params, 0.2, figures=search_live),
             TrialResult(5, "COMPLETE", "sampled", cands[0].params, 0.1, figures=search_live),
         ),
-    )  # fmt: skip
+    )
     table = before_after(result)
     rows = {r[0]: r for r in table.rows}
     a_e2e = _pool(ms, ["confirm-1-A", "confirm-3-A"], "e2e")
@@ -152,11 +162,15 @@ def test_a_failed_trial_0_still_confirms_against_a_fresh_baseline(tmp_path: Path
     ms = RoundMeasure(target, fail=lambda label, p: label.startswith("trial-") and p == live)
     res = run_optimize(
         OptimizeOptions(
-            budget=8, study="f", storage=f"sqlite:///{tmp_path}/s.db", out_dir=tmp_path / "r",
-            seed=3, confirm_runs=2,
+            budget=8,
+            study="f",
+            storage=f"sqlite:///{tmp_path}/s.db",
+            out_dir=tmp_path / "r",
+            seed=3,
+            confirm_runs=2,
         ),
         harness=harness(target, cast(Any, ms)),
-    )  # fmt: skip
+    )
     t0 = res.trial(0)
     assert t0 is not None and t0.role == "live" and t0.state == "FAIL"
     c = res.confirmation
@@ -173,11 +187,15 @@ def test_an_unmeasurable_baseline_is_one_line_and_a_nonzero_exit(tmp_path: Path)
     with pytest.raises(BaselineUnmeasurable) as info:
         run_optimize(
             OptimizeOptions(
-                budget=6, study="u", storage=f"sqlite:///{tmp_path}/s.db",
-                out_dir=tmp_path / "r", seed=3, confirm_runs=2,
+                budget=6,
+                study="u",
+                storage=f"sqlite:///{tmp_path}/s.db",
+                out_dir=tmp_path / "r",
+                seed=3,
+                confirm_runs=2,
             ),
             harness=harness(target, cast(Any, ms)),
-        )  # fmt: skip
+        )
     exc = info.value
     assert isinstance(exc, LbtuneError) and exc.exit_code == 2
     assert "\n" not in str(exc) and "could not be measured" in str(exc)
@@ -241,9 +259,15 @@ def test_the_time_cap_stops_adding_rounds() -> None:
     base, cands = _arms(target)
     ms = RoundMeasure(target, n=30, seconds_per_run=60.0)
     c = confirm(
-        _runner(target, ms), base, cands, ObjectiveSpec(), runs=2, max_rounds=10,
-        max_s=300.0, clock=lambda: ms.clock[0],
-    )  # fmt: skip
+        _runner(target, ms),
+        base,
+        cands,
+        ObjectiveSpec(),
+        runs=2,
+        max_rounds=10,
+        max_s=300.0,
+        clock=lambda: ms.clock[0],
+    )
     # 2 rounds take 240 s; a third would end at ~360 s > 300 s: not started.
     assert c.runs_per_arm == 2
     assert c.quantile == 95.0 and "300 s" in c.note

@@ -5,19 +5,26 @@ from __future__ import annotations
 
 import pytest
 
-from lbtune.loadgen.records import OpenRequest, RequestRecord
+from lbtune.loadgen.records import OpenRequest, Outcome, RequestRecord
 from lbtune.metrics.censor import censored_samples
 from lbtune.metrics.quantiles import percentile
 from lbtune.search.measure import partial_figures, tail_figures
 
 
 def rec(
-    i: int, outcome: str, sent: float, end: float, first: float | None, stream: bool = True
+    i: int, outcome: Outcome, sent: float, end: float, first: float | None, stream: bool = True
 ) -> RequestRecord:
     return RequestRecord(
-        request_id=str(i), index=i, model="m", api="chat", stream=stream,
-        sent_at=sent, ended_at=end, outcome=outcome, first_token_at=first,  # type: ignore[arg-type]
-    )  # fmt: skip
+        request_id=str(i),
+        index=i,
+        model="m",
+        api="chat",
+        stream=stream,
+        sent_at=sent,
+        ended_at=end,
+        outcome=outcome,
+        first_token_at=first,
+    )
 
 
 def test_partial_figures_count_only_real_errors() -> None:

@@ -116,14 +116,22 @@ def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path
         for pruner in ("median", "none"):
             results[pruner] = run_optimize(
                 OptimizeOptions(
-                    budget=6, scenario=str(tmp_path / "load.yaml"), trial_duration_s=10.5,
-                    window_s=WINDOW_S, study=f"slow3-{pruner}", pruner=pruner, seed=1,
+                    budget=6,
+                    scenario=str(tmp_path / "load.yaml"),
+                    trial_duration_s=10.5,
+                    window_s=WINDOW_S,
+                    study=f"slow3-{pruner}",
+                    pruner=pruner,
+                    seed=1,
                     weights="e2e=0,ttft=1,decay=0",
-                    storage=f"sqlite:///{tmp_path}/studies.db", state_dir=state,
-                    space=str(tmp_path / "space.yaml"), confirm_runs=0, apply=False,
+                    storage=f"sqlite:///{tmp_path}/studies.db",
+                    state_dir=state,
+                    space=str(tmp_path / "space.yaml"),
+                    confirm_runs=0,
+                    apply=False,
                     out_dir=tmp_path / pruner,
                 )
-            )  # fmt: skip
+            )
     lines = []
     for pruner, res in results.items():
         for t in res.trials:

@@ -214,8 +214,12 @@ def test_slowdown_knob_multiplies_step_time() -> None:
 def test_ground_truth_matches_raw_client(sim: HostThread) -> None:
     body = {"model": M8, "messages": MSGS, "max_tokens": 20, "stream": True, "ignore_eos": True}
     conn = HTTPConnection("127.0.0.1", sim.ports["a"], timeout=10)
-    conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                 {"Content-Type": "application/json", "x-request-id": "gt-1"})  # fmt: skip
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(body),
+        {"Content-Type": "application/json", "x-request-id": "gt-1"},
+    )
     resp = conn.getresponse()
     t_first = None
     while line := resp.fp.readline():
@@ -239,8 +243,12 @@ def _post_headers(
 ) -> tuple[int, bytes, dict[str, str]]:
     host, port = url.removeprefix("http://").split("/")[0].split(":")
     conn = HTTPConnection(host, int(port), timeout=10)
-    conn.request("POST", "/" + url.split("/", 3)[3], json.dumps(body),
-                 {"Content-Type": "application/json", **headers})  # fmt: skip
+    conn.request(
+        "POST",
+        "/" + url.split("/", 3)[3],
+        json.dumps(body),
+        {"Content-Type": "application/json", **headers},
+    )
     resp = conn.getresponse()
     out = resp.status, resp.read(), {k.lower(): v for k, v in resp.getheaders()}
     conn.close()

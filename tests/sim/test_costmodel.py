@@ -219,8 +219,16 @@ def test_growth_within_tolerance(growth: object) -> None:
 
 def test_calibration_has_every_kind_of_point() -> None:
     names = " ".join(p.name for p in CAL.points())
-    for needle in ("8192 tokens", "128 tokens", "decode x128", "@ctx 512", "@ctx 2048", "mixed",
-                   "TTFT batch 1", "ITL batch 1"):  # fmt: skip
+    for needle in (
+        "8192 tokens",
+        "128 tokens",
+        "decode x128",
+        "@ctx 512",
+        "@ctx 2048",
+        "mixed",
+        "TTFT batch 1",
+        "ITL batch 1",
+    ):
         assert needle in names
     assert sum(p.source_ms is not None for p in CAL.points()) >= 15
 

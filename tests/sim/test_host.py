@@ -39,8 +39,9 @@ def test_cli_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     }
     spec_file = tmp_path / "host.json"
     spec_file.write_text(json.dumps(spec))
-    proc = start_cli("--spec", str(spec_file), "--replica", f"y:{p2}:l4-24g:{M8}",
-                     "--ground-truth", str(gt))  # fmt: skip
+    proc = start_cli(
+        "--spec", str(spec_file), "--replica", f"y:{p2}:l4-24g:{M8}", "--ground-truth", str(gt)
+    )
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline(), proc.stdout.readline()]
@@ -54,8 +55,12 @@ def test_cli_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         assert http(f"http://127.0.0.1:{p1}/health")[0] == 200
         long = HTTPConnection("127.0.0.1", p1, timeout=10)  # still streaming at SIGTERM
         body = {"model": M8, "prompt": "x", "max_tokens": 20000, "stream": True, "ignore_eos": True}
-        long.request("POST", "/v1/completions", json.dumps(body),
-                     {"Content-Type": "application/json", "x-request-id": "cli-2"})  # fmt: skip
+        long.request(
+            "POST",
+            "/v1/completions",
+            json.dumps(body),
+            {"Content-Type": "application/json", "x-request-id": "cli-2"},
+        )
         assert long.getresponse().fp.readline()
     finally:
         t0 = time.monotonic()

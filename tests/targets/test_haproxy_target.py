@@ -25,20 +25,30 @@ M8 = "llama-3.1-8b-instruct"
 
 def fake_endpoints(state: Path) -> Endpoints:
     return Endpoints(
-        config_name="t", config_path="-", state_dir=str(state),
-        balancer="haproxy", balancer_url="http://127.0.0.1:18000",
-        stats_url="http://127.0.0.1:18404/stats", balancer_metrics_url="-",
-        balancer_components=["haproxy"], balancer_jobs=["haproxy"],
-        balancer_details=HaproxyFiles.in_dir(state).details(), replica_header="X-Lbtune-Replica",
-        prometheus_url="http://127.0.0.1:19490", exporter_port=1, exporter_url="-",
+        config_name="t",
+        config_path="-",
+        state_dir=str(state),
+        balancer="haproxy",
+        balancer_url="http://127.0.0.1:18000",
+        stats_url="http://127.0.0.1:18404/stats",
+        balancer_metrics_url="-",
+        balancer_components=["haproxy"],
+        balancer_jobs=["haproxy"],
+        balancer_details=HaproxyFiles.in_dir(state).details(),
+        replica_header="X-Lbtune-Replica",
+        prometheus_url="http://127.0.0.1:19490",
+        exporter_port=1,
+        exporter_url="-",
         prometheus_yml="-",
         replicas=[
             ReplicaEndpoint(name=n, url=f"http://127.0.0.1:{18100 + i}", models=[M8], gpu=g)
-            for i, (n, g) in enumerate([("h100-0", "h100-80g"), ("a100-0", "a100-80g"),
-                                        ("l4-0", "l4-24g")])
+            for i, (n, g) in enumerate(
+                [("h100-0", "h100-80g"), ("a100-0", "a100-80g"), ("l4-0", "l4-24g")]
+            )
         ],
-        time_scale=1.0, ground_truth_path=None,
-    )  # fmt: skip
+        time_scale=1.0,
+        ground_truth_path=None,
+    )
 
 
 def test_live_vs_structural_knobs() -> None:

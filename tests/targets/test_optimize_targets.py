@@ -118,11 +118,19 @@ def test_short_study_on_the_balancer(tmp_path: Path, preset: str, balancer: str)
     with running_cluster(state, preset) as endpoints:
         res = run_optimize(
             OptimizeOptions(
-                budget=3, scenario=str(scenario), trial_duration_s=6, study="t",
-                storage=f"sqlite:///{tmp_path / 's.db'}", state_dir=state, confirm_runs=1,
-                confirm_max_rounds=2, apply=False, out_dir=out, seed=5,
+                budget=3,
+                scenario=str(scenario),
+                trial_duration_s=6,
+                study="t",
+                storage=f"sqlite:///{tmp_path / 's.db'}",
+                state_dir=state,
+                confirm_runs=1,
+                confirm_max_rounds=2,
+                apply=False,
+                out_dir=out,
+                seed=5,
             )
-        )  # fmt: skip
+        )
         live = get_target(balancer, endpoints).read_live()
     assert res.target == balancer
     roles = [t.role for t in res.trials]
@@ -133,8 +141,10 @@ def test_short_study_on_the_balancer(tmp_path: Path, preset: str, balancer: str)
     assert res.trials[0].state == "COMPLETE", res.trials[0].fail_reason
     c = res.confirmation
     assert c is not None and c.verdict in (
-        "improved", "no significant improvement", "baseline is best"
-    ), (None if c is None else c.note)  # fmt: skip
+        "improved",
+        "no significant improvement",
+        "baseline is best",
+    ), None if c is None else c.note
     assert live[knob] == _packaged_space(balancer).baseline()[knob]  # apply=False: LKG back
     md = (out / "report.md").read_text()
     assert f"target `{balancer}`" in md
@@ -158,17 +168,26 @@ def test_nightly_steps_on_the_balancer(tmp_path: Path, preset: str, balancer: st
     nightly, report, state = tmp_path / "nightly", tmp_path / "nightly/reports/1", tmp_path / "s"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LBTUNE_")}
     env.update(
-        LBTUNE_NIGHTLY_BUDGET="2", LBTUNE_NIGHTLY_TRIAL_S="6", LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
-        LBTUNE_NIGHTLY_CLUSTER=preset, LBTUNE_NIGHTLY_DIR=str(nightly),
-        LBTUNE_NIGHTLY_REPORT=str(report), LBTUNE_STATE_DIR=str(state),
-        LBTUNE_BIN=f"{sys.executable} -m lbtune", GITHUB_STEP_SUMMARY=str(tmp_path / "sum.md"),
-    )  # fmt: skip
+        LBTUNE_NIGHTLY_BUDGET="2",
+        LBTUNE_NIGHTLY_TRIAL_S="6",
+        LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
+        LBTUNE_NIGHTLY_CLUSTER=preset,
+        LBTUNE_NIGHTLY_DIR=str(nightly),
+        LBTUNE_NIGHTLY_REPORT=str(report),
+        LBTUNE_STATE_DIR=str(state),
+        LBTUNE_BIN=f"{sys.executable} -m lbtune",
+        GITHUB_STEP_SUMMARY=str(tmp_path / "sum.md"),
+    )
 
     def step(name: str) -> str:
         proc = subprocess.run(
-            ["bash", "scripts/nightly.sh", name], cwd=root, env=env, capture_output=True,
-            text=True, timeout=200,
-        )  # fmt: skip
+            ["bash", "scripts/nightly.sh", name],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=200,
+        )
         assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
         return proc.stderr
 

@@ -282,12 +282,18 @@ def test_ansible_check_mode_shows_the_diff_and_touches_nothing(
     assert "-policy: cache_aware +policy: random" in logged
     assert _pid(cluster) == pid and target.read_live() == router.DEFAULTS
     assert LkgStore(target.state_dir, target.name).get() is None
-    with pytest.raises(ApplyError, match=r"FAILED at task 'Apply parameters': "
-                       r"TargetError: No lbtune-managed balancer in"):  # fmt: skip
+    with pytest.raises(
+        ApplyError,
+        match=r"FAILED at task 'Apply parameters': "
+        r"TargetError: No lbtune-managed balancer in",
+    ):
         apply_params(
-            target, {"policy": "random"}, via="ansible", check=True,
+            target,
+            {"policy": "random"},
+            via="ansible",
+            check=True,
             extravars={"lbtune_state_dir": str(tmp_path)},
-        )  # fmt: skip
+        )
 
 
 @pytest.mark.integration
@@ -319,7 +325,9 @@ def test_a_playbook_failing_after_the_restart_rolls_back(cluster: Endpoints) -> 
         match=r"FAILED at task 'Injected failure.*rolled back to the last known good .* from good",
     ):
         apply_params(
-            target, {"policy": "consistent_hash"}, via="ansible",
+            target,
+            {"policy": "consistent_hash"},
+            via="ansible",
             extravars={"lbtune_fail_after_apply": True},
-        )  # fmt: skip
+        )
     assert target.read_live() == {**router.DEFAULTS, "policy": "power_of_two"}

@@ -28,19 +28,28 @@ GPUS = [("h100-0", "h100-80g"), ("a100-0", "a100-80g"), ("l4-0", "l4-24g")]
 
 def endpoints(state: Path, ports: list[int], lb_port: int, stats_port: int) -> Endpoints:
     return Endpoints(
-        config_name="t", config_path="-", state_dir=str(state),
-        balancer="haproxy", balancer_url=f"http://127.0.0.1:{lb_port}",
-        stats_url=f"http://127.0.0.1:{stats_port}/stats", balancer_metrics_url="-",
-        balancer_components=["haproxy"], balancer_jobs=["haproxy"],
-        balancer_details=HaproxyFiles.in_dir(state).details(), replica_header="X-Lbtune-Replica",
-        prometheus_url="http://127.0.0.1:1", exporter_port=1, exporter_url="-",
+        config_name="t",
+        config_path="-",
+        state_dir=str(state),
+        balancer="haproxy",
+        balancer_url=f"http://127.0.0.1:{lb_port}",
+        stats_url=f"http://127.0.0.1:{stats_port}/stats",
+        balancer_metrics_url="-",
+        balancer_components=["haproxy"],
+        balancer_jobs=["haproxy"],
+        balancer_details=HaproxyFiles.in_dir(state).details(),
+        replica_header="X-Lbtune-Replica",
+        prometheus_url="http://127.0.0.1:1",
+        exporter_port=1,
+        exporter_url="-",
         prometheus_yml="-",
         replicas=[
             ReplicaEndpoint(name=n, url=f"http://127.0.0.1:{p}", models=[M8], gpu=g)
             for (n, g), p in zip(GPUS, ports, strict=True)
         ],
-        time_scale=1.0, ground_truth_path=None,
-    )  # fmt: skip
+        time_scale=1.0,
+        ground_truth_path=None,
+    )
 
 
 @dataclass

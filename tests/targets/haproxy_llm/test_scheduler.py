@@ -25,12 +25,23 @@ pytestmark = [
 HEADER = "X-Lbtune-Replica"
 # Only the filters and the named scorer decide: every other weight is 0.
 QUIET = {
-    "llm.w_queue": 0.0, "llm.w_kv": 0.0, "llm.w_load": 0.0, "llm.w_ttft": 0.0,
-    "llm.w_prefix": 0.0, "llm.w_session": 0.0, "llm.long_bias": 0.0, "llm.short_bias": 0.0,
-    "llm.admission": "route", "llm.refresh_ms": 50, "llm.stale_ms": 10000,
-    "llm.picker": "max", "llm.short_tokens": 512, "llm.long_tokens": 4096,
-    "llm.kv_headroom": 0.05, "llm.queue_timeout_ms": 5000,
-}  # fmt: skip
+    "llm.w_queue": 0.0,
+    "llm.w_kv": 0.0,
+    "llm.w_load": 0.0,
+    "llm.w_ttft": 0.0,
+    "llm.w_prefix": 0.0,
+    "llm.w_session": 0.0,
+    "llm.long_bias": 0.0,
+    "llm.short_bias": 0.0,
+    "llm.admission": "route",
+    "llm.refresh_ms": 50,
+    "llm.stale_ms": 10000,
+    "llm.picker": "max",
+    "llm.short_tokens": 512,
+    "llm.long_tokens": 4096,
+    "llm.kv_headroom": 0.05,
+    "llm.queue_timeout_ms": 5000,
+}
 
 
 def words(n: int) -> str:
