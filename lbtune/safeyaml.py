@@ -46,7 +46,10 @@ def _expanded(node: yaml.Node, memo: dict[int, int]) -> int:
 
 def load_yaml_text(text: str, where: str) -> Any:
     """``yaml.safe_load(text)``, refusing alias bombs; errors name ``where``."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as exc:  # the reader refuses a control character (NUL...) at once
+        raise ConfigError(f"{where}: invalid YAML: {str(exc).splitlines()[0]}") from None
     try:
         node = loader.get_single_node()
         if node is None:
