@@ -25,17 +25,36 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from lbtune.cluster import api
+from lbtune.cluster.config import load_config
 from lbtune.errors import ConfigError, LbtuneError
+from lbtune.history import db_path, index
+from lbtune.history.index import study_entry
+from lbtune.metrics.summary import Slo
 from lbtune.objective import ObjectiveSpec, make_spec, pareto_front, pareto_values, pick
-from lbtune.search.confirm import BaselineUnmeasurable
-from lbtune.search.harness import Harness, real_harness, rollout
+from lbtune.optimize_harness import real_harness
+from lbtune.report.study import write_study_report
+from lbtune.runplan import parse_slo
+from lbtune.scenario import load_scenario
+from lbtune.search.confirm import Arm, BaselineUnmeasurable, confirm
+from lbtune.search.harness import Harness, rollout
+from lbtune.search.pruning import make_pruner
 from lbtune.search.result import Confirmation, Rollout, StudyResult, TrialResult
-
-if TYPE_CHECKING:
-    from lbtune.search.study import LoopEvent
-    from lbtune.targets.base import ParamSet
+from lbtune.search.study import (
+    LoopEvent,
+    collect,
+    enqueue_references,
+    make_sampler,
+    open_study,
+    recover,
+    reference_trials,
+    run_loop,
+    sqlite_dir,
+)
+from lbtune.search.trial import TrialRunner
+from lbtune.targets.base import ParamSet
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +127,6 @@ class StudyProgress:
 
 
 def _spec(kind: str, slo: str | None, weights: str | None, scenario: str) -> ObjectiveSpec:
-    from lbtune.metrics.summary import Slo
-    from lbtune.runplan import parse_slo
-    from lbtune.scenario import load_scenario
-
     scen = load_scenario(scenario)
     s = scen.slo
     base = Slo(ttft_s=s.ttft if s and s.ttft else None, e2e_s=s.e2e if s and s.e2e else None)
@@ -129,8 +144,6 @@ def _stored_attrs(storage: str, name: str | None) -> tuple[str | None, dict[str,
     """(study name, its user attributes) for ``--resume``: the newest study if unnamed."""
     import optuna
 
-    from lbtune.search.study import sqlite_dir
-
     sqlite_dir(storage)
     summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
     if name is None:
@@ -145,9 +158,6 @@ def _stored_attrs(storage: str, name: str | None) -> tuple[str | None, dict[str,
 def cluster_balancer(state_dir: Path | None, cluster_config: str | None) -> str:
     """The balancer of the cluster optimize tunes: the one running in ``state_dir``,
     else the one ``cluster_config`` (or the default preset) would start."""
-    from lbtune.cluster import api
-    from lbtune.cluster.config import load_config
-
     st = api.status(state_dir)
     if st.running and st.endpoints is not None:
         return st.endpoints.balancer
@@ -169,9 +179,10 @@ def resolve_options(opts: OptimizeOptions, harness: Harness | None = None) -> Op
             changes[key] = stored[key]
     out = replace(opts, **changes)
     defaults: dict[str, Any] = {
-        "scenario": DEFAULT_SCENARIO, "objective": "composite",
+        "scenario": DEFAULT_SCENARIO,
+        "objective": "composite",
         "trial_duration_s": DEFAULT_TRIAL_DURATION_S,
-    }  # fmt: skip
+    }
     out = replace(out, **{k: v for k, v in defaults.items() if getattr(out, k) is None})
     if harness is not None:
         out = replace(out, target=out.target or harness.target.name)
@@ -217,20 +228,13 @@ def run_optimize(
     say: Callable[[str], None] = log.info,
     stop: threading.Event | None = None,
     harness: Harness | None = None,
+    on_result: Callable[[OptimizeOptions, StudyResult], None] | None = None,
 ) -> StudyResult:
-    """Run (or resume) a study end to end; see the module docstring."""
-    from lbtune.search.pruning import make_pruner
-    from lbtune.search.study import (
-        collect,
-        enqueue_references,
-        make_sampler,
-        open_study,
-        recover,
-        reference_trials,
-        run_loop,
-    )  # fmt: skip
-    from lbtune.search.trial import TrialRunner
+    """Run (or resume) a study end to end; see the module docstring.
 
+    ``on_result`` gets the result once the report is written, also when the study then
+    fails for a baseline it could not measure: the CLI indexes the study there
+    (:func:`record_study`)."""
     opts = resolve_options(opts, harness)
     assert opts.scenario and opts.target and opts.objective and opts.study
     stop = stop or threading.Event()
@@ -291,8 +295,17 @@ def run_optimize(
 
     _seed_progress(prog, collect(study, spec))
     phase(f"study {opts.study}: {opts.budget} trials of {opts.trial_duration_s:g} s")
-    run_loop(study, space, runner, spec, opts.budget, prune=opts.pruner != "none", stop=stop,
-             on_event=on_event, say=say)  # fmt: skip
+    run_loop(
+        study,
+        space,
+        runner,
+        spec,
+        opts.budget,
+        prune=opts.pruner != "none",
+        stop=stop,
+        on_event=on_event,
+        say=say,
+    )
     trials = collect(study, spec)
     base = _baseline(trials)
     best, front = _best(trials, spec)
@@ -303,14 +316,17 @@ def run_optimize(
     live_no, live_params = _live(trials, study, lkg)
     try:
         if not stop.is_set():
-            confirmation = _confirm(opts, runner, spec, trials, live_no, live_params, best,
-                                    front, stop, phase)  # fmt: skip
+            confirmation = _confirm(
+                opts, runner, spec, trials, live_no, live_params, best, front, stop, phase
+            )
             if confirmation.note:
                 notes.append(confirmation.note)
         if (
-            confirmation is not None and confirmation.winner is not None
-            and opts.apply and not stop.is_set()
-        ):  # fmt: skip
+            confirmation is not None
+            and confirmation.winner is not None
+            and opts.apply
+            and not stop.is_set()
+        ):
             phase(f"rolling out trial {confirmation.winner} through {h.rollout_via}")
             winner = next(t for t in trials if t.number == confirmation.winner)
             result_rollout = rollout(h, winner.params, lkg, confirmation, spec, opts.study, say)
@@ -338,21 +354,30 @@ def run_optimize(
     if stop.is_set():
         notes.append("interrupted (Ctrl-C): the running trial was stopped; --resume continues")
     result = StudyResult(
-        study=opts.study, storage=opts.storage, target=opts.target, scenario=opts.scenario,
-        sampler=opts.sampler, spec=spec, budget=opts.budget, trials=tuple(trials),
-        best=None if best is None else best.number, baseline=None if base is None else base.number,
-        pareto_front=tuple(front), importances=_importances(study), confirmation=confirmation,
-        rollout=result_rollout, interrupted=stop.is_set(), elapsed_s=time.monotonic() - t_start,
-        report_dir=str(out_dir) if opts.write_report else None, notes=tuple(notes),
+        study=opts.study,
+        storage=opts.storage,
+        target=opts.target,
+        scenario=opts.scenario,
+        sampler=opts.sampler,
+        spec=spec,
+        budget=opts.budget,
+        trials=tuple(trials),
+        best=None if best is None else best.number,
+        baseline=None if base is None else base.number,
+        pareto_front=tuple(front),
+        importances=_importances(study),
+        confirmation=confirmation,
+        rollout=result_rollout,
+        interrupted=stop.is_set(),
+        elapsed_s=time.monotonic() - t_start,
+        report_dir=str(out_dir) if opts.write_report else None,
+        notes=tuple(notes),
         started_at=stamp,
-    )  # fmt: skip
+    )
     if opts.write_report:
-        from lbtune.report.study import write_study_report
-
         write_study_report(out_dir, result)
-    from lbtune.history import index_study
-
-    index_study(opts, result)
+    if on_result is not None:
+        on_result(opts, result)
     if unmeasurable is not None:
         where = f" (report: {out_dir})" if opts.write_report else ""
         raise BaselineUnmeasurable(f"{unmeasurable}{where}") from unmeasurable
@@ -424,12 +449,18 @@ def _live(trials: list[TrialResult], study: Any, lkg: ParamSet) -> tuple[int | N
 
 
 def _confirm(
-    opts: OptimizeOptions, runner: Any, spec: ObjectiveSpec, trials: list[TrialResult],
-    live_no: int | None, live: ParamSet, best: TrialResult | None, front: list[int],
-    stop: threading.Event, phase: Callable[[str], None],
-) -> Confirmation:  # fmt: skip
+    opts: OptimizeOptions,
+    runner: Any,
+    spec: ObjectiveSpec,
+    trials: list[TrialResult],
+    live_no: int | None,
+    live: ParamSet,
+    best: TrialResult | None,
+    front: list[int],
+    stop: threading.Event,
+    phase: Callable[[str], None],
+) -> Confirmation:
     """Confirm the best candidates against the live config; every skip says why."""
-    from lbtune.search.confirm import Arm, confirm
 
     def skipped(verdict: Any, why: str) -> Confirmation:
         phase(f"confirmation skipped: {why}")
@@ -450,10 +481,17 @@ def _confirm(
         f"{opts.confirm_runs} round(s), up to {opts.confirm_max_rounds} for enough samples"
     )
     return confirm(
-        runner, Arm("A", live_no, live), arms, spec, runs=opts.confirm_runs,
-        max_rounds=opts.confirm_max_rounds, max_s=opts.confirm_max_s, seed=opts.seed or 0,
-        stop=stop, say=phase,
-    )  # fmt: skip
+        runner,
+        Arm("A", live_no, live),
+        arms,
+        spec,
+        runs=opts.confirm_runs,
+        max_rounds=opts.confirm_max_rounds,
+        max_s=opts.confirm_max_s,
+        seed=opts.seed or 0,
+        stop=stop,
+        say=phase,
+    )
 
 
 def _importances(study: Any) -> dict[str, float]:
@@ -475,3 +513,13 @@ def _importances(study: Any) -> dict[str, float]:
     except (ValueError, RuntimeError, ZeroDivisionError) as exc:
         log.debug("importances not computed: %s", exc)
         return {}
+
+
+def record_study(opts: OptimizeOptions, result: StudyResult) -> None:
+    """Index a study in the history (a failure is a warning): the callers of
+    :func:`run_optimize` that keep a history (the CLI) pass it as ``on_result``."""
+    index(
+        db_path(opts.storage, opts.reports_root),
+        lambda: study_entry(result, opts.trial_duration_s, opts.seed),
+        f"study {result.study}",
+    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -31,13 +31,11 @@ from lbtune.scenario.loader import load_scenario
 from lbtune.scenario.models import Scenario
 from lbtune.scenario.plan import LoadPlan, Stage, default_duration, plan_load
 
-if TYPE_CHECKING:
-    from lbtune.stress import StressOptions
-
 __all__ = [
     "RUN_PLAN_FILE",
     "LoadSpec",
     "RunPlan",
+    "RunRequest",
     "StageSpec",
     "TargetSpec",
     "parse_slo",
@@ -162,12 +160,43 @@ _ADAPTER: TypeAdapter[RunPlan] = TypeAdapter(RunPlan)
 
 def _stage_spec(s: Stage) -> StageSpec:
     return StageSpec(
-        start_s=s.start_s, end_s=s.end_s, users=s.users, rate=s.rate, label=s.label,
+        start_s=s.start_s,
+        end_s=s.end_s,
+        users=s.users,
+        rate=s.rate,
+        label=s.label,
         ramp_from=s.ramp_from,
-    )  # fmt: skip
+    )
 
 
-def plan_run(opts: StressOptions) -> RunPlan:
+class RunRequest(Protocol):
+    """What :func:`plan_run` reads of a run's options (:class:`lbtune.stress.StressOptions`)."""
+
+    @property
+    def plan(self) -> RunPlan | None: ...
+    @property
+    def scenario(self) -> str: ...
+    @property
+    def duration_s(self) -> float | None: ...
+    @property
+    def max_duration_s(self) -> float | None: ...
+    @property
+    def until_samples(self) -> int | None: ...
+    @property
+    def users(self) -> int | None: ...
+    @property
+    def rate(self) -> float | None: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def slo(self) -> str | None: ...
+    @property
+    def tokenizer(self) -> str | None: ...
+    @property
+    def target_url(self) -> str | None: ...
+
+
+def plan_run(opts: RunRequest) -> RunPlan:
     """The plan of a run with ``opts``: reads the scenario once, nothing else."""
     if opts.plan is not None:
         return opts.plan
@@ -190,17 +219,31 @@ def plan_run(opts: StressOptions) -> RunPlan:
     slo = parse_slo(opts.slo, base)
     lo, hi = lp.measure_window
     load = LoadSpec(
-        mode=lp.mode, duration_s=lp.duration_s, shape_duration_s=shape_s, users=opts.users,
-        rate=opts.rate, stages=tuple(_stage_spec(s) for s in lp.stages), warmup_s=lp.warmup_s,
-        cooldown_s=lp.cooldown_s, arrival=lp.arrival, cv=lp.cv, arrivals=len(lp.arrivals),
+        mode=lp.mode,
+        duration_s=lp.duration_s,
+        shape_duration_s=shape_s,
+        users=opts.users,
+        rate=opts.rate,
+        stages=tuple(_stage_spec(s) for s in lp.stages),
+        warmup_s=lp.warmup_s,
+        cooldown_s=lp.cooldown_s,
+        arrival=lp.arrival,
+        cv=lp.cv,
+        arrivals=len(lp.arrivals),
         until_samples=until,
-    )  # fmt: skip
+    )
     return RunPlan(
-        scenario_ref=str(opts.scenario), scenario_name=scenario.name, scenario=scenario,
-        seed=seed, tokenizer=opts.tokenizer, load=load, window_start_s=lo, window_end_s=hi,
+        scenario_ref=str(opts.scenario),
+        scenario_name=scenario.name,
+        scenario=scenario,
+        seed=seed,
+        tokenizer=opts.tokenizer,
+        load=load,
+        window_start_s=lo,
+        window_end_s=hi,
         slo=SloSpec(ttft_s=slo.ttft_s, e2e_s=slo.e2e_s, max_error_rate=slo.max_error_rate),
         target=TargetSpec(url=None if opts.target_url is None else opts.target_url.rstrip("/")),
-    )  # fmt: skip
+    )
 
 
 def write_run_plan(run_dir: str | Path, plan: RunPlan) -> Path:

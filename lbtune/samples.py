@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lbtune.errors import ConfigError
+from lbtune.history import db_path
+from lbtune.history.store import HistoryStore
 from lbtune.metrics.quantiles import MIN_SAMPLES
 from lbtune.runplan import RunPlan, read_run_plan
 from lbtune.scenario.plan import LoadPlan
@@ -80,9 +82,6 @@ def estimate_window_requests(plan: RunPlan, reports_root: Path | None = None) ->
 
 def _history_rate_per_user(plan: RunPlan, reports_root: Path | None) -> tuple[float, str] | None:
     """Successful requests/s per user of the latest indexed run like this one."""
-    from lbtune.history import db_path
-    from lbtune.history.store import HistoryStore
-
     path = db_path(reports_root=reports_root)
     if path is None or not path.is_file():
         return None

@@ -230,7 +230,7 @@ def test_stages_are_cut_at_what_ran() -> None:
     """A run stopped by --until-samples before its 600 s bound: the held stage's throughput
     is over the seconds that ran, so the decay is not 1 - tiny/best."""
     from lbtune.metrics.stages import stage_stats, throughput_decay
-    from lbtune.stress import _ran_stages
+    from lbtune.stress_summary import ran_stages as _ran_stages
 
     plan = plan_run(StressOptions(scenario="chat", duration_s=20, until_samples=100))
     assert plan.stages()[-1].label == "hold" and plan.stages()[-1].end_s == 600

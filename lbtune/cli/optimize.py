@@ -124,7 +124,7 @@ def optimize_command(
     from rich.console import Console
 
     from lbtune.cli.ticker import ticking
-    from lbtune.optimize import OptimizeOptions, run_optimize
+    from lbtune.optimize import OptimizeOptions, record_study, run_optimize
 
     if trace is not None:
         from lbtune.scenario.loader import trace_ref
@@ -163,7 +163,13 @@ def optimize_command(
             _live(err, view, enabled=err.is_terminal and not ci),
             ticking(view.render, ci_mode.line, enabled=not err.is_terminal),
         ):
-            result = run_optimize(opts, on_progress=on_progress, stop=stop, say=say)
+            result = run_optimize(
+                opts,
+                on_progress=on_progress,
+                stop=stop,
+                say=say,
+                on_result=record_study,
+            )
     except Exception as exc:
         ci_mode.junit_on_error(junit, "optimize", exc)
         raise

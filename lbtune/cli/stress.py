@@ -124,7 +124,7 @@ def stress_command(
 
     Example: lbtune stress --scenario longctx --until-samples 100
     """
-    from lbtune.stress import StressOptions, run_stress
+    from lbtune.stress import StressOptions, record_stress, run_stress
 
     if master and worker:
         raise typer.BadParameter("give --master or --worker, not both")
@@ -176,6 +176,7 @@ def stress_command(
                     on_progress=ci_mode.StressLines(format_progress),
                     say=ci_mode.line,
                     stop=term.stop,
+                    on_result=record_stress,
                 )
             elif not err.is_terminal:  # piped: a plain line every few seconds, not live
                 from lbtune.cli.ticker import EVERY_S
@@ -185,6 +186,7 @@ def stress_command(
                     on_progress=ci_mode.StressLines(format_progress, every_s=EVERY_S),
                     say=ci_mode.line,
                     stop=term.stop,
+                    on_result=record_stress,
                 )
             else:
                 with _LiveProgress(err, enabled=True) as live:
@@ -193,6 +195,7 @@ def stress_command(
                         on_progress=live.update,
                         say=lambda m: err.print(f"[dim]{m}[/]"),
                         stop=term.stop,
+                        on_result=record_stress,
                     )
     except Exception as exc:
         ci_mode.junit_on_error(junit, "stress", exc)

@@ -1,26 +1,24 @@
 """History: every stress run and study indexed next to the Optuna studies, and drift.
 
-``run_stress`` (when it writes a report) and ``run_optimize`` call :func:`index_stress` /
-:func:`index_study` as their last step; a failure to index is a warning, never a failed
-run. The index lives in the same SQLite file as the studies (``reports/studies.db`` by
-default; see :func:`db_path`), in lbtune's own ``lbtune_*`` tables
-(:mod:`lbtune.history.store`). :mod:`lbtune.history.drift` flags when the live config
-measures significantly worse than the last accepted one. Importing this package is light.
+The callers of ``run_stress`` and ``run_optimize`` (the CLI, :mod:`lbtune.ci`) index what
+they ran with :func:`index` (the entries are made by :mod:`lbtune.history.index`:
+:func:`lbtune.stress.record_stress`, :func:`lbtune.optimize.record_study`); a failure to
+index is a warning, never a failed run. The index lives in the same SQLite file as the
+studies (``reports/studies.db`` by default; see :func:`db_path`), in lbtune's own
+``lbtune_*`` tables (:mod:`lbtune.history.store`). :mod:`lbtune.history.drift` flags when
+the live config measures significantly worse than the last accepted one.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from lbtune.optimize import OptimizeOptions
-    from lbtune.search.result import StudyResult
-    from lbtune.stress import StressOptions, StressResult
+from lbtune.history.store import Entry, HistoryStore
 
-__all__ = ["DEFAULT_STORAGE", "ENV_DB", "db_path", "index_stress", "index_study"]
+__all__ = ["DEFAULT_STORAGE", "ENV_DB", "db_path", "index"]
 
 log = logging.getLogger(__name__)
 
@@ -45,29 +43,13 @@ def db_path(
     return (reports_root if reports_root is not None else Path("reports")) / "studies.db"
 
 
-def index_stress(opts: StressOptions, result: StressResult) -> None:
-    """Index one stress run (its report was written); warn instead of failing."""
+def index(path: Path | None, entry: Callable[[], Entry], what: str) -> None:
+    """Add ``entry()`` to the index at ``path`` (None: nothing to keep); ``what`` names it
+    in the log. Any failure, making the entry included, is a warning, never an error."""
+    if path is None:
+        return
     try:
-        from lbtune.history.index import stress_entry
-        from lbtune.history.store import HistoryStore
-
-        path = db_path(reports_root=opts.reports_root)
-        if path is not None:
-            entry = HistoryStore(path).add(stress_entry(opts, result))
-            log.debug("history: indexed stress run %s in %s", entry.id, path)
+        added = HistoryStore(path).add(entry())
+        log.debug("history: indexed %s as %s in %s", what, added.id, path)
     except Exception as exc:
-        log.warning("history: this run was not indexed (%s: %s)", type(exc).__name__, exc)
-
-
-def index_study(opts: OptimizeOptions, result: StudyResult) -> None:
-    """Index one study; warn instead of failing."""
-    try:
-        from lbtune.history.index import study_entry
-        from lbtune.history.store import HistoryStore
-
-        path = db_path(opts.storage, opts.reports_root)
-        if path is not None:
-            entry = HistoryStore(path).add(study_entry(opts, result))
-            log.debug("history: indexed study %s as %s in %s", result.study, entry.id, path)
-    except Exception as exc:
-        log.warning("history: this study was not indexed (%s: %s)", type(exc).__name__, exc)
+        log.warning("history: %s was not indexed (%s: %s)", what, type(exc).__name__, exc)

@@ -29,6 +29,7 @@ import numpy as np
 
 from lbtune.errors import ConfigError
 from lbtune.history.store import Entry, KeyFigures
+from lbtune.loadgen.recordio import read_records
 from lbtune.metrics.bootstrap import percentile_diff_interval
 from lbtune.runplan import read_run_plan
 
@@ -64,10 +65,15 @@ class FigureCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "current": self.current, "reference": self.reference,
-            "change": self.change, "limit": self.limit, "beyond": self.beyond,
-            "ci95": None if self.ci is None else list(self.ci), "drifted": self.drifted,
-        }  # fmt: skip
+            "name": self.name,
+            "current": self.current,
+            "reference": self.reference,
+            "change": self.change,
+            "limit": self.limit,
+            "beyond": self.beyond,
+            "ci95": None if self.ci is None else list(self.ci),
+            "drifted": self.drifted,
+        }
 
 
 @dataclass(frozen=True)
@@ -87,14 +93,24 @@ class DriftReport:
         def ref(e: Entry | None) -> dict[str, Any] | None:
             if e is None:
                 return None
-            return {"id": e.id, "kind": e.kind, "time": e.time, "study": e.study,
-                    "report_dir": e.report_dir, "config_hash": e.config_hash}  # fmt: skip
+            return {
+                "id": e.id,
+                "kind": e.kind,
+                "time": e.time,
+                "study": e.study,
+                "report_dir": e.report_dir,
+                "config_hash": e.config_hash,
+            }
 
         return {
-            "scenario": self.scenario, "drift": self.drift, "drifted": self.drifted,
-            "current": ref(self.current), "reference": ref(self.reference),
-            "checks": [c.to_dict() for c in self.checks], "notes": list(self.notes),
-        }  # fmt: skip
+            "scenario": self.scenario,
+            "drift": self.drift,
+            "drifted": self.drifted,
+            "current": ref(self.current),
+            "reference": ref(self.reference),
+            "checks": [c.to_dict() for c in self.checks],
+            "notes": list(self.notes),
+        }
 
 
 def check_drift(
@@ -114,9 +130,11 @@ def check_drift(
     reference = next((e for e in reversed(mine[:cur_i]) if e.reference is not None), None)
     if reference is None:
         return DriftReport(
-            scenario, current, None,
+            scenario,
+            current,
+            None,
             notes=("no accepted configuration before the newest run: nothing to drift from",),
-        )  # fmt: skip
+        )
     cur, ref = current.current, reference.reference
     assert cur is not None and ref is not None
     checks = [_p99(name, cur, ref, threshold, n_boot, seed) for name in ("p99_e2e_s", "p99_ttft_s")]
@@ -188,8 +206,6 @@ def samples(fig: KeyFigures, metric: str) -> Array | None:
     d = Path(fig.records_dir)
     if not (d / "requests.parquet").is_file():
         return None
-    from lbtune.loadgen.recordio import read_records
-
     records = read_records(d)
     if not records:
         return None

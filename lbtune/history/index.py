@@ -1,10 +1,9 @@
-"""History entries from what ``run_stress`` and ``run_optimize`` return (pure but for reads).
+"""History entries from what a stress run or a study produced (pure but for reads).
 
-A stress run keeps its summary's figures (role ``run``) and, on the embedded cluster, the
-last known good of its balancer as its config (what was live, as far as lbtune knows). A
-study keeps its baseline trial (the live config measured as trial 0), the confirmed
-winner, the verification run after the rollout, and whether the winner was accepted
-(rolled out, verified, not rolled back).
+A stress run keeps its summary's figures (role ``run``) and the balancer config its plan
+recorded (what was live, as far as lbtune knows). A study keeps its baseline trial (the
+live config measured as trial 0), the confirmed winner, the verification run after the
+rollout, and whether the winner was accepted (rolled out, verified, not rolled back).
 """
 
 from __future__ import annotations
@@ -12,23 +11,23 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lbtune import __version__
+from lbtune.apply.lkg import params_hash
 from lbtune.errors import ConfigError
 from lbtune.history.store import Entry, KeyFigures
-from lbtune.runplan import read_run_plan
+from lbtune.objective import figures_from_summary
+from lbtune.runplan import RunPlan, read_run_plan
 
 if TYPE_CHECKING:
-    from lbtune.cluster.state import Endpoints
+    from lbtune.metrics.summary import RunSummary
     from lbtune.objective import Figures
-    from lbtune.optimize import OptimizeOptions
     from lbtune.search.result import StudyResult
-    from lbtune.stress import StressOptions, StressResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["from_objective", "live_config", "stress_entry", "study_entry"]
+__all__ = ["from_objective", "recorded_window", "stress_entry", "study_entry"]
 
 
 def from_objective(
@@ -53,64 +52,49 @@ def from_objective(
     )
 
 
-def stress_entry(opts: StressOptions, result: StressResult) -> Entry:
-    from lbtune.objective import figures_from_summary
-
-    s = result.summary
-    rdir = result.report.directory if result.report is not None else result.records_path.parent
+def stress_entry(summary: RunSummary, plan: RunPlan, run_dir: Path, ran_s: float) -> Entry:
+    """The entry of one stress run: its summary, its plan as run, the directory it wrote
+    and how long it ran."""
+    s = summary
     window = (s.window.start - s.run_start, s.window.end - s.run_start)
     degraded = s.generator.degraded
     try:
-        fig = from_objective(figures_from_summary(s), rdir, window, degraded)
+        fig = from_objective(figures_from_summary(s), run_dir, window, degraded)
     except ValueError:  # nothing succeeded: keep what there is
         fig = KeyFigures(
-            error_rate=s.outcomes.error_rate, requests_per_s=s.throughput.requests_per_s,
-            degraded=degraded, completed=0, records_dir=str(rdir),
-            window_start_s=window[0], window_end_s=window[1],
-        )  # fmt: skip
-    params = result.plan.target.params
-    chash = None if params is None else _hash(params)
-    ld = result.plan.load
+            error_rate=s.outcomes.error_rate,
+            requests_per_s=s.throughput.requests_per_s,
+            degraded=degraded,
+            completed=0,
+            records_dir=str(run_dir),
+            window_start_s=window[0],
+            window_end_s=window[1],
+        )
+    params = plan.target.params
+    ld = plan.load
     load = {
-        "duration_s": round(result.load.ended_at - result.load.started_at, 1),
-        "users": ld.users, "rate": ld.rate, "seed": result.plan.seed, "mode": s.mode,
-    }  # fmt: skip
+        "duration_s": round(ran_s, 1),
+        "users": ld.users,
+        "rate": ld.rate,
+        "seed": plan.seed,
+        "mode": s.mode,
+    }
     return Entry(
-        kind="stress", time=s.run_start, scenario=s.scenario, target=s.target,
-        report_dir=str(rdir), config_hash=chash, params=params, load=load,
-        figures={"run": fig}, lbtune_version=__version__,
-    )  # fmt: skip
+        kind="stress",
+        time=s.run_start,
+        scenario=s.scenario,
+        target=s.target,
+        report_dir=str(run_dir),
+        config_hash=None if params is None else params_hash(params),
+        params=params,
+        load=load,
+        figures={"run": fig},
+        lbtune_version=__version__,
+    )
 
 
-def _hash(params: dict[str, Any]) -> str:
-    from lbtune.apply.lkg import params_hash
-
-    return params_hash(params)
-
-
-def live_config(ep: Endpoints) -> tuple[dict[str, Any] | None, str | None]:
-    """The embedded cluster's balancer config (params, sha256): what is live now (a study's
-    trial config during its trial), else its last known good; ``(None, None)`` when neither
-    can be read. ``run_stress`` records it in the run's plan (``run.json``) before the load."""
-    from lbtune.apply.lkg import LkgStore, params_hash
-
-    balancer = getattr(ep, "balancer", "haproxy")
-    try:
-        from lbtune.targets import get_target
-
-        live = dict(get_target(balancer, ep).read_live())
-        return live, params_hash(live)
-    except Exception as exc:
-        log.debug("history: live config not read (%s)", exc)
-    lkg = LkgStore(ep.state_dir, balancer).get()
-    if lkg is not None:
-        return dict(lkg.params), lkg.sha256
-    return None, None
-
-
-def study_entry(opts: OptimizeOptions, result: StudyResult) -> Entry:
-    from lbtune.apply.lkg import params_hash
-
+def study_entry(result: StudyResult, trial_duration_s: float | None, seed: int | None) -> Entry:
+    """The entry of one study (``trial_duration_s`` and ``seed``: its options')."""
     rdir = Path(result.report_dir) if result.report_dir else None
     conf, ro = result.confirmation, result.rollout
     accepted = bool(ro is not None and ro.applied and ro.verified and not ro.rolled_back)
@@ -130,15 +114,22 @@ def study_entry(opts: OptimizeOptions, result: StudyResult) -> Entry:
     kept = winner if accepted and winner is not None else base
     params = None if kept is None else dict(kept.params)
     return Entry(
-        kind="study", time=time.time() - result.elapsed_s, scenario=result.scenario,
-        target=result.target, report_dir=None if rdir is None else str(rdir),
-        study=result.study, config_hash=None if params is None else params_hash(params),
+        kind="study",
+        time=time.time() - result.elapsed_s,
+        scenario=result.scenario,
+        target=result.target,
+        report_dir=None if rdir is None else str(rdir),
+        study=result.study,
+        config_hash=None if params is None else params_hash(params),
         params=params,
-        load={"duration_s": opts.trial_duration_s, "seed": opts.seed, "budget": result.budget},
-        verdict=None if conf is None else conf.verdict, accepted=accepted,
-        baseline_trial=result.baseline, winner_trial=None if conf is None else conf.winner,
-        figures=figures, lbtune_version=__version__,
-    )  # fmt: skip
+        load={"duration_s": trial_duration_s, "seed": seed, "budget": result.budget},
+        verdict=None if conf is None else conf.verdict,
+        accepted=accepted,
+        baseline_trial=result.baseline,
+        winner_trial=None if conf is None else conf.winner,
+        figures=figures,
+        lbtune_version=__version__,
+    )
 
 
 def recorded_window(run_dir: Path | None) -> tuple[float, float] | None:

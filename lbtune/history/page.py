@@ -23,9 +23,19 @@ if TYPE_CHECKING:
 __all__ = ["COLUMNS", "page", "plot", "rows"]
 
 COLUMNS = (
-    "time", "kind", "name", "P99 E2E ms", "TTFT P50 ms", "TTFT P99 ms", "req/s", "goodput/s",
-    "errors", "gen", "config", "outcome",
-)  # fmt: skip
+    "time",
+    "kind",
+    "name",
+    "P99 E2E ms",
+    "TTFT P50 ms",
+    "TTFT P99 ms",
+    "req/s",
+    "goodput/s",
+    "errors",
+    "gen",
+    "config",
+    "outcome",
+)
 
 
 def _ms(v: float | None) -> str:
@@ -59,10 +69,19 @@ def rows(entries: Sequence[Entry]) -> list[dict[str, str]]:
         gen = "" if f.degraded is None else ("behind" if f.degraded else "ok")
         errors = "-" if f.error_rate is None else f"{f.error_rate:.1%}"
         cells = (
-            _when(e.time), e.kind, name, _ms(f.p99_e2e_s), _ms(f.p50_ttft_s), _ms(f.p99_ttft_s),
-            _num(f.requests_per_s), _num(f.goodput_per_s), errors, gen,
-            (e.config_hash or "")[:10], _outcome(e),
-        )  # fmt: skip
+            _when(e.time),
+            e.kind,
+            name,
+            _ms(f.p99_e2e_s),
+            _ms(f.p50_ttft_s),
+            _ms(f.p99_ttft_s),
+            _num(f.requests_per_s),
+            _num(f.goodput_per_s),
+            errors,
+            gen,
+            (e.config_hash or "")[:10],
+            _outcome(e),
+        )
         out.append(dict(zip(COLUMNS, cells, strict=True)))
     return out
 
@@ -87,8 +106,11 @@ def plot(entries: Sequence[Entry], title: str) -> bytes:
         ys = [getattr(f, attr) * scale for _, _, f in pts if getattr(f, attr) is not None]
         ax.plot(xs, ys, color=color, alpha=0.5, lw=1, label=label)
         for kind, marker in (("stress", "o"), ("study", "s")):
-            mine = [(t, getattr(f, attr) * scale) for t, e, f in pts
-                    if e.kind == kind and getattr(f, attr) is not None]  # fmt: skip
+            mine = [
+                (t, getattr(f, attr) * scale)
+                for t, e, f in pts
+                if e.kind == kind and getattr(f, attr) is not None
+            ]
             if mine:
                 ax.plot(*zip(*mine, strict=True), marker=marker, ls="", color=color)
 
@@ -97,12 +119,25 @@ def plot(entries: Sequence[Entry], title: str) -> bytes:
     series(lat, "p50_ttft_s", "P50 TTFT", "#2ca02c", 1000)
     acc = [(day(e.time), e.reference) for e in entries if e.reference]
     if acc:
-        lat.plot([t for t, _ in acc], [(r.p99_e2e_s or 0) * 1000 for _, r in acc], marker="*",
-                 ms=14, ls="", color="#d62728", label="P99 E2E, accepted config")  # fmt: skip
+        lat.plot(
+            [t for t, _ in acc],
+            [(r.p99_e2e_s or 0) * 1000 for _, r in acc],
+            marker="*",
+            ms=14,
+            ls="",
+            color="#d62728",
+            label="P99 E2E, accepted config",
+        )
     bad = [(t, f.p99_e2e_s * 1000) for t, _, f in pts if f.degraded and f.p99_e2e_s]
     if bad:
-        lat.plot(*zip(*bad, strict=True), marker="x", ms=10, ls="", color="#000",
-                 label="generator fell behind")  # fmt: skip
+        lat.plot(
+            *zip(*bad, strict=True),
+            marker="x",
+            ms=10,
+            ls="",
+            color="#000",
+            label="generator fell behind",
+        )
     lat.set_ylabel("ms")
     series(thr, "requests_per_s", "req/s", "#1f77b4")
     series(thr, "goodput_per_s", "goodput/s", "#2ca02c")

@@ -144,9 +144,21 @@ class Entry:
 
 
 _RUN_COLS = (
-    "kind", "time", "scenario", "target", "study", "report_dir", "config_hash", "params", "load",
-    "verdict", "accepted", "baseline_trial", "winner_trial", "lbtune_version",
-)  # fmt: skip
+    "kind",
+    "time",
+    "scenario",
+    "target",
+    "study",
+    "report_dir",
+    "config_hash",
+    "params",
+    "load",
+    "verdict",
+    "accepted",
+    "baseline_trial",
+    "winner_trial",
+    "lbtune_version",
+)
 _FIG_COLS = tuple(f.name for f in fields(KeyFigures))
 
 

@@ -43,8 +43,10 @@ from lbtune.errors import ConfigError
 from lbtune.loadgen.collect import Progress, RecordTail
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from lbtune.loadgen.health import GeneratorHealth, HealthSample, WorkerHealth, summarize
+from lbtune.loadgen.preflight import served_models
 from lbtune.loadgen.recordio import finalize
 from lbtune.loadgen.records import OpenRequest
+from lbtune.loadgen.source import resolve
 
 __all__ = ["LoadConfig", "LoadResult", "Progress", "run_load"]
 
@@ -132,8 +134,6 @@ def _check_target(cfg: LoadConfig) -> None:
             f"target {u.hostname} is not on loopback; pass allow_remote (--allow-remote) "
             "to load-test a remote cluster"
         )
-    from lbtune.loadgen.preflight import served_models
-
     served_models(cfg.target_url, timeout_s=5)  # a real request: a bare connect is an ereq
 
 
@@ -202,12 +202,15 @@ def run_load(
     stop: threading.Event | None = None,
 ) -> LoadResult:
     """Run one load test; bounded by ``duration_s + grace_s`` and a hard deadline."""
-    from lbtune.loadgen.source import resolve
-
     resolve(
-        cfg.scenario, cfg.seed, cfg.duration_s, cfg.users, cfg.rate, cfg.tokenizer_path,
+        cfg.scenario,
+        cfg.seed,
+        cfg.duration_s,
+        cfg.users,
+        cfg.rate,
+        cfg.tokenizer_path,
         run_plan=cfg.run_plan,
-    )  # fmt: skip
+    )
     _check_target(cfg)
     rdir = Path(cfg.records_dir)
     rdir.mkdir(parents=True, exist_ok=True)

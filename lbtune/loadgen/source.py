@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from lbtune.errors import ConfigError
+from lbtune.runplan import read_run_plan
+from lbtune.scenario import build_workload, load_scenario, plan_load
 from lbtune.scenario.request import RequestSpec
 
 __all__ = ["FixedWorkload", "SimplePlan", "Workload", "resolve"]
@@ -133,9 +135,6 @@ def resolve(
     (a ``run.json`` path) from the run's recorded plan alone: its scenario document, seed
     and load plan (the other arguments are then not used)."""
     if run_plan is not None:
-        from lbtune.runplan import read_run_plan
-        from lbtune.scenario import build_workload
-
         rp = read_run_plan(run_plan)
         tok = rp.tokenizer if rp.tokenizer is not None else tokenizer_path
         return build_workload(rp.scenario, rp.seed, tokenizer_path=tok), rp.load_plan()
@@ -145,10 +144,6 @@ def resolve(
             arr = arrivals(rate, duration_s, seed, opts.get("arrival", "poisson"))
             return wl, SimplePlan(mode="open", arrivals=arr)
         return wl, SimplePlan(mode="closed", users=users or 1)
-    try:
-        from lbtune.scenario import build_workload, load_scenario, plan_load
-    except ImportError as e:  # pragma: no cover - until lbtune.scenario lands
-        raise ConfigError(f"scenarios are not available ({e}); use a 'fixed:' workload") from e
     sc = load_scenario(scenario)
     workload = build_workload(sc, seed, tokenizer_path=tokenizer_path)
     plan = plan_load(sc, duration_s=duration_s, users=users, rate=rate, seed=seed)

@@ -1,27 +1,23 @@
 """What a study runs against — target, measurement, rollout path, last known good — and
 the safe rollout of a confirmed winner.
 
-:func:`real_harness` wires the real pieces (the embedded cluster or a running one,
-``run_stress``, ``apply_params(via="ansible")``, the LKG store); tests pass a
-:class:`Harness` of fakes to :func:`lbtune.optimize.run_optimize` instead.
+:func:`lbtune.optimize_harness.real_harness` wires the real pieces (the embedded cluster
+or a running one, ``run_stress``, ``apply_params(via="ansible")``, the LKG store); tests
+pass a :class:`Harness` of fakes to :func:`lbtune.optimize.run_optimize` instead.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from lbtune.errors import LbtuneError, TrialFailed
 from lbtune.objective import ObjectiveSpec, feasible
+from lbtune.search.confirm import bootstrap_diff
 from lbtune.search.result import Confirmation, Rollout
 from lbtune.search.trial import Measure
-
-if TYPE_CHECKING:
-    from lbtune.targets.base import ParamSet, Target
+from lbtune.targets.base import ParamSet, Target
 
 log = logging.getLogger(__name__)
 
@@ -40,59 +36,6 @@ class Harness:
     restores the last known good if this process dies); returns the release."""
 
 
-def real_harness(
-    opts: Any, runs_dir: Path, stop: threading.Event, say: Callable[[str], None]
-) -> Harness:
-    """The embedded cluster (started if needed) or the running one in ``opts.state_dir``."""
-    from lbtune.apply import apply_params
-    from lbtune.apply.lease import hold
-    from lbtune.apply.lkg import LkgStore
-    from lbtune.errors import ConfigError
-    from lbtune.runplan import plan_run
-    from lbtune.search.measure import StressMeasure
-    from lbtune.stress import StressOptions, resolve_target
-    from lbtune.targets import get_target
-    from lbtune.targets.space import ParameterSpace
-
-    sopts = StressOptions(
-        scenario=opts.scenario, duration_s=opts.trial_duration_s, seed=opts.seed, slo=opts.slo,
-        state_dir=opts.state_dir, cluster_config=opts.cluster_config,
-        reports_root=opts.reports_root, write_report=False,
-    )  # fmt: skip
-    # Bad input is refused before anything starts: resolving the target may bring the
-    # embedded cluster up, which a typo in the space or scenario file must not leave behind.
-    if opts.space:
-        ParameterSpace.load(opts.space)
-    plan_run(sopts)
-    resolved = resolve_target(sopts, say)
-    if resolved.endpoints is None:
-        raise ConfigError("optimize needs a cluster lbtune manages (lbtune cluster up)")
-    extra: dict[str, Any] = {"space_file": opts.space} if opts.space else {}
-    target = get_target(opts.target, resolved.endpoints, **extra)
-    sopts = StressOptions(**{**sopts.__dict__, "state_dir": Path(resolved.endpoints.state_dir)})
-    store = LkgStore(resolved.endpoints.state_dir, target.name)
-    state_dir = Path(resolved.endpoints.state_dir)
-
-    def lkg_get() -> ParamSet | None:
-        found = store.get()
-        return None if found is None else dict(found.params)
-
-    def rollout_apply(params: ParamSet, source: str) -> object:
-        return apply_params(
-            target, params, via="ansible", inventory=opts.inventory, source=source,
-            record=False, progress=say,
-        )  # fmt: skip
-
-    return Harness(
-        target=target,
-        measure=StressMeasure(sopts, runs_dir, window_s=opts.window_s, interrupt=stop),
-        rollout_apply=rollout_apply,
-        lkg_get=lkg_get,
-        lkg_record=store.record,
-        lease=lambda: hold(state_dir, target.name, space_file=opts.space),
-    )
-
-
 def rollout(
     h: Harness,
     params: ParamSet,
@@ -108,8 +51,6 @@ def rollout(
     score is above the baseline's with a bootstrap CI that excludes zero.
     The winner becomes the last known good only once verified.
     """
-    from lbtune.search.confirm import bootstrap_diff
-
     source = f"study:{study}#{confirmation.winner}"
     try:
         h.rollout_apply(params, source)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lbtune.errors import ConfigError, DependencyError, TrialFailed
-from lbtune.objective import Figures, ObjectiveSpec, constraints, feasible, values
+from lbtune.objective import Figures, ObjectiveSpec, composite, constraints, feasible, values
 from lbtune.search.pruning import INTERVAL_ATTR, window_interval, window_value
 from lbtune.search.result import TrialResult
 from lbtune.search.trial import GeneratorBehind, Measurement, TrialRunner
@@ -368,8 +368,6 @@ def _stopped(stop: threading.Event) -> tuple[Any, str | None]:
 
 
 def trial_objective(m: Measurement, spec: ObjectiveSpec) -> float | None:
-    from lbtune.objective import composite
-
     return None if m.figures is None else composite(m.figures, spec)
 
 

@@ -110,7 +110,7 @@ def test_optimize_ci_exit_codes_junit_and_step_summary(
 ) -> None:  # fmt: skip
     got: list[str] = []
 
-    def fake(opts: Any, *, on_progress: Any, stop: Any, say: Any) -> Any:
+    def fake(opts: Any, *, on_progress: Any, stop: Any, say: Any, on_result: Any) -> Any:
         say("phase line")
         got.append(opts.study)
         return study(rollout)

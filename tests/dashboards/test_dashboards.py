@@ -165,15 +165,16 @@ def test_promtool_checks_and_unit_tests_the_rules() -> None:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """mini2 + agent, the rules loaded into its Prometheus, one 15 s stress run."""
-    from lbtune.stress import StressOptions, run_stress
+    from lbtune.stress import StressOptions, record_stress, run_stress
 
     state = tmp_path_factory.mktemp("dash-cluster")
     with running_cluster(state, "mini2-agent", time_scale=8.0) as ep:
         _load_rules(ep.prometheus_url, Path(ep.prometheus_yml), state)
         out = tmp_path_factory.mktemp("dash-report") / "run"
-        res = run_stress(StressOptions(
+        opts = StressOptions(
             scenario="mixed", duration_s=15, users=8, state_dir=Path(ep.state_dir), out_dir=out,
-        ))  # fmt: skip
+        )  # fmt: skip
+        res = run_stress(opts, on_result=record_stress)  # the caller writes the history
         at = min(res.summary.window.end, res.load.ended_at - 1.0)
         yield {"prom": ep.prometheus_url, "at": at, "out": out, "result": res}
 

@@ -18,7 +18,7 @@ from lbtune.history.drift import bootstrap_p99_diff, check_drift, samples
 from lbtune.history.page import page
 from lbtune.history.store import SCHEMA_VERSION, Entry, HistoryStore, KeyFigures
 from lbtune.loadgen.recordio import write_parquet
-from lbtune.optimize import OptimizeOptions, run_optimize
+from lbtune.optimize import OptimizeOptions, record_study, run_optimize
 from tests.metrics.records import rec
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 
@@ -187,7 +187,7 @@ def test_bootstrap_p99_ci_brackets_the_difference() -> None:
     assert lo <= diff <= hi and lo < 0 < hi
 
 
-def test_studies_are_indexed_by_run_optimize_and_drift_is_found(
+def test_studies_are_indexed_by_record_study_and_drift_is_found(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(ENV_DB, str(tmp_path / "h.db"))
@@ -197,7 +197,7 @@ def test_studies_are_indexed_by_run_optimize_and_drift_is_found(
     def study(name: str) -> None:
         opts = OptimizeOptions(budget=8, study=name, storage=f"sqlite:///{tmp_path}/s.db",
                                out_dir=tmp_path / name, seed=3, confirm_runs=2)  # fmt: skip
-        run_optimize(opts, harness=harness(target, FakeMeasure(target)))
+        run_optimize(opts, harness=harness(target, FakeMeasure(target)), on_result=record_study)
 
     study("first")
     (e,) = HistoryStore(tmp_path / "h.db").entries()
@@ -222,7 +222,7 @@ def test_an_unwritable_index_warns_and_the_study_still_succeeds(
     target = FakeTarget()
     opts = OptimizeOptions(budget=4, study="w", storage=f"sqlite:///{tmp_path}/s.db",
                            out_dir=tmp_path / "w", seed=1, confirm_runs=0)  # fmt: skip
-    res = run_optimize(opts, harness=harness(target, FakeMeasure(target)))
+    res = run_optimize(opts, harness=harness(target, FakeMeasure(target)), on_result=record_study)
     assert res.study == "w"
     assert any("not indexed" in r.getMessage() for r in caplog.records)
 
