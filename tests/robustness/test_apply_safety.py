@@ -320,10 +320,10 @@ def test_the_ansible_module_refuses_on_the_host_too(tmp_path: Path) -> None:
     zero = {f"weight.{r.name}": 0 for r in ep.replicas}
     req = HostRequest(target="haproxy", state_dir=tmp_path, params=zero)
     with pytest.raises(ConfigError, match="no replica able to take traffic"):
-        run_on_host(req, lambda ep, options: fake)  # type: ignore[arg-type,return-value]
+        run_on_host(req, lambda ep, options: fake)
     assert fake.calls == []
     run_on_host(
         HostRequest(target="haproxy", state_dir=tmp_path, params={**zero, "weight.l4-0": 1}),
-        lambda ep, options: fake,  # type: ignore[arg-type,return-value]
+        lambda ep, options: fake,
     )
     assert fake.calls == ["apply check=False"]
