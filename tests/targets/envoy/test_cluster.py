@@ -12,21 +12,19 @@ from pathlib import Path
 from urllib.request import urlopen
 
 import pytest
-import typer
 import yaml
 from typer.testing import CliRunner
 
 from lbtune.apply import apply_params
 from lbtune.apply.lkg import LkgStore
-from lbtune.cli.apply import apply_command, rollback_command
 from lbtune.cluster import api
-from lbtune.cluster.config import load_config
 from lbtune.cluster.state import Endpoints
 from lbtune.errors import ConfigError
-from lbtune.targets import balancer, get_target
+from lbtune.targets import balancer
 from lbtune.targets.envoy.admin import EnvoyAdmin
 from lbtune.targets.envoy.target import EnvoyTarget
-from tests.targets.envoy.conftest import M8, chat, envoy_missing
+from tests.targets._cluster_fixtures import M8, apply_cli, baseline_target, embedded_cluster
+from tests.targets.envoy.conftest import chat, envoy_missing
 
 pytestmark = pytest.mark.integration
 
@@ -35,27 +33,14 @@ pytestmark = pytest.mark.integration
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
     if envoy_missing() or shutil.which("prometheus") is None:
         pytest.skip("envoy and prometheus are needed")
-    state = tmp_path_factory.mktemp("mini2-envoy")
-    try:
-        yield api.up(load_config("mini2-envoy")[0], state)
-    finally:
-        api.down(state)
+    yield from embedded_cluster(tmp_path_factory, "mini2-envoy")
 
 
 @pytest.fixture
 def fresh(cluster: Endpoints) -> EnvoyTarget:
-    target = get_target("envoy", cluster)
+    target = baseline_target(cluster, "envoy")
     assert isinstance(target, EnvoyTarget)
-    target.apply(target.space().baseline())
-    shutil.rmtree(target.state_dir / "lkg", ignore_errors=True)
     return target
-
-
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    app.command("apply")(apply_command)
-    app.command("rollback")(rollback_command)
-    return app
 
 
 def l4_weight(target: EnvoyTarget) -> int:
@@ -78,7 +63,7 @@ def test_the_cluster_is_healthy_and_prometheus_scrapes_envoy(cluster: Endpoints)
 
 
 def test_cli_show_check_apply_bad_input_and_rollback(fresh: EnvoyTarget, tmp_path: Path) -> None:
-    runner, app, sd = CliRunner(), cli(), str(fresh.state_dir)
+    runner, app, sd = CliRunner(), apply_cli(), str(fresh.state_dir)
     shown = runner.invoke(app, ["apply", "--show", "-t", "envoy", "--state-dir", sd])
     assert shown.exit_code == 0, shown.output
     doc = yaml.safe_load(shown.stdout)

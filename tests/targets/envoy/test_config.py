@@ -18,7 +18,8 @@ from lbtune.targets.envoy.balancer import BALANCER
 from lbtune.targets.envoy.config import Layout
 from lbtune.targets.envoy.target import SPACE_FILE
 from lbtune.targets.space import ParameterSpace
-from tests.targets.envoy.conftest import M8, M70, needs_envoy
+from tests.targets._cluster_fixtures import M8, M70
+from tests.targets.envoy.conftest import needs_envoy
 
 REPLICAS = (
     ReplicaAddress("h100-0", "127.0.0.1", 18101, (M8, M70)),

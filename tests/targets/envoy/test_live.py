@@ -15,7 +15,8 @@ from lbtune.errors import ConfigError
 from lbtune.targets.base import RejectedBeforeApply, ReplicaAddress
 from lbtune.targets.envoy import deploy
 from lbtune.targets.envoy.admin import EnvoyAdmin
-from tests.targets.envoy.conftest import M8, M70, RunningEnvoy, chat
+from tests.targets._cluster_fixtures import M8, M70
+from tests.targets.envoy.conftest import RunningEnvoy, chat
 
 pytestmark = pytest.mark.integration
 

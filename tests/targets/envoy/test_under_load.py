@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import requests
 
-from tests.targets.envoy.conftest import M8, M70, RunningEnvoy
+from tests.targets._cluster_fixtures import M8, M70
+from tests.targets.envoy.conftest import RunningEnvoy
 
 pytestmark = pytest.mark.integration
 

@@ -6,10 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +19,8 @@ from lbtune.targets.base import LaunchSpec, ReplicaAddress
 from lbtune.targets.nginx.balancer import BALANCER
 from lbtune.targets.nginx.config import Site
 from lbtune.targets.nginx.target import NginxTarget
+from tests.targets._cluster_fixtures import M8, M70, free_port, sim_replicas
 
-M8 = "llama-3.1-8b-instruct"
-M70 = "llama-3.1-70b-instruct-awq"
 MODELS = (M70, M8)
 
 needs_nginx = pytest.mark.skipif(
@@ -34,12 +29,6 @@ needs_nginx = pytest.mark.skipif(
     reason="nginx and prometheus-nginx-exporter are needed "
     "(sudo apt-get install nginx prometheus-nginx-exporter)",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class LocalSupervisor:
@@ -78,58 +67,11 @@ class Running:
         return self.site.url
 
 
-def _wait_healthy(urls: list[str], proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 30
-    pending = list(urls)
-    while pending:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the sim did not start: {log.read_text()[-2000:]}")
-        url = pending[0]
-        host, port = url.removeprefix("http://").split(":")
-        try:
-            conn = http.client.HTTPConnection(host, int(port), timeout=1)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                pending.pop(0)
-            conn.close()
-        except OSError:
-            time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ReplicaAddress, ...]]:
     """h100-0 serves both models, l4-0 the 8B (as in mini2), in one sim process."""
-    tmp = tmp_path_factory.mktemp("sim")
-    reps = (
-        ReplicaAddress("h100-0", "127.0.0.1", free_port(), (M8, M70), "h100-80g"),
-        ReplicaAddress("l4-0", "127.0.0.1", free_port(), (M8,), "l4-24g"),
-    )
-    spec = {
-        "host": "127.0.0.1",
-        "time_scale": 8.0,
-        "seed": 0,
-        "replicas": [
-            {"name": r.name, "port": r.port, "gpu": r.gpu, "models": list(r.models)} for r in reps
-        ],
-    }
-    (tmp / "sim.json").write_text(json.dumps(spec))
-    log = tmp / "sim.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lbtune.sim", "--spec", str(tmp / "sim.json")],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        _wait_healthy([r.url for r in reps], proc, log)
+    with sim_replicas(tmp_path_factory.mktemp("sim")) as reps:
         yield reps
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def launch(state_dir: Path, reps: tuple[ReplicaAddress, ...]) -> Running:

@@ -12,20 +12,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import typer
 import yaml
 from typer.testing import CliRunner
 
 from lbtune.apply import apply_params
-from lbtune.cli.apply import apply_command, rollback_command
 from lbtune.cluster import api
-from lbtune.cluster.config import load_config
 from lbtune.cluster.state import Endpoints
 from lbtune.errors import ConfigError
-from lbtune.targets import get_target
 from lbtune.targets.base import RejectedBeforeApply
 from lbtune.targets.nginx.target import NginxTarget
-from tests.targets.nginx.conftest import M8, M70, chat, needs_nginx
+from tests.targets._cluster_fixtures import (
+    M8,
+    M70,
+    apply_cli,
+    baseline_target,
+    embedded_cluster,
+)
+from tests.targets.nginx.conftest import chat, needs_nginx
 
 pytestmark = [needs_nginx, pytest.mark.integration]
 
@@ -34,28 +37,15 @@ pytestmark = [needs_nginx, pytest.mark.integration]
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus is needed")
-    state = tmp_path_factory.mktemp("mini2-nginx")
-    try:
-        yield api.up(load_config("mini2-nginx")[0], state)
-    finally:
-        api.down(state)
+    yield from embedded_cluster(tmp_path_factory, "mini2-nginx")
 
 
 @pytest.fixture
 def target(cluster: Endpoints) -> NginxTarget:
     """Baseline live, no last known good recorded."""
-    t = get_target("nginx", cluster)
+    t = baseline_target(cluster, "nginx")
     assert isinstance(t, NginxTarget)
-    t.apply(t.space().baseline())
-    shutil.rmtree(t.state_dir / "lkg", ignore_errors=True)
     return t
-
-
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    app.command("apply")(apply_command)
-    app.command("rollback")(rollback_command)
-    return app
 
 
 def _query(prometheus: str, promql: str) -> list[dict[str, object]]:
@@ -97,7 +87,7 @@ def test_ansible_apply_then_no_change(target: NginxTarget) -> None:
 
 
 def test_cli_show_check_apply_invalid_and_rollback(target: NginxTarget, tmp_path: Path) -> None:
-    runner, app, sd = CliRunner(), cli(), str(target.state_dir)
+    runner, app, sd = CliRunner(), apply_cli(), str(target.state_dir)
     shown = runner.invoke(app, ["apply", "-t", "nginx", "--show", "--state-dir", sd])
     assert shown.exit_code == 0, shown.output
     doc = yaml.safe_load(shown.stdout)

@@ -20,7 +20,8 @@ from lbtune.targets.nginx.balancer import BALANCER, exporter_missing
 from lbtune.targets.nginx.config import ALGORITHMS, Site, render_config
 from lbtune.targets.nginx.target import SPACE_FILE, NginxTarget
 from lbtune.targets.space import ParameterSpace
-from tests.targets.nginx.conftest import M8, M70, MODELS, Running, chat, launch, needs_nginx
+from tests.targets._cluster_fixtures import M8, M70
+from tests.targets.nginx.conftest import MODELS, Running, chat, launch, needs_nginx
 
 pytestmark = [needs_nginx, pytest.mark.integration]
 
