@@ -1,4 +1,4 @@
-"""The agent's own ``GET /metrics`` (Prometheus text format 0.0.4, written by hand).
+"""The agent's own ``GET /metrics`` (Prometheus text format 0.0.4, by ``prometheus_client``).
 
 Served on ``127.0.0.1:<metrics_port>`` by a daemon thread. Metrics:
 
@@ -15,11 +15,15 @@ Served on ``127.0.0.1:<metrics_port>`` by a daemon thread. Metrics:
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from lbtune.agent.scoring import Decision
 
@@ -38,23 +42,13 @@ _HELP = {
 Key = tuple[tuple[str, str], ...]
 
 
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _fmt(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return str(int(v)) if v == int(v) and abs(v) < 1e15 else repr(v)
-
-
-class AgentMetrics:
+class AgentMetrics(Collector):
     """Thread-safe store of the agent's series; :meth:`render` writes the text format."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(self)
         self._series: dict[str, dict[Key, float]] = {name: {} for name in _HELP}
         self._series["lbtune_agent_iterations_total"][()] = 0.0
 
@@ -124,17 +118,29 @@ class AgentMetrics:
         return None
 
     def render(self) -> str:
-        out: list[str] = []
+        """The exposition text (format 0.0.4), written by ``prometheus_client``."""
+        return generate_latest(self._registry).decode()
+
+    def collect(self) -> Iterable[Metric]:
+        """Every non-empty family, built under the lock at scrape time (``Collector``)."""
+        out: list[Metric] = []
         with self._lock:
             for name, (kind, help_text) in _HELP.items():
                 series = self._series[name]
                 if not series:
                     continue
-                out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-                for labels, v in sorted(series.items()):
-                    lbl = ",".join(f'{k}="{_esc(x)}"' for k, x in labels)
-                    out.append(f"{name}{{{lbl}}} {_fmt(v)}" if lbl else f"{name} {_fmt(v)}")
-        return "\n".join(out) + "\n"
+                labels = [k for k, _ in next(iter(series))]
+                family = _FAMILIES[kind](name, help_text, labels=labels)
+                for key, v in sorted(series.items()):
+                    family.add_metric([x for _, x in key], v)
+                out.append(family)
+        return out
+
+
+_FAMILIES: dict[str, type[CounterMetricFamily] | type[GaugeMetricFamily]] = {
+    "counter": CounterMetricFamily,
+    "gauge": GaugeMetricFamily,
+}
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -1,17 +1,19 @@
 """Small, bounded probes of the cluster's parts: HTTP, ports, Prometheus.
 
-Standard library only (``urllib``, ``socket``), with short timeouts, and never through
-an HTTP proxy from the environment: every address here is loopback or a replica URL.
+Standard library (``urllib``, ``socket``) and ``prometheus_client``'s text parser, with
+short timeouts, and never through an HTTP proxy from the environment: every address here
+is loopback or a replica URL.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import socket
 import urllib.error
 import urllib.request
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -56,24 +58,22 @@ def prometheus_targets(prometheus_url: str, timeout: float = 1.0) -> list[dict[s
     return targets
 
 
-_SAMPLE_RE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
 def scrape_gauges(url: str, names: tuple[str, ...], timeout: float = 1.0) -> dict[str, float]:
     """Sum over label sets of each gauge in ``names`` from ``{url}/metrics`` (missing → absent)."""
     status, body = http_get(url.rstrip("/") + "/metrics", timeout)
     if status != 200:
         return {}
+    return gauge_sums(body.decode(errors="replace"), names)
+
+
+def gauge_sums(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Sum over label sets of each gauge in ``names`` in an exposition text; a text that
+    stops parsing keeps the families read before the bad line."""
     out: dict[str, float] = {}
-    for line in body.decode(errors="replace").splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE_RE.match(line)
-        if m is None or m.group(1) not in names:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name in names:
+                out[family.name] = sum(s.value for s in family.samples if s.name == family.name)
+    except ValueError:
+        pass
     return out

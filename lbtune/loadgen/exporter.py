@@ -1,6 +1,7 @@
 """Client-side Prometheus exporter: ``GET /metrics`` while the test runs.
 
-Text exposition format written by hand (no client library). Served on
+Text exposition format written by ``prometheus_client`` from families built at scrape
+time (the registry is its own collector). Served on
 ``127.0.0.1:<exporter_port>``; the cluster's Prometheus scrapes it as job
 ``lbtune``. Fed from the same per-request records that the summary is computed
 from, so Prometheus and the Parquet file can be cross-checked.
@@ -21,67 +22,123 @@ value, URL or key.
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
 from lbtune.loadgen.records import RequestRecord
+from lbtune.sim.metrics import Histogram
 
 __all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "TTFT_BUCKETS", "ExporterServer", "MetricsRegistry"]
 
 TTFT_BUCKETS = (
-    0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15,
-    0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.75, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0,
-    4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0,
-)  # fmt: skip
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.06,
+    0.075,
+    0.1,
+    0.125,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.35,
+    0.4,
+    0.5,
+    0.6,
+    0.75,
+    0.8,
+    1.0,
+    1.25,
+    1.5,
+    2.0,
+    2.5,
+    3.0,
+    4.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+)
 ITL_BUCKETS = (
-    0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04,
-    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0,
-)  # fmt: skip
+    0.001,
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.0125,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.0,
+    5.0,
+)
 E2E_BUCKETS = (
-    0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
-    6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0,
-)  # fmt: skip
+    0.05,
+    0.1,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.8,
+    1.0,
+    1.25,
+    1.5,
+    2.0,
+    2.5,
+    3.0,
+    4.0,
+    5.0,
+    6.0,
+    8.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    45.0,
+    60.0,
+    90.0,
+    120.0,
+    180.0,
+    300.0,
+)
 
 
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(pairs: Sequence[tuple[str, str]]) -> str:
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in pairs) + "}"
-
-
-def _num(x: float) -> str:
-    if x == int(x) and abs(x) < 1e15:
-        return str(int(x))
-    return repr(float(x))
-
-
-class _Histogram:
-    __slots__ = ("bounds", "count", "counts", "sum")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, v: float) -> None:
-        self.counts[bisect_left(self.bounds, v)] += 1
-        self.sum += v
-        self.count += 1
-
-
-class MetricsRegistry:
+class MetricsRegistry(Collector):
     """Thread-safe client-side metrics, fed one record at a time."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._hist: dict[str, dict[tuple[str, str], _Histogram]] = {
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(self)
+        self._hist: dict[str, dict[tuple[str, str], Histogram]] = {
             "ttft": {},
             "itl": {},
             "e2e": {},
@@ -115,10 +172,10 @@ class MetricsRegistry:
                 for i in range(1, len(c)):
                     h.observe(c[i] - c[i - 1])
 
-    def _get(self, name: str, key: tuple[str, str], bounds: Sequence[float]) -> _Histogram:
+    def _get(self, name: str, key: tuple[str, str], bounds: Sequence[float]) -> Histogram:
         h = self._hist[name].get(key)
         if h is None:
-            h = self._hist[name][key] = _Histogram(bounds)
+            h = self._hist[name][key] = Histogram(bounds)
         return h
 
     def set_in_flight(self, n: int) -> None:
@@ -131,43 +188,45 @@ class MetricsRegistry:
             self._cpu[worker] = cpu_percent
 
     def render(self) -> str:
-        out: list[str] = []
+        """The exposition text (format 0.0.4), written by ``prometheus_client``."""
+        return generate_latest(self._registry).decode()
+
+    def collect(self) -> Iterable[Metric]:
+        """Every family, built under the lock at scrape time (``Collector`` protocol)."""
+        out: list[Metric] = []
         with self._lock:
-            for name, unit_help in (
+            for name, help_text in (
                 ("ttft", "Time to first non-empty content chunk (request sent -> chunk)."),
                 ("itl", "Gaps between consecutive content chunks."),
                 ("e2e", "Request sent -> last byte of the response."),
             ):
-                metric = f"lbtune_{name}_seconds"
-                out.append(f"# HELP {metric} {unit_help}")
-                out.append(f"# TYPE {metric} histogram")
+                hist = HistogramMetricFamily(
+                    f"lbtune_{name}_seconds", help_text, labels=["replica", "model"]
+                )
                 for (replica, model), h in sorted(self._hist[name].items()):
-                    base = [("replica", replica), ("model", model)]
-                    acc = 0
-                    for b, c in zip(h.bounds, h.counts, strict=False):
-                        acc += c
-                        out.append(f"{metric}_bucket{_labels([*base, ('le', _num(b))])} {acc}")
-                    out.append(f"{metric}_bucket{_labels([*base, ('le', '+Inf')])} {h.count}")
-                    out.append(f"{metric}_sum{_labels(base)} {h.sum!r}")
-                    out.append(f"{metric}_count{_labels(base)} {h.count}")
-            out.append(
-                "# HELP lbtune_requests_total Requests by outcome (each sent one counted once)."
+                    hist.add_metric([replica, model], h.buckets(), h.sum)
+                out.append(hist)
+            requests = CounterMetricFamily(
+                "lbtune_requests_total",
+                "Requests by outcome (each sent one counted once).",
+                labels=["outcome", "replica"],
             )
-            out.append("# TYPE lbtune_requests_total counter")
             for (outcome, replica), n in sorted(self._requests.items()):
-                lbl = _labels([("outcome", outcome), ("replica", replica)])
-                out.append(f"lbtune_requests_total{lbl} {n}")
+                requests.add_metric([outcome, replica], n)
+            out.append(requests)
             for metric, data, text in (
                 ("lbtune_output_tokens_total", self._out_tokens, "Output tokens received."),
                 ("lbtune_prompt_tokens_total", self._prompt_tokens, "Prompt tokens sent."),
             ):
-                out.append(f"# HELP {metric} {text}")
-                out.append(f"# TYPE {metric} counter")
+                counter = CounterMetricFamily(metric, text, labels=["replica"])
                 for replica, n in sorted(data.items()):
-                    out.append(f"{metric}{_labels([('replica', replica)])} {n}")
-            out.append("# HELP lbtune_in_flight Requests sent and not yet ended.")
-            out.append("# TYPE lbtune_in_flight gauge")
-            out.append(f"lbtune_in_flight {self._in_flight}")
+                    counter.add_metric([replica], n)
+                out.append(counter)
+            out.append(
+                GaugeMetricFamily(
+                    "lbtune_in_flight", "Requests sent and not yet ended.", value=self._in_flight
+                )
+            )
             for metric, gdata, text in (
                 (
                     "lbtune_generator_lateness_seconds",
@@ -176,11 +235,11 @@ class MetricsRegistry:
                 ),
                 ("lbtune_generator_cpu_percent", self._cpu, "CPU of a generator process."),
             ):
-                out.append(f"# HELP {metric} {text}")
-                out.append(f"# TYPE {metric} gauge")
+                gauge = GaugeMetricFamily(metric, text, labels=["worker"])
                 for worker, v in sorted(gdata.items()):
-                    out.append(f"{metric}{_labels([('worker', worker)])} {v!r}")
-        return "\n".join(out) + "\n"
+                    gauge.add_metric([worker], v)
+                out.append(gauge)
+        return out
 
 
 class ExporterServer:

@@ -1,6 +1,7 @@
 """What a simulated replica reports about itself: Prometheus metrics and ground truth.
 
-Prometheus (``GET /metrics``, text exposition format 0.0.4, written by hand):
+Prometheus (``GET /metrics``, text exposition format 0.0.4, written by ``prometheus_client``
+from families computed at scrape time):
 
 * Engine-level gauges — exactly one series per replica, whatever the number of
   served models, so that ``count(vllm:num_requests_running)`` equals the number of
@@ -43,30 +44,93 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import time
 from bisect import bisect_left
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import accumulate
 from typing import Any, Protocol
 
-# fmt: off
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+_go_float: Callable[[float], str] = floatToGoString
+"""``prometheus_client``'s number format (the library leaves it untyped)."""
+
 TTFT_BUCKETS: tuple[float, ...] = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
 )
 """vLLM's ``vllm:time_to_first_token_seconds`` boundaries."""
 ITL_BUCKETS: tuple[float, ...] = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
 )
 """vLLM's ``vllm:inter_token_latency_seconds`` (and time-per-output-token) boundaries."""
 REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
 )
 """vLLM's boundaries for e2e latency and queue time."""
-# fmt: on
 
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 """vLLM's ``finished_reason`` label values, all exposed (at 0 when never counted)."""
@@ -76,13 +140,18 @@ _MIB = 1024 * 1024
 class Histogram:
     """A Prometheus histogram: per-bucket counts, sum and count."""
 
-    __slots__ = ("bounds", "count", "counts", "sum")
+    __slots__ = ("_les", "bounds", "count", "counts", "sum")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
         self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound
         self.sum = 0.0
         self.count = 0
+        self._les = (*(_go_float(b) for b in self.bounds), "+Inf")
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative ``(le, count)`` pairs, ``+Inf`` last."""
+        return list(zip(self._les, accumulate(self.counts), strict=True))
 
     def observe(self, value: float, n: int = 1) -> None:
         """Record ``n`` observations of ``value`` (``le`` is inclusive)."""
@@ -190,18 +259,25 @@ class ReplicaMetrics:
         0 while idle: its average over a scrape interval is ``DCGM_FI_PROF_SM_ACTIVE``."""
 
     def render(self, engine: EngineView, now: float | None = None) -> str:
-        """The exposition text (format 0.0.4)."""
+        """The exposition text (format 0.0.4), written by ``prometheus_client``."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Scrape(self.families(engine, now)))
+        return generate_latest(registry).decode()
+
+    def families(self, engine: EngineView, now: float | None = None) -> list[Metric]:
+        """One scrape's metric families, in exposition order (takes the GPU snapshots)."""
         now = time.monotonic() if now is None else now
-        out: list[str] = []
-        one = {"model_name": self.primary_model}
+        out: list[Metric] = []
+        one = [self.primary_model]
         for name, value in (
             ("vllm:num_requests_running", engine.num_running),
             ("vllm:num_requests_waiting", engine.num_waiting),
             ("vllm:kv_cache_usage_perc", engine.kv_usage),
         ):
-            _metric(out, name, "gauge", [(one, value)])
-        per = [({"model_name": m}, mm) for m, mm in self.models.items()]
-        stats = [({"model_name": m}, engine.model_stats[m]) for m in self.models]
+            gauge = GaugeMetricFamily(name, HELP[name], labels=["model_name"])
+            gauge.add_metric(one, value)
+            out.append(gauge)
+        stats = [(m, engine.model_stats[m]) for m in self.models]
         for name, attr in (
             ("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
             ("vllm:prefix_cache_hits_total", "prefix_cache_hits"),
@@ -209,25 +285,50 @@ class ReplicaMetrics:
             ("vllm:prompt_tokens_total", "prompt_tokens"),
             ("vllm:generation_tokens_total", "generation_tokens"),
         ):
-            _metric(out, name, "counter", [(k, getattr(st, attr)) for k, st in stats])
-        success = [
-            ({**k, "finished_reason": r}, m.success[r]) for k, m in per for r in FINISH_REASONS
-        ]
-        _metric(out, "vllm:request_success_total", "counter", success)
-        _histogram(out, "vllm:time_to_first_token_seconds", [(k, m.ttft) for k, m in per])
-        _histogram(out, "vllm:inter_token_latency_seconds", [(k, m.itl) for k, m in per])
-        _histogram(out, "vllm:e2e_request_latency_seconds", [(k, m.e2e) for k, m in per])
-        _histogram(out, "vllm:request_queue_time_seconds", [(k, m.queue) for k, m in per])
-        gpu = {"gpu": "0", "modelName": self.gpu_name}
+            counter = CounterMetricFamily(name, HELP[name], labels=["model_name"])
+            for m, st in stats:
+                counter.add_metric([m], getattr(st, attr))
+            out.append(counter)
+        name = "vllm:request_success_total"
+        success = CounterMetricFamily(name, HELP[name], labels=["model_name", "finished_reason"])
+        for m, mm in self.models.items():
+            for reason in FINISH_REASONS:
+                success.add_metric([m, reason], mm.success[reason])
+        out.append(success)
+        for name, attr in (
+            ("vllm:time_to_first_token_seconds", "ttft"),
+            ("vllm:inter_token_latency_seconds", "itl"),
+            ("vllm:e2e_request_latency_seconds", "e2e"),
+            ("vllm:request_queue_time_seconds", "queue"),
+        ):
+            hist = HistogramMetricFamily(name, HELP[name], labels=["model_name"])
+            for m, mm in self.models.items():
+                h: Histogram = getattr(mm, attr)
+                hist.add_metric([m], h.buckets(), h.sum)
+            out.append(hist)
+        gpu = ["0", self.gpu_name]
         used = engine.memory_used_bytes / _MIB
         free = max(0.0, engine.memory_total_bytes / _MIB - used)
-        util = round(self.busy.utilisation(now), 3)
-        _metric(out, "DCGM_FI_DEV_GPU_UTIL", "gauge", [(gpu, util)])
-        sm_active = round(self.sm_active.average(now), 4)
-        _metric(out, "DCGM_FI_PROF_SM_ACTIVE", "gauge", [(gpu, sm_active)])
-        _metric(out, "DCGM_FI_DEV_FB_USED", "gauge", [(gpu, round(used))])
-        _metric(out, "DCGM_FI_DEV_FB_FREE", "gauge", [(gpu, round(free))])
-        return "".join(out)
+        for name, value in (
+            ("DCGM_FI_DEV_GPU_UTIL", round(self.busy.utilisation(now), 3)),
+            ("DCGM_FI_PROF_SM_ACTIVE", round(self.sm_active.average(now), 4)),
+            ("DCGM_FI_DEV_FB_USED", round(used)),
+            ("DCGM_FI_DEV_FB_FREE", round(free)),
+        ):
+            gauge = GaugeMetricFamily(name, HELP[name], labels=["gpu", "modelName"])
+            gauge.add_metric(gpu, value)
+            out.append(gauge)
+        return out
+
+
+class _Scrape(Collector):
+    """Families computed for one scrape, handed to ``generate_latest``."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
 
 
 HELP = {
@@ -254,46 +355,7 @@ HELP = {
 
 def format_value(v: float) -> str:
     """A sample value or ``le`` bound as Prometheus' Python client writes it."""
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if math.isnan(v):
-        return "NaN"
-    return repr(float(v))
-
-
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-    return "{" + body + "}"
-
-
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _metric(
-    out: list[str],
-    name: str,
-    kind: str,
-    samples: Iterable[tuple[dict[str, str], float]],
-) -> None:
-    out.append(f"# HELP {name} {HELP[name]}\n# TYPE {name} {kind}\n")
-    out.extend(f"{name}{_labels(lab)} {format_value(v)}\n" for lab, v in samples)
-
-
-def _histogram(
-    out: list[str], name: str, series: Iterable[tuple[dict[str, str], Histogram]]
-) -> None:
-    out.append(f"# HELP {name} {HELP[name]}\n# TYPE {name} histogram\n")
-    for lab, h in series:
-        cum = 0
-        for bound, c in zip((*h.bounds, math.inf), h.counts, strict=True):
-            cum += c
-            le = _labels({**lab, "le": format_value(bound)})
-            out.append(f"{name}_bucket{le} {format_value(cum)}\n")
-        out.append(f"{name}_count{_labels(lab)} {format_value(h.count)}\n")
-        out.append(f"{name}_sum{_labels(lab)} {format_value(h.sum)}\n")
+    return _go_float(v)
 
 
 def new_record(request_id: str, replica: str, api: str, t_arrival: float) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from lbtune.agent.config import AgentConfig
 from lbtune.agent.exporter import AgentMetrics
@@ -202,11 +203,20 @@ def test_exporter_serves_the_agent_metrics(sock: str) -> None:
             assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             text = resp.read().decode()
     assert t.error is None
-    assert 'lbtune_agent_weight{server="slow"} ' in text
-    assert 'lbtune_agent_score{replica="slow"} 0.3' in text
-    assert 'lbtune_agent_input{replica="slow",input="kv_usage"} 0.6' in text
-    assert 'lbtune_agent_input{replica="slow",input="latency_norm"} 1' in text
-    assert 'lbtune_agent_decisions_total{replica="slow",reason="max_step"}' in text
-    assert "lbtune_agent_last_success_timestamp_seconds " in text
-    assert "# TYPE lbtune_agent_errors_total counter" not in text  # no error yet
+    samples = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    names = {name for name, _ in samples}
+    assert ("lbtune_agent_weight", frozenset({("server", "slow")})) in samples
+    assert samples[("lbtune_agent_score", frozenset({("replica", "slow")}))] == pytest.approx(0.3)
+    slow_input = frozenset({("replica", "slow"), ("input", "kv_usage")})
+    assert samples[("lbtune_agent_input", slow_input)] == pytest.approx(0.6)
+    slow_latency = frozenset({("replica", "slow"), ("input", "latency_norm")})
+    assert samples[("lbtune_agent_input", slow_latency)] == 1
+    slow_max_step = frozenset({("replica", "slow"), ("reason", "max_step")})
+    assert samples[("lbtune_agent_decisions_total", slow_max_step)] >= 1
+    assert "lbtune_agent_last_success_timestamp_seconds" in names
+    assert "lbtune_agent_errors_total" not in names  # no error yet
     assert t.agent.metrics_url is None  # stopped with the loop

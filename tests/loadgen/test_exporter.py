@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
-import re
 import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from tests.loadgen.test_records import rec
 
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def parse(text: str) -> dict[str, float]:
-    """Minimal Prometheus text parser: every sample line must be well formed."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            assert line.startswith(("# HELP ", "# TYPE ")) or not line
-            continue
-        m = _LINE.match(line)
-        assert m, line
-        out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
+def parse(text: str) -> Samples:
+    """Every sample of the exposition, by name and label set (the library's parser)."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def at(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
 
 
 def test_counters_and_histograms_match_records() -> None:
@@ -37,17 +38,17 @@ def test_counters_and_histograms_match_records() -> None:
     reg.set_in_flight(4)
     reg.set_generator("w0", 0.002, 37.5)
     m = parse(reg.render())
-    assert m['lbtune_requests_total{outcome="ok",replica="h100-0"}'] == 2
-    assert m['lbtune_requests_total{outcome="broken_stream",replica="a100-1"}'] == 1
-    assert m['lbtune_requests_total{outcome="http_error",replica="unknown"}'] == 1
-    assert m['lbtune_output_tokens_total{replica="h100-0"}'] == 6
-    assert m['lbtune_ttft_seconds_count{replica="h100-0",model="m"}'] == 2
-    assert m['lbtune_ttft_seconds_bucket{replica="h100-0",model="m",le="0.04"}'] == 0
-    assert m['lbtune_ttft_seconds_bucket{replica="h100-0",model="m",le="0.05"}'] == 2
-    assert m['lbtune_itl_seconds_count{replica="h100-0",model="m"}'] == 4
-    assert m["lbtune_in_flight"] == 4
-    assert m['lbtune_generator_cpu_percent{worker="w0"}'] == 37.5
-    assert abs(m['lbtune_e2e_seconds_sum{replica="h100-0",model="m"}'] - 3.0) < 1e-9
+    assert at(m, "lbtune_requests_total", outcome="ok", replica="h100-0") == 2
+    assert at(m, "lbtune_requests_total", outcome="broken_stream", replica="a100-1") == 1
+    assert at(m, "lbtune_requests_total", outcome="http_error", replica="unknown") == 1
+    assert at(m, "lbtune_output_tokens_total", replica="h100-0") == 6
+    assert at(m, "lbtune_ttft_seconds_count", replica="h100-0", model="m") == 2
+    assert at(m, "lbtune_ttft_seconds_bucket", replica="h100-0", model="m", le="0.04") == 0
+    assert at(m, "lbtune_ttft_seconds_bucket", replica="h100-0", model="m", le="0.05") == 2
+    assert at(m, "lbtune_itl_seconds_count", replica="h100-0", model="m") == 4
+    assert at(m, "lbtune_in_flight") == 4
+    assert at(m, "lbtune_generator_cpu_percent", worker="w0") == 37.5
+    assert abs(at(m, "lbtune_e2e_seconds_sum", replica="h100-0", model="m") - 3.0) < 1e-9
 
 
 def test_served_over_http() -> None:

@@ -186,7 +186,7 @@ def test_disconnect_aborts_in_engine() -> None:
         metrics = http(url + "/metrics")[1]
         # vLLM 0.32 counts a request its client aborted nowhere (tests/conformance)
         assert (
-            f'vllm:request_success_total{{model_name="{M8}",finished_reason="abort"}} 0.0'
+            f'vllm:request_success_total{{finished_reason="abort",model_name="{M8}"}} 0.0'
             in metrics
         )
         assert f'vllm:e2e_request_latency_seconds_count{{model_name="{M8}"}} 0.0' in metrics
