@@ -100,7 +100,7 @@ def vidur_ms(tokens: int) -> float:
 
 def attn_ms(batch: int, context: int) -> float:
     """The model's decode attention for VIDUR-ATTN's shape: ``batch`` decodes over ``context``."""
-    return 1000.0 * cm.attention_time(A100, ATTN_SHAPE, batch * (context + 1), 0.0)
+    return 1000.0 * cm.attention_time(A100, ATTN_SHAPE, batch * (context + 1), 0.0, seqs=batch)
 
 
 def prefill_attn_ms(chunk: int, cached: int) -> float:
@@ -108,7 +108,7 @@ def prefill_attn_ms(chunk: int, cached: int) -> float:
     load = cm.request_load(cached, chunk)
     prefix = load.attn_pairs - load.causal_pairs
     return 1000.0 * cm.attention_time(
-        A100, ATTN_SHAPE, load.kv_read_tokens, prefix, load.causal_pairs
+        A100, ATTN_SHAPE, load.kv_read_tokens, prefix, load.causal_pairs, seqs=1
     )
 
 
@@ -215,20 +215,38 @@ def growths() -> list[Growth]:
     d1 = cm.decode_step_time(H100, M8, 256)
     d4 = cm.decode_step_time(H100, M8, 256, 4)
     out = [
-        Growth("A100 GEMM+elementwise, 128 vs 1 tokens", ops_ms(A100, 128) / ops_ms(A100, 1),
-               vidur_ms(128) / vidur_ms(1), VIDUR),
-        Growth("A100 GEMM+elementwise, 8192 vs 1024 tokens",
-               ops_ms(A100, 8192) / ops_ms(A100, 1024), vidur_ms(8192) / vidur_ms(1024), VIDUR),
-        Growth("A100 decode attention, 64 vs 32 decodes @ctx 2688",
-               attn_ms(64, 2688) / attn_ms(32, 2688), 0.281 / 0.138, VIDUR_ATTN),
-        Growth("A100 decode attention x32, ctx 2688 vs 384",
-               attn_ms(32, 2688) / attn_ms(32, 384), 0.138 / 0.029, VIDUR_ATTN),
-        Growth("A100 decode attention x64, ctx 2688 vs 384",
-               attn_ms(64, 2688) / attn_ms(64, 384), 0.281 / 0.059, VIDUR_ATTN,
-               known="the profile steps from 0.041 to 0.051 ms between 54 and 55 decodes over "
-                     "384 tokens; a smooth model cannot follow a step"),
+        Growth(
+            "A100 GEMM+elementwise, 128 vs 1 tokens",
+            ops_ms(A100, 128) / ops_ms(A100, 1),
+            vidur_ms(128) / vidur_ms(1),
+            VIDUR,
+        ),
+        Growth(
+            "A100 GEMM+elementwise, 8192 vs 1024 tokens",
+            ops_ms(A100, 8192) / ops_ms(A100, 1024),
+            vidur_ms(8192) / vidur_ms(1024),
+            VIDUR,
+        ),
+        Growth(
+            "A100 decode attention, 64 vs 32 decodes @ctx 2688",
+            attn_ms(64, 2688) / attn_ms(32, 2688),
+            0.281 / 0.138,
+            VIDUR_ATTN,
+        ),
+        Growth(
+            "A100 decode attention x32, ctx 2688 vs 384",
+            attn_ms(32, 2688) / attn_ms(32, 384),
+            0.138 / 0.029,
+            VIDUR_ATTN,
+        ),
+        Growth(
+            "A100 decode attention x64, ctx 2688 vs 384",
+            attn_ms(64, 2688) / attn_ms(64, 384),
+            0.281 / 0.059,
+            VIDUR_ATTN,
+        ),
         Growth("H100 TPOT, concurrency 4 vs 1", d4 / d1, 6.59 / 6.48, YOBITEL),
-    ]  # fmt: skip
+    ]
     for gpu in (A100, H100):
         g = cm.decode_step_time(gpu, M8, 512, 128) / cm.decode_step_time(gpu, M8, 512, 1)
         out.append(Growth(f"{gpu.name} decode step, batch 128 vs 1 @ctx 512", g, None, NONE))
@@ -246,8 +264,10 @@ def main() -> int:
     print(f"{'point':<46} {'source ms':>10} {'model ms':>9} {'ratio':>6}  source")
     for p in pts:
         flag = "" if p.within else "  OUT OF +-15 %"
-        print(f"{p.name:<46} {_fmt(p.source_ms, '10.3f'):>10} {p.model_ms:9.3f} "
-              f"{_fmt(p.ratio, '6.3f'):>6}  {p.source}{flag}")  # fmt: skip
+        print(
+            f"{p.name:<46} {_fmt(p.source_ms, '10.3f'):>10} {p.model_ms:9.3f} "
+            f"{_fmt(p.ratio, '6.3f'):>6}  {p.source}{flag}"
+        )
     print()
     print(f"{'growth':<46} {'source':>10} {'model':>9} {'ratio':>6}  source")
     for g in grs:
@@ -258,15 +278,19 @@ def main() -> int:
             if g.known
             else "  OUT OF +-15 %"
         )
-        print(f"{g.name:<46} {_fmt(g.source, '10.3f'):>10} {g.model:9.3f} "
-              f"{_fmt(g.ratio, '6.3f'):>6}  {g.cite}{flag}")  # fmt: skip
+        print(
+            f"{g.name:<46} {_fmt(g.source, '10.3f'):>10} {g.model:9.3f} "
+            f"{_fmt(g.ratio, '6.3f'):>6}  {g.cite}{flag}"
+        )
     sourced = [p for p in pts if p.ratio is not None] + [g for g in grs if g.ratio is not None]
     out = [x for x in sourced if not x.within]
     bad = [x for x in out if not getattr(x, "known", "")]
     print()
     known = len(out) - len(bad)
-    print(f"{len(sourced) - len(out)} of {len(sourced)} sourced points within +-15 %"
-          f" ({known} known miss{'' if known == 1 else 'es'})")  # fmt: skip
+    print(
+        f"{len(sourced) - len(out)} of {len(sourced)} sourced points within +-15 %"
+        f" ({known} known miss{'' if known == 1 else 'es'})"
+    )
     return 1 if bad else 0
 
 

@@ -8,13 +8,15 @@ share costs four terms, and the step pays a small host overhead once::
         linear_m      roof(W_lin / BW_eff,  2 P_lin tokens / F_eff)        decoder GEMMs
       + lm_head_m     roof(W_lm / BW_eff,   2 P_lm rows / F_eff)           sampled rows only
       + elementwise_m L roof(floor_e,  tokens B_e / (L BW_elem))            norms, RoPE, SiLU, add
-      + attention_m   L roof_p(floor_a, (kv_read B_kv / BW_attn
-                                        + (prefix_pairs / F_attn + causal_pairs / F_causal) f) / L)
+      + attention_m   L roof(floor_a, ((kv_read + rows T_seq) B_kv / BW_attn
+                                      + (prefix_pairs / F_attn + causal_pairs / F_causal) f) / L)
 
 where a prefill chunk's (query, key) pairs split into those against earlier tokens
 (``prefix_pairs``, full tiles) and the causal triangle among its own tokens (``causal_pairs``,
-masked tiles, a third of the speed as profiled); a decode's attention is bound by its KV reads;
-and ``roof(a, b) = sqrt(a**2 + b**2)`` is a smooth
+masked tiles, a third of the speed as profiled); a decode's attention is bound by its KV reads
+plus a fixed ``T_seq`` tokens' worth per request (the kernel's per-sequence work: query load,
+block table, softmax epilogue, output write), so that its growth with context does not depend
+on the batch, as profiled; and ``roof(a, b) = sqrt(a**2 + b**2)`` is a smooth
 roofline: equal to the larger term far from the ridge, ~41 % above it on the ridge, where GEMMs
 reach neither their bandwidth nor their FLOP roof. Attention adds its KV reads and its
 arithmetic, so the decodes of a mixed chunked-prefill step pay for their KV even when the
@@ -77,19 +79,6 @@ def roof(memory_s: float, compute_s: float) -> float:
     return math.hypot(memory_s, compute_s)
 
 
-ATTN_OVERLAP_P = 1.25
-"""How much of the attention kernel's latency floor overlaps its KV streaming: the per-layer
-time is ``(floor**p + work**p) ** (1 / p)`` (p = 1: none, p = 2: as the GEMMs' roofline).
-Fitted with the floor and the KV bandwidth to Vidur's A100 decode-attention grid
-(docs/simulator.md)."""
-
-
-def attn_roof(floor_s: float, work_s: float) -> float:
-    """The attention kernel's floor and its work, overlapping as :data:`ATTN_OVERLAP_P` says."""
-    p = ATTN_OVERLAP_P
-    return float((floor_s**p + work_s**p) ** (1.0 / p))
-
-
 # --- the terms (seconds), each a pure function of the profiles and a count ------------------
 
 
@@ -145,16 +134,20 @@ def attention_time(
     kv_read_tokens: int,
     pairs: float,
     causal_pairs: float = 0.0,
+    *,
+    seqs: int,
 ) -> float:
-    """Attention over the batch: every request's KV read once (what decodes pay) plus the
-    arithmetic of the prefill chunks' ``pairs`` against earlier tokens and ``causal_pairs``
-    among their own (what long prompts pay; decodes' pairs are not passed), per layer above
-    the kernel's latency floor."""
+    """Attention over the batch of ``seqs`` requests: every request's KV read once plus its
+    fixed per-sequence work (what decodes pay), plus the arithmetic of the prefill chunks'
+    ``pairs`` against earlier tokens and ``causal_pairs`` among their own (what long prompts
+    pay; decodes' pairs are not passed), per layer on the smooth roofline with the kernel's
+    latency floor."""
     if kv_read_tokens <= 0 and pairs <= 0 and causal_pairs <= 0:
         return 0.0
-    memory = kv_read_tokens * model.kv_bytes_per_token / gpu.effective_attn_bandwidth
+    kv = kv_read_tokens + seqs * gpu.attn_seq_tokens
+    memory = kv * model.kv_bytes_per_token / gpu.effective_attn_bandwidth
     work = memory + attention_compute_time(gpu, model, pairs, causal_pairs)
-    return model.n_layers * attn_roof(gpu.attn_floor_s, work / model.n_layers)
+    return model.n_layers * roof(gpu.attn_floor_s, work / model.n_layers)
 
 
 @dataclass(frozen=True)
@@ -189,7 +182,7 @@ def breakdown(gpu: GpuProfile, model: ModelProfile, load: ModelLoad) -> Breakdow
         linear=linear_time(gpu, model, load.tokens),
         lm_head=lm_head_time(gpu, model, rows),
         elementwise=elementwise_time(gpu, model, load.tokens),
-        attention=attention_time(gpu, model, load.kv_read_tokens, prefix, causal),
+        attention=attention_time(gpu, model, load.kv_read_tokens, prefix, causal, seqs=rows),
         compute=compute,
     )
 

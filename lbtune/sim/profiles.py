@@ -53,6 +53,9 @@ class GpuProfile:
     """Per-layer time of the elementwise kernels at one token (their launch/latency floor)."""
     attn_floor_s: float
     """Per-layer time of the attention kernel at one short decode (its latency floor)."""
+    attn_seq_tokens: float
+    """Fixed attention work per request, in KV tokens' worth of streaming: the kernel's
+    per-sequence cost (query load, block table, softmax epilogue, output write)."""
     step_overhead_s: float
     """Host time of every engine step that the GPU does not hide (scheduling, sampling)."""
     request_overhead_s: float
@@ -171,9 +174,12 @@ _A100_FLOP_EFF = 0.735  # least-squares over 128..8192 tokens of the sqrt roofli
 _A100_ELEM_FLOOR = 0.027e-3
 _A100_ELEM_EFF = (32 * (10 * 4096 + 3 * 14336) * 2) / (2039e9 * 32 * (1.4055 - 0.027) / 8191 * 1e-3)
 # Vidur a100/attention.csv, decodes (1 over 32 tokens; 32, 48, 64, 96 over 384; 32, 64 over
-# 2688): floor, KV bandwidth and the overlap exponent costmodel.ATTN_OVERLAP_P fitted together.
-_A100_ATTN_FLOOR = 0.014e-3
-_A100_ATTN_BW_EFF = round(1170e9 / 2039e9, 3)  # -> 0.574
+# 2688): floor, KV bandwidth and the per-sequence work fitted together on the smooth roofline.
+# The profile's growth from 384 to 2688 tokens is ~4.8x at every batch (28..64), not the 7x of
+# the KV bytes: each sequence pays ~140 tokens' worth whatever its context.
+_A100_ATTN_FLOOR = 0.015e-3
+_A100_ATTN_BW_EFF = round(1376e9 / 2039e9, 3)  # -> 0.675
+_A100_ATTN_SEQ_TOKENS = 140.0
 # Vidur a100/attention.csv, one layer of 32 query heads of 128: a fresh 4096-token prefill takes
 # 2.314 ms (8.39M causal pairs), 3584 tokens after 512 cached 1.942 ms (6.42M causal + 1.84M
 # against the prefix): causal pairs at 19 % of peak, pairs against earlier tokens at ~56 %.
@@ -198,6 +204,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         elementwise_efficiency=round(_A100_ELEM_EFF, 4),
         elementwise_floor_s=round(_A100_ELEM_FLOOR * _H100_CLOCK, 7),
         attn_floor_s=round(_A100_ATTN_FLOOR * _H100_CLOCK, 7),
+        attn_seq_tokens=_A100_ATTN_SEQ_TOKENS,
         step_overhead_s=0.0003,
         request_overhead_s=0.007,
         description="NVIDIA H100 SXM5 80GB (HBM3)",
@@ -215,6 +222,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         elementwise_efficiency=round(_A100_ELEM_EFF, 4),
         elementwise_floor_s=_A100_ELEM_FLOOR,
         attn_floor_s=_A100_ATTN_FLOOR,
+        attn_seq_tokens=_A100_ATTN_SEQ_TOKENS,
         step_overhead_s=0.0003,
         request_overhead_s=0.007,
         description="NVIDIA A100 SXM4 80GB (HBM2e)",
@@ -233,6 +241,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         elementwise_efficiency=round(_A100_ELEM_EFF, 4),
         elementwise_floor_s=_A100_ELEM_FLOOR,
         attn_floor_s=_A100_ATTN_FLOOR,
+        attn_seq_tokens=_A100_ATTN_SEQ_TOKENS,
         step_overhead_s=0.0003,
         request_overhead_s=0.007,
         description="NVIDIA L4 24GB (GDDR6)",

@@ -70,12 +70,11 @@ def test_lm_head_runs_on_sampled_rows_only() -> None:
     comp = 2 * 128256 * 4096 * 3 / H100.effective_flops
     assert cm.lm_head_time(H100, M8, 3) == pytest.approx(math.hypot(mem, comp))
     # a 2048-token prefill chunk samples one row: its LM head costs about a decode's
-    one = cm.step_time(H100, [(M8, cm.request_load(0, 2048))])
-    every_row = dataclasses.replace(cm.request_load(0, 2048), rows=2048)
-    per_token = cm.step_time(H100, [(M8, every_row)])
-    assert per_token - one == pytest.approx(
-        cm.lm_head_time(H100, M8, 2048) - cm.lm_head_time(H100, M8, 1)
-    )
+    one = cm.breakdown(H100, M8, cm.request_load(0, 2048))
+    every_row = cm.breakdown(H100, M8, dataclasses.replace(cm.request_load(0, 2048), rows=2048))
+    assert one.lm_head == pytest.approx(cm.lm_head_time(H100, M8, 1))
+    assert every_row.lm_head == pytest.approx(cm.lm_head_time(H100, M8, 2048))
+    assert (one.linear, one.elementwise) == (every_row.linear, every_row.elementwise)
     assert cm.lm_head_time(H100, M8, 2048) > 5 * cm.lm_head_time(H100, M8, 1)
 
 
@@ -92,11 +91,10 @@ def test_elementwise_term_by_hand() -> None:
 
 
 def test_attention_term_by_hand() -> None:
-    # 64 decodes over 2048 tokens: KV reads only
-    kv = 64 * 2049 * M8.kv_bytes_per_token / H100.effective_attn_bandwidth
-    p = cm.ATTN_OVERLAP_P
-    expected = 32 * (H100.attn_floor_s**p + (kv / 32) ** p) ** (1 / p)
-    assert cm.attention_time(H100, M8, 64 * 2049, 0.0) == pytest.approx(expected)
+    # 64 decodes over 2048 tokens: KV reads plus each sequence's fixed work, on the roofline
+    kv = 64 * (2049 + H100.attn_seq_tokens) * M8.kv_bytes_per_token / H100.effective_attn_bandwidth
+    expected = 32 * math.hypot(H100.attn_floor_s, kv / 32)
+    assert cm.attention_time(H100, M8, 64 * 2049, 0.0, seqs=64) == pytest.approx(expected)
     assert cm.breakdown(H100, M8, cm.decode_batch_load(64, 2048)).attention == pytest.approx(
         expected
     )
@@ -104,18 +102,29 @@ def test_attention_term_by_hand() -> None:
     load = cm.request_load(1000, 1024)
     f = M8.attn_flops_per_pair
     work = (
-        2024 * M8.kv_bytes_per_token / H100.effective_attn_bandwidth
+        (2024 + H100.attn_seq_tokens) * M8.kv_bytes_per_token / H100.effective_attn_bandwidth
         + 1024 * 1000 * f / H100.effective_attn_flops
         + 1024 * 1025 / 2 * f / H100.effective_causal_flops
     )
     assert cm.breakdown(H100, M8, load).attention == pytest.approx(
-        32 * (H100.attn_floor_s**p + (work / 32) ** p) ** (1 / p)
+        32 * math.hypot(H100.attn_floor_s, work / 32)
     )
-    # the floor and the work overlap partly: more than the larger, less than the sum
-    assert max(H100.attn_floor_s, kv / 32) < cm.attn_roof(H100.attn_floor_s, kv / 32)
-    assert cm.attn_roof(H100.attn_floor_s, kv / 32) < H100.attn_floor_s + kv / 32
     assert H100.effective_causal_flops < H100.effective_attn_flops
-    assert cm.attention_time(H100, M8, 0, 0.0) == 0.0
+    assert cm.attention_time(H100, M8, 0, 0.0, seqs=0) == 0.0
+
+
+def test_decode_attention_grows_with_context_alike_at_every_batch() -> None:
+    # The profile's attention grows ~4.8x from 384 to 2688 tokens at 32 and at 64 decodes:
+    # each sequence's fixed work keeps the growth below the KV bytes' 7x, whatever the batch.
+    def grow(batch: int) -> float:
+        at = [cm.attention_time(A100, M8, batch * (c + 1), 0.0, seqs=batch) for c in (384, 2688)]
+        return at[1] / at[0]
+
+    assert grow(64) < 2689 / 385 and grow(128) < 2689 / 385
+    assert grow(128) / grow(32) < 1.2
+    no_seq_work = dataclasses.replace(A100, attn_seq_tokens=0.0)
+    bare = [cm.attention_time(no_seq_work, M8, 128 * (c + 1), 0.0, seqs=128) for c in (384, 2688)]
+    assert bare[1] / bare[0] > grow(128)
 
 
 def test_decode_step_by_hand() -> None:
@@ -126,7 +135,7 @@ def test_decode_step_by_hand() -> None:
         + cm.linear_time(H100, M8, 1)
         + cm.lm_head_time(H100, M8, 1)
         + cm.elementwise_time(H100, M8, 1)
-        + cm.attention_time(H100, M8, 1001, 0.0)  # a decode: KV reads only
+        + cm.attention_time(H100, M8, 1001, 0.0, seqs=1)  # a decode: KV reads only
     )
     assert cm.decode_step_time(H100, M8, 1000) == pytest.approx(expected)
     b = cm.breakdown(H100, M8, load)
