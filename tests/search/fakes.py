@@ -21,7 +21,7 @@ from lbtune.errors import ApplyError, TrialFailed
 from lbtune.metrics.quantiles import percentile
 from lbtune.objective import Figures
 from lbtune.search.harness import Harness
-from lbtune.search.trial import Measurement, Samples, WindowHook
+from lbtune.search.trial import Measure, Measurement, Samples, WindowHook
 from lbtune.targets.base import ApplyResult, ParamSet, zero_weight_replicas
 from lbtune.targets.space import ParameterSpace, SpaceFile
 
@@ -132,7 +132,7 @@ class FakeMeasure:
         return Measurement(figs, Samples.of(ttft, e2e, self.n, 0), degraded, stopped)
 
 
-def harness(target: FakeTarget, measure: FakeMeasure) -> Harness:
+def harness(target: FakeTarget, measure: Measure) -> Harness:
     lkg: dict[str, ParamSet] = {}
 
     def record(p: ParamSet, source: str) -> None:

@@ -14,7 +14,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -70,7 +69,7 @@ class RoundMeasure:
 
 
 def _runner(target: FakeTarget, ms: RoundMeasure) -> TrialRunner:
-    return TrialRunner(cast(Any, target), ms)
+    return TrialRunner(target, ms)
 
 
 def _arms(target: FakeTarget) -> tuple[Arm, list[Arm]]:
@@ -169,7 +168,7 @@ def test_a_failed_trial_0_still_confirms_against_a_fresh_baseline(tmp_path: Path
             seed=3,
             confirm_runs=2,
         ),
-        harness=harness(target, cast(Any, ms)),
+        harness=harness(target, ms),
     )
     t0 = res.trial(0)
     assert t0 is not None and t0.role == "live" and t0.state == "FAIL"
@@ -194,7 +193,7 @@ def test_an_unmeasurable_baseline_is_one_line_and_a_nonzero_exit(tmp_path: Path)
                 seed=3,
                 confirm_runs=2,
             ),
-            harness=harness(target, cast(Any, ms)),
+            harness=harness(target, ms),
         )
     exc = info.value
     assert isinstance(exc, LbtuneError) and exc.exit_code == 2
