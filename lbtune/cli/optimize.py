@@ -134,13 +134,29 @@ def optimize_command(
         raise typer.BadParameter("--trace-format and --speedup apply to --trace")
     _check_trial_duration(trial_duration)
     opts = OptimizeOptions(
-        budget=budget, scenario=scenario, target=target, space=space, objective=objective,
-        sampler=sampler, pruner=pruner, trial_duration_s=trial_duration, study=study,
-        storage=storage, resume=resume, apply=not no_apply, confirm_runs=confirm_runs,
-        confirm_top=confirm_top, confirm_max_rounds=confirm_max_rounds, seed=seed, slo=slo,
-        weights=weights, state_dir=state_dir,
-        cluster_config=cluster, inventory=inventory, out_dir=out,
-    )  # fmt: skip
+        budget=budget,
+        scenario=scenario,
+        target=target,
+        space=space,
+        objective=objective,
+        sampler=sampler,
+        pruner=pruner,
+        trial_duration_s=trial_duration,
+        study=study,
+        storage=storage,
+        resume=resume,
+        apply=not no_apply,
+        confirm_runs=confirm_runs,
+        confirm_top=confirm_top,
+        confirm_max_rounds=confirm_max_rounds,
+        seed=seed,
+        slo=slo,
+        weights=weights,
+        state_dir=state_dir,
+        cluster_config=cluster,
+        inventory=inventory,
+        out_dir=out,
+    )
     from lbtune import ci as ci_mode
 
     ci_mode.check_writable(junit)

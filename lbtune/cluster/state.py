@@ -29,12 +29,29 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict
 
 from lbtune.errors import ClusterError
-from lbtune.targets.base import ReplicaAddress
 
 SIM = "sim"
 PROMETHEUS = "prometheus"
 AGENT = "agent"
 """The feedback agent's component name (``agent.pid``, ``logs/agent.log``)."""
+
+
+@dataclass(frozen=True)
+class ReplicaAddress:
+    """One replica behind the balancer."""
+
+    name: str
+    """Unique, ``[A-Za-z0-9][A-Za-z0-9_.-]*``: use it as the server/endpoint name and as
+    the value of the replica header."""
+    host: str
+    port: int
+    models: tuple[str, ...]
+    """The model names it serves (``"model"`` in an OpenAI request body)."""
+    gpu: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
 
 def state_root() -> Path:

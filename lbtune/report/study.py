@@ -161,8 +161,17 @@ def rounds_table(result: StudyResult) -> Table:
     """Every confirmation run, round by round, in the order it ran."""
     c = result.confirmation
     q = f"P{c.quantile:g}" if c is not None else "P99"
-    cols = ("round", "arm", "trial", f"{q} E2E (ms)", f"{q} TTFT (ms)", "throughput (req/s)",
-            "requests", "score", "note")  # fmt: skip
+    cols = (
+        "round",
+        "arm",
+        "trial",
+        f"{q} E2E (ms)",
+        f"{q} TTFT (ms)",
+        "throughput (req/s)",
+        "requests",
+        "score",
+        "note",
+    )
     if c is None:
         return Table(cols, ())
     rows = []
@@ -171,17 +180,34 @@ def rounds_table(result: StudyResult) -> Table:
             r.reason if not r.measured else ("" if r.tail_e2e_s is not None else f"< {q} samples")
         )
         rows.append(
-            (r.round, r.arm, r.trial, _ms(r.tail_e2e_s), _ms(r.tail_ttft_s), r.requests_per_s,
-             r.requests if r.measured else None, r.score, note)
-        )  # fmt: skip
+            (
+                r.round,
+                r.arm,
+                r.trial,
+                _ms(r.tail_e2e_s),
+                _ms(r.tail_ttft_s),
+                r.requests_per_s,
+                r.requests if r.measured else None,
+                r.score,
+                note,
+            )
+        )
     return Table(cols, tuple(rows))
 
 
 def confirmation_table(result: StudyResult) -> Table:
     c = result.confirmation
     level = max((x.level for x in c.comparisons), default=0.95) if c is not None else 0.95
-    cols = ("candidate", "rounds", "requests (cand. / base.)", "score", "baseline score",
-            "diff", f"{level:.1%} CI", "verdict")  # fmt: skip
+    cols = (
+        "candidate",
+        "rounds",
+        "requests (cand. / base.)",
+        "score",
+        "baseline score",
+        "diff",
+        f"{level:.1%} CI",
+        "verdict",
+    )
     if c is None:
         return Table(cols, ())
     rows = []
@@ -194,10 +220,17 @@ def confirmation_table(result: StudyResult) -> Table:
         cand, base = x.candidate, x.baseline
         n = f"{cand.requests} / {base.requests}" if cand is not None and base is not None else None
         rows.append(
-            (f"trial {x.trial} ({x.arm})" if x.arm else f"trial {x.trial}", len(x.rounds) or None,
-             n, None if cand is None else cand.score, None if base is None else base.score,
-             x.diff, f"{x.ci_low:+.3f} .. {x.ci_high:+.3f}", verdict)
-        )  # fmt: skip
+            (
+                f"trial {x.trial} ({x.arm})" if x.arm else f"trial {x.trial}",
+                len(x.rounds) or None,
+                n,
+                None if cand is None else cand.score,
+                None if base is None else base.score,
+                x.diff,
+                f"{x.ci_low:+.3f} .. {x.ci_high:+.3f}",
+                verdict,
+            )
+        )
     return Table(cols, tuple(rows))
 
 
@@ -207,9 +240,17 @@ def trials_table(result: StudyResult) -> Table:
     for t in result.trials:
         f = t.figures
         rows.append(
-            (t.number, t.role, t.state, t.objective, _val(f, "p99_e2e_s", 1.0),
-             _val(f, "p99_ttft_s", 1.0), _val(f, "error_rate", 100.0), t.fail_reason or "")
-        )  # fmt: skip
+            (
+                t.number,
+                t.role,
+                t.state,
+                t.objective,
+                _val(f, "p99_e2e_s", 1.0),
+                _val(f, "p99_ttft_s", 1.0),
+                _val(f, "error_rate", 100.0),
+                t.fail_reason or "",
+            )
+        )
     return Table(cols, tuple(rows))
 
 
@@ -437,8 +478,10 @@ def _pareto(result: StudyResult) -> bytes:
     ax.scatter(
         [t.figures.p99_e2e_s for t in front if t.figures],
         [t.figures.p99_ttft_s for t in front if t.figures],
-        s=30, color="#d62728", label="Pareto front",
-    )  # fmt: skip
+        s=30,
+        color="#d62728",
+        label="Pareto front",
+    )
     ax.set_xlabel("P99 e2e (s)")
     ax.set_ylabel("P99 TTFT (s)")
     ax.legend(fontsize=8)

@@ -28,17 +28,31 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from lbtune import tokens
+from lbtune.sim.engine import Engine
+from lbtune.sim.profiles import ModelProfile
+from lbtune.sim.spec import ReplicaSpec
 from lbtune.sim.textgen import ApiError, chat_prompt, completion_prompt
 
-if TYPE_CHECKING:
-    from lbtune.sim.server import Replica
+__all__ = ["Replica", "add_router_routes"]
 
-__all__ = ["add_router_routes"]
+
+class Replica(Protocol):
+    """What these endpoints read of a replica (:class:`lbtune.sim.server.Replica`)."""
+
+    name: str
+    state: str
+    spec: ReplicaSpec
+    engine: Engine
+
+    @property
+    def model_profiles(self) -> Mapping[str, ModelProfile]: ...
+
 
 _SAMPLING_FIELDS = (
     "max_tokens",

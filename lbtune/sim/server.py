@@ -86,8 +86,16 @@ MAX_LAG_S = 0.05
 class _Stream:
     """Progress of one admitted request, shared by the GPU loop and its handler."""
 
-    __slots__ = ("arrival", "done", "event", "last_token_at", "model", "queued_at", "ready",
-                 "words")  # fmt: skip
+    __slots__ = (
+        "arrival",
+        "done",
+        "event",
+        "last_token_at",
+        "model",
+        "queued_at",
+        "ready",
+        "words",
+    )
 
     def __init__(self, model: str, words: list[str], arrival: float) -> None:
         self.model = model
@@ -421,9 +429,17 @@ class Replica:
     # ------------------------------------------------------- other endpoints
 
     async def _models(self, request: web.Request) -> web.Response:
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "lbtune-sim", "root": m,
-                 "max_model_len": p.context_length}
-                for m, p in self.model_profiles.items()]  # fmt: skip
+        data = [
+            {
+                "id": m,
+                "object": "model",
+                "created": 0,
+                "owned_by": "lbtune-sim",
+                "root": m,
+                "max_model_len": p.context_length,
+            }
+            for m, p in self.model_profiles.items()
+        ]
         return web.json_response({"object": "list", "data": data})
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -434,8 +450,12 @@ class Replica:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         text = self.metrics.render(self.engine)
-        return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                            headers={"X-Prometheus-Format": "0.0.4"})  # fmt: skip
+        return web.Response(
+            text=text,
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Prometheus-Format": "0.0.4"},
+        )
 
     async def _debug_request(self, request: web.Request) -> web.Response:
         rec = self.ground_truth.get(request.match_info["request_id"])
@@ -463,8 +483,9 @@ class Replica:
         return web.json_response(self.admin_state())
 
     async def _admin_crash(self, request: web.Request) -> web.Response:
-        asyncio.get_running_loop().call_soon(lambda: self._tasks.append(
-            asyncio.ensure_future(self.crash())))  # fmt: skip
+        asyncio.get_running_loop().call_soon(
+            lambda: self._tasks.append(asyncio.ensure_future(self.crash()))
+        )
         return web.json_response({"name": self.name, "state": "crashing"})
 
     async def crash(self) -> None:

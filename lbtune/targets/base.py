@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from lbtune.cluster.state import ReplicaAddress
 from lbtune.errors import ApplyError
+from lbtune.targets.params import ParamSet, ParamValue
 
 if TYPE_CHECKING:
     from lbtune.cluster.state import Endpoints
@@ -65,9 +67,6 @@ __all__ = [
     "zero_weight_replicas",
 ]
 
-ParamValue = int | float | str | bool
-ParamSet = dict[str, ParamValue]
-"""A flat mapping knob name -> value, validated against a ParameterSpace."""
 Diff = dict[str, tuple[ParamValue | None, ParamValue | None]]
 """knob -> (before, after)."""
 
@@ -189,24 +188,6 @@ def zero_weight_replicas(params: Mapping[str, object], knob: str = "weight") -> 
 
 # ---------------------------------------------------------------------------------------
 # The embedded cluster: what crosses Balancer's hooks.
-
-
-@dataclass(frozen=True)
-class ReplicaAddress:
-    """One replica behind the balancer."""
-
-    name: str
-    """Unique, ``[A-Za-z0-9][A-Za-z0-9_.-]*``: use it as the server/endpoint name and as
-    the value of the replica header."""
-    host: str
-    port: int
-    models: tuple[str, ...]
-    """The model names it serves (``"model"`` in an OpenAI request body)."""
-    gpu: str | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from lbtune.errors import ConfigError, validation_error
 from lbtune.safeyaml import read_utf8
-from lbtune.targets.base import ParamSet, ParamValue
+from lbtune.targets.params import ParamSet, ParamValue
 
 if TYPE_CHECKING:
     import optuna
