@@ -15,15 +15,22 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from lbtune.errors import ConfigError
+from lbtune.metrics.summary import to_jsonable
 from lbtune.report.frame import Cell, Table
+from lbtune.report.html import CSS, esc, img
+from lbtune.report.html import table as html_table
+from lbtune.report.markdown import table as md_table
+from lbtune.report.plots import _figure, _no_data, _png
 from lbtune.report.study_plots import (
     SLICE_CAPTION,
     best_params_html,
     best_params_markdown,
     slice_plot,
 )
+from lbtune.runplan import read_run_plan
 
 if TYPE_CHECKING:
     from lbtune.objective import Figures
@@ -293,8 +300,6 @@ def headline(result: StudyResult) -> str:
 
 
 def write_study_report(out_dir: Path | str, result: StudyResult) -> StudyReportPaths:
-    from lbtune.metrics.summary import to_jsonable
-
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     paths = StudyReportPaths(d, d / "study.json", d / "report.md", d / "report.html")
@@ -308,9 +313,6 @@ def write_study_report(out_dir: Path | str, result: StudyResult) -> StudyReportP
 def traffic(result: StudyResult) -> str | None:
     """What the trials replayed, as their recorded plan names it (for a trace: the file,
     format, window and speed), from the first trial's ``run.json``; ``None`` without one."""
-    from lbtune.errors import ConfigError
-    from lbtune.runplan import read_run_plan
-
     if not result.report_dir:
         return None
     for run in sorted((Path(result.report_dir) / "runs").glob("trial-*")):
@@ -322,8 +324,6 @@ def traffic(result: StudyResult) -> str | None:
 
 
 def render_markdown(result: StudyResult) -> str:
-    from lbtune.report.markdown import table
-
     best = result.trial(result.best)
     played = traffic(result)
     lines = [
@@ -339,15 +339,15 @@ def render_markdown(result: StudyResult) -> str:
         "",
         "## Before / after",
         "",
-        table(before_after(result)),
+        md_table(before_after(result)),
         "",
         "## Confirmation (interleaved rounds against the live baseline, paired bootstrap CI)",
         "",
-        table(confirmation_table(result)),
+        md_table(confirmation_table(result)),
         "",
         "### Rounds",
         "",
-        table(rounds_table(result)),
+        md_table(rounds_table(result)),
         "",
     ]
     if best is not None:
@@ -355,15 +355,13 @@ def render_markdown(result: StudyResult) -> str:
     if result.importances:
         lines += ["## Parameter importances (PED-ANOVA)", ""]
         lines += [f"- `{k}`: {v:.3f}" for k, v in result.importances.items()] + [""]
-    lines += ["## Trials", "", table(trials_table(result)), ""]
+    lines += ["## Trials", "", md_table(trials_table(result)), ""]
     if result.notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]
     return "\n".join(lines)
 
 
 def render_html(result: StudyResult) -> str:
-    from lbtune.report.html import CSS, esc, img, table
-
     plots = render_plots(result)
     figs = "".join(img(png, key, caption) for key, (png, caption) in plots.items())
     notes = "".join(f"<li>{esc(n)}</li>" for n in result.notes)
@@ -378,12 +376,12 @@ def render_html(result: StudyResult) -> str:
         f"{len(result.trials)} trials · {result.elapsed_s / 60:.1f} min</div>"
         + (f"<div class='meta'>traffic: {esc(played)}</div>" if (played := traffic(result)) else "")
         + f"<div class='warn'>{esc(headline(result))}</div>"
-        f"<h2>Before / after</h2>{table(before_after(result))}"
-        f"<h2>Confirmation</h2>{table(confirmation_table(result))}"
-        f"<h3>Rounds</h3>{table(rounds_table(result))}"
+        f"<h2>Before / after</h2>{html_table(before_after(result))}"
+        f"<h2>Confirmation</h2>{html_table(confirmation_table(result))}"
+        f"<h3>Rounds</h3>{html_table(rounds_table(result))}"
         f"<h2>Plots</h2><div class='plots'>{figs}</div>"
         f"<h2>Best parameters</h2>{params}"
-        f"<h2>Trials</h2>{table(trials_table(result))}"
+        f"<h2>Trials</h2>{html_table(trials_table(result))}"
         + (f"<h2>Notes</h2><ul class='notes'>{notes}</ul>" if notes else "")
         + "</main></body></html>\n"
     )
@@ -393,8 +391,6 @@ def render_plots(result: StudyResult) -> dict[str, tuple[bytes, str]]:
     import matplotlib
 
     matplotlib.use("Agg")
-    from lbtune.report.plots import _figure, _no_data, _png
-
     out: dict[str, tuple[bytes, str]] = {}
     fig, (ax,) = _figure()
     h = history(result)
@@ -427,45 +423,7 @@ def render_plots(result: StudyResult) -> dict[str, tuple[bytes, str]]:
     return out
 
 
-def _parallel(result: StudyResult) -> bytes:
-    from lbtune.report.plots import _figure, _no_data, _png
-
-    done = [t for t in result.trials if t.state == "COMPLETE" and t.objective is not None]
-    names = list(result.importances)[:8] or sorted({k for t in done for k in t.params})[:8]
-    fig, (ax,) = _figure(width=9.0)
-    if len(done) < 2 or not names:
-        _no_data(ax, "fewer than two completed trials")
-        return _png(fig)
-    cols: list[list[float]] = []
-    for n in names:
-        raw = [t.params.get(n) for t in done]
-        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in raw):
-            nums = [float(v) for v in raw]  # type: ignore[arg-type]
-        else:
-            cats = sorted({str(v) for v in raw})
-            nums = [float(cats.index(str(v))) for v in raw]
-        lo, hi = min(nums), max(nums)
-        cols.append([(v - lo) / (hi - lo) if hi > lo else 0.5 for v in nums])
-    scores = [t.objective or 0.0 for t in done]
-    lo, hi = min(scores), max(scores)
-    from matplotlib import colormaps
-
-    cmap = colormaps["viridis"]
-    for i, s in enumerate(scores):
-        ax.plot(
-            range(len(names)),
-            [c[i] for c in cols],
-            color=cmap((s - lo) / (hi - lo or 1)),
-            alpha=0.7,
-        )
-    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
-    ax.set_yticks([])
-    return _png(fig)
-
-
 def _pareto(result: StudyResult) -> bytes:
-    from lbtune.report.plots import _figure, _no_data, _png
-
     fig, (ax,) = _figure()
     done = [t for t in result.trials if t.state == "COMPLETE" and t.figures is not None]
     if not done:
@@ -486,8 +444,3 @@ def _pareto(result: StudyResult) -> bytes:
     ax.set_ylabel("P99 TTFT (s)")
     ax.legend(fontsize=8)
     return _png(fig)
-
-
-def load_study_json(path: Path | str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
-    return data
