@@ -132,12 +132,19 @@ def test_closed_loop_estimate_from_the_last_indexed_run(
     past = plan_run(StressOptions(scenario="longctx", target_url=url))
     write_run_plan(past_dir, past)
     span = past.window_end_s - past.window_start_s
-    fig = KeyFigures(completed=int(2 * span), window_start_s=past.window_start_s,
-                     window_end_s=past.window_end_s)  # fmt: skip
+    fig = KeyFigures(
+        completed=int(2 * span), window_start_s=past.window_start_s, window_end_s=past.window_end_s
+    )
     HistoryStore(tmp_path / "h.db").add(
-        Entry(kind="stress", time=1.0, scenario="longctx", target=url,
-              report_dir=str(past_dir), figures={"run": fig})
-    )  # fmt: skip
+        Entry(
+            kind="stress",
+            time=1.0,
+            scenario="longctx",
+            target=url,
+            report_dir=str(past_dir),
+            figures={"run": fig},
+        )
+    )
     est = estimate_window_requests(plan, tmp_path)
     assert est is not None
     assert est.rate_per_s == pytest.approx(2.0)
@@ -205,8 +212,9 @@ def test_the_recorded_tokenizer_reaches_the_generators(tmp_path: Path) -> None:
     missing = str(tmp_path / "missing-tokenizer.json")
     plan = plan_run(StressOptions(scenario="chat", tokenizer=missing))
     path = write_run_plan(tmp_path, plan)
-    cfg = LoadConfig(target_url="http://127.0.0.1:9", scenario="chat", records_dir=tmp_path,
-                     run_plan=str(path))  # fmt: skip
+    cfg = LoadConfig(
+        target_url="http://127.0.0.1:9", scenario="chat", records_dir=tmp_path, run_plan=str(path)
+    )
     with pytest.raises(ConfigError, match="tokenizer"):
         run_load(cfg)
 

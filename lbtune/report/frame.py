@@ -266,9 +266,19 @@ def replica_table(summary: RunSummary) -> Table:
             )
         )
     cols = (
-        "Replica", "Sent", "Share (%)", "Errors", "By balancer", "TTFT P50 (ms)",
-        "TTFT P99 (ms)", "E2E P50 (ms)", "E2E P99 (ms)", "Busy (%)", "KV avg (%)", "Waiting avg",
-    )  # fmt: skip
+        "Replica",
+        "Sent",
+        "Share (%)",
+        "Errors",
+        "By balancer",
+        "TTFT P50 (ms)",
+        "TTFT P99 (ms)",
+        "E2E P50 (ms)",
+        "E2E P99 (ms)",
+        "Busy (%)",
+        "KV avg (%)",
+        "Waiting avg",
+    )
     return Table(cols, tuple(rows))
 
 
@@ -277,34 +287,71 @@ def server_table(summary: RunSummary) -> Table:
     for r in summary.server.replicas if summary.server else ():
         rows.append(
             (
-                r.replica, r.running_avg, r.running_max, r.waiting_avg, r.waiting_max,
-                pct(r.kv_usage_avg), pct(r.kv_usage_max), pct(r.prefix_cache_hit_rate),
-                r.preemptions, ms(r.server_ttft_p50), ms(r.server_ttft_p99), pct(r.gpu_util),
+                r.replica,
+                r.running_avg,
+                r.running_max,
+                r.waiting_avg,
+                r.waiting_max,
+                pct(r.kv_usage_avg),
+                pct(r.kv_usage_max),
+                pct(r.prefix_cache_hit_rate),
+                r.preemptions,
+                ms(r.server_ttft_p50),
+                ms(r.server_ttft_p99),
+                pct(r.gpu_util),
                 pct(r.sm_active),
             )
-        )  # fmt: skip
+        )
     cols = (
-        "Replica", "Running avg", "Running max", "Waiting avg", "Waiting max", "KV avg (%)",
-        "KV max (%)", "Prefix hit (%)", "Preemptions", "Server TTFT P50 (ms)",
-        "Server TTFT P99 (ms)", "GPU util (%)", "SM active (%)",
-    )  # fmt: skip
+        "Replica",
+        "Running avg",
+        "Running max",
+        "Waiting avg",
+        "Waiting max",
+        "KV avg (%)",
+        "KV max (%)",
+        "Prefix hit (%)",
+        "Preemptions",
+        "Server TTFT P50 (ms)",
+        "Server TTFT P99 (ms)",
+        "GPU util (%)",
+        "SM active (%)",
+    )
     return Table(cols, tuple(rows))
 
 
 def stage_table(summary: RunSummary) -> Table:
     rows = tuple(
         (
-            s.index, s.label, s.start_s, s.end_s, s.offered_load, s.sent, s.throughput_rps,
-            ms(s.ttft_p99), ms(s.e2e_p99), pct(s.error_rate),
-            None if s.meets_slo is None else ("yes" if s.meets_slo else "no"), s.recovery_s,
+            s.index,
+            s.label,
+            s.start_s,
+            s.end_s,
+            s.offered_load,
+            s.sent,
+            s.throughput_rps,
+            ms(s.ttft_p99),
+            ms(s.e2e_p99),
+            pct(s.error_rate),
+            None if s.meets_slo is None else ("yes" if s.meets_slo else "no"),
+            s.recovery_s,
         )
         for s in summary.stages
-    )  # fmt: skip
+    )
     cols = (
-        "#", "Stage", "Start (s)", "End (s)", f"Offered load ({load_unit(summary)})", "Sent",
-        "Throughput (req/s)", "TTFT P99 (ms)", "E2E P99 (ms)", "Errors (%)", "Meets SLO",
+        "#",
+        "Stage",
+        "Start (s)",
+        "End (s)",
+        f"Offered load ({load_unit(summary)})",
+        "Sent",
+        "Throughput (req/s)",
+        "TTFT P99 (ms)",
+        "E2E P99 (ms)",
+        "Errors (%)",
+        "Meets SLO",
         "Recovery (s)",
-    )  # fmt: skip
+    )
     return Table(cols, rows)
 
 

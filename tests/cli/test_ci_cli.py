@@ -105,9 +105,13 @@ def test_stress_error_is_recorded_in_junit(monkeypatch: pytest.MonkeyPatch, tmp_
     ],
 )
 def test_optimize_ci_exit_codes_junit_and_step_summary(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, step: Path, rollout: Rollout, ci: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    step: Path,
+    rollout: Rollout,
+    ci: bool,
     code: int,
-) -> None:  # fmt: skip
+) -> None:
     got: list[str] = []
 
     def fake(opts: Any, *, on_progress: Any, stop: Any, say: Any, on_result: Any) -> Any:

@@ -124,11 +124,18 @@ def test_dashboard_is_importable_grafana_json() -> None:
     names = {v["name"] for v in dash["templating"]["list"]}
     assert {"datasource", "replica"} <= names
     text = DASHBOARD.read_text()
-    for needle in ("lbtune_ttft_seconds", "vllm:kv_cache_usage_perc", "DCGM_FI_DEV_GPU_UTIL",
-                   "vllm:prefix_cache_hits_total", "haproxy_backend_current_queue",
-                   "haproxy_server_current_sessions", "lbtune_agent_weight",
-                   "envoy_cluster_upstream_rq_xx", "nginx_http_requests_total",
-                   "vllm_router_processed_requests_total"):  # fmt: skip
+    for needle in (
+        "lbtune_ttft_seconds",
+        "vllm:kv_cache_usage_perc",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "vllm:prefix_cache_hits_total",
+        "haproxy_backend_current_queue",
+        "haproxy_server_current_sessions",
+        "lbtune_agent_weight",
+        "envoy_cluster_upstream_rq_xx",
+        "nginx_http_requests_total",
+        "vllm_router_processed_requests_total",
+    ):
         assert needle in text
 
 
@@ -154,11 +161,13 @@ def test_promtool_checks_and_unit_tests_the_rules() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool is needed (Debian package prometheus): run scripts/setup.sh")
-    check = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True,
-                           text=True, timeout=60)  # fmt: skip
+    check = subprocess.run(
+        [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout + check.stderr
-    unit = subprocess.run([promtool, "test", "rules", str(RULES_TEST)], capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    unit = subprocess.run(
+        [promtool, "test", "rules", str(RULES_TEST)], capture_output=True, text=True, timeout=60
+    )
     assert unit.returncode == 0, unit.stdout + unit.stderr
 
 
@@ -172,8 +181,12 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         _load_rules(ep.prometheus_url, Path(ep.prometheus_yml), state)
         out = tmp_path_factory.mktemp("dash-report") / "run"
         opts = StressOptions(
-            scenario="mixed", duration_s=15, users=8, state_dir=Path(ep.state_dir), out_dir=out,
-        )  # fmt: skip
+            scenario="mixed",
+            duration_s=15,
+            users=8,
+            state_dir=Path(ep.state_dir),
+            out_dir=out,
+        )
         res = run_stress(opts, on_result=record_stress)  # the caller writes the history
         at = min(res.summary.window.end, res.load.ended_at - 1.0)
         yield {"prom": ep.prometheus_url, "at": at, "out": out, "result": res}
@@ -264,10 +277,13 @@ def test_the_balancer_row_queries_parse_and_their_metrics_exist(name: str, tmp_p
         for _ in range(4):
             r = requests.post(
                 f"{ep.balancer_url}/v1/chat/completions",
-                json={"model": model, "messages": [{"role": "user", "content": "hi"}],
-                      "max_tokens": 8},
+                json={
+                    "model": model,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 8,
+                },
                 timeout=30,
-            )  # fmt: skip
+            )
             assert r.status_code == 200, r.text
         missing = set(wanted)
         deadline = time.monotonic() + 30

@@ -25,9 +25,15 @@ from tests.search.fakes import FakeMeasure, FakeTarget, harness
 
 def _fig(p99: float, **kw: object) -> KeyFigures:
     base: dict[str, object] = dict(
-        p99_e2e_s=p99, p50_ttft_s=0.05, p99_ttft_s=p99 / 10, requests_per_s=10.0,
-        goodput_per_s=9.0, error_rate=0.0, degraded=False, completed=200,
-    )  # fmt: skip
+        p99_e2e_s=p99,
+        p50_ttft_s=0.05,
+        p99_ttft_s=p99 / 10,
+        requests_per_s=10.0,
+        goodput_per_s=9.0,
+        error_rate=0.0,
+        degraded=False,
+        completed=200,
+    )
     base.update(kw)
     return KeyFigures(**base)  # type: ignore[arg-type]
 
@@ -35,14 +41,26 @@ def _fig(p99: float, **kw: object) -> KeyFigures:
 def _study(t: float, base: KeyFigures, accepted: bool, verify: KeyFigures | None = None) -> Entry:
     figs = {"baseline": base} | ({"verification": verify} if verify else {})
     return Entry(
-        kind="study", time=t, scenario="mixed", target="haproxy", study=f"s{t:g}",
-        accepted=accepted, figures=figs, load={"duration_s": 25.0},
-    )  # fmt: skip
+        kind="study",
+        time=t,
+        scenario="mixed",
+        target="haproxy",
+        study=f"s{t:g}",
+        accepted=accepted,
+        figures=figs,
+        load={"duration_s": 25.0},
+    )
 
 
 def _stress(t: float, fig: KeyFigures) -> Entry:
-    return Entry(kind="stress", time=t, scenario="mixed", target="http://127.0.0.1:8000",
-                 figures={"run": fig}, load={"duration_s": 25.0})  # fmt: skip
+    return Entry(
+        kind="stress",
+        time=t,
+        scenario="mixed",
+        target="http://127.0.0.1:8000",
+        figures={"run": fig},
+        load={"duration_s": 25.0},
+    )
 
 
 def _parquet(dir_: Path, e2e: np.ndarray) -> Path:
@@ -96,8 +114,10 @@ def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     store = HistoryStore(tmp_path / "h.db")
     store.add(_stress(1.0, _fig(1.0)))
     with sqlite3.connect(tmp_path / "h.db") as c:
-        c.execute("UPDATE lbtune_meta SET value = ? WHERE key = 'schema_version'",
-                  (str(SCHEMA_VERSION + 1),))  # fmt: skip
+        c.execute(
+            "UPDATE lbtune_meta SET value = ? WHERE key = 'schema_version'",
+            (str(SCHEMA_VERSION + 1),),
+        )
     with pytest.raises(ConfigError, match="schema version"):
         store.entries()
     with pytest.raises(ConfigError, match="no database"):
@@ -195,8 +215,14 @@ def test_studies_are_indexed_by_record_study_and_drift_is_found(
     target.live = {**target.live, "x": 1.0}  # bad live config: a winner will be accepted
 
     def study(name: str) -> None:
-        opts = OptimizeOptions(budget=8, study=name, storage=f"sqlite:///{tmp_path}/s.db",
-                               out_dir=tmp_path / name, seed=3, confirm_runs=2)  # fmt: skip
+        opts = OptimizeOptions(
+            budget=8,
+            study=name,
+            storage=f"sqlite:///{tmp_path}/s.db",
+            out_dir=tmp_path / name,
+            seed=3,
+            confirm_runs=2,
+        )
         run_optimize(opts, harness=harness(target, FakeMeasure(target)), on_result=record_study)
 
     study("first")
@@ -220,8 +246,14 @@ def test_an_unwritable_index_warns_and_the_study_still_succeeds(
     (tmp_path / "dir.db").mkdir()
     monkeypatch.setenv(ENV_DB, str(tmp_path / "dir.db"))
     target = FakeTarget()
-    opts = OptimizeOptions(budget=4, study="w", storage=f"sqlite:///{tmp_path}/s.db",
-                           out_dir=tmp_path / "w", seed=1, confirm_runs=0)  # fmt: skip
+    opts = OptimizeOptions(
+        budget=4,
+        study="w",
+        storage=f"sqlite:///{tmp_path}/s.db",
+        out_dir=tmp_path / "w",
+        seed=1,
+        confirm_runs=0,
+    )
     res = run_optimize(opts, harness=harness(target, FakeMeasure(target)), on_result=record_study)
     assert res.study == "w"
     assert any("not indexed" in r.getMessage() for r in caplog.records)
@@ -236,8 +268,18 @@ def test_cli_table_json_html_and_check_drift(tmp_path: Path) -> None:
     r = runner.invoke(app, ["history", "--storage", str(db)])
     assert r.exit_code == 0, r.output
     assert "study" in r.output and "stress" in r.output and "1050" in r.output
-    r = runner.invoke(app, ["history", "--storage", f"sqlite:///{db}", "--json", "--check-drift",
-                            "--html", str(tmp_path / "h.html")])  # fmt: skip
+    r = runner.invoke(
+        app,
+        [
+            "history",
+            "--storage",
+            f"sqlite:///{db}",
+            "--json",
+            "--check-drift",
+            "--html",
+            str(tmp_path / "h.html"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert len(doc["entries"]) == 2 and doc["drift_detected"] is False
