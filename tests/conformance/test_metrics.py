@@ -15,6 +15,7 @@ import pytest
 
 from lbtune.metrics import promql
 from tests.conformance.conftest import Metrics, Server
+from tests.conformance.families import DCGM_GAUGES, VLLM_TYPES
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -22,29 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 READERS = ["lbtune/metrics", "lbtune/agent", "lbtune/cluster", "dashboards"]
 """Where lbtune reads replica metrics: its PromQL, the agent, `cluster status`, dashboards."""
 
-TYPES = {
-    "vllm:num_requests_running": "gauge",
-    "vllm:num_requests_waiting": "gauge",
-    "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:prefix_cache_queries_total": "counter",
-    "vllm:prefix_cache_hits_total": "counter",
-    "vllm:num_preemptions_total": "counter",
-    "vllm:prompt_tokens_total": "counter",
-    "vllm:generation_tokens_total": "counter",
-    "vllm:request_success_total": "counter",
-    "vllm:time_to_first_token_seconds": "histogram",
-    "vllm:inter_token_latency_seconds": "histogram",
-    "vllm:e2e_request_latency_seconds": "histogram",
-    "vllm:request_queue_time_seconds": "histogram",
-}
-"""Every vLLM family the simulator writes, with its type (a superset of what lbtune reads)."""
 FINISHED_REASONS = {"stop", "length", "abort", "error", "repetition"}
-DCGM = (
-    "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_DEV_FB_USED",
-    "DCGM_FI_DEV_FB_FREE",
-)
 
 
 def names_lbtune_reads() -> set[str]:
@@ -70,13 +49,13 @@ def test_lbtune_reads_only_known_families() -> None:
     """The table below covers every vLLM name lbtune's code and dashboards read."""
     read = names_lbtune_reads()
     assert read, "found no vllm: names in lbtune's readers"
-    assert read <= set(TYPES), f"read but not checked here: {sorted(read - set(TYPES))}"
+    assert read <= set(VLLM_TYPES), f"read but not checked here: {sorted(read - set(VLLM_TYPES))}"
 
 
 def test_every_family_with_its_type_and_labels(server: Server) -> None:
     server.complete(max_tokens=2, ignore_eos=True)  # every histogram has a sample
     m = server.metrics()
-    for name, kind in TYPES.items():
+    for name, kind in VLLM_TYPES.items():
         assert _has_type(m, name, kind), f"{name}: no # TYPE {kind}"
         sample = f"{name}_count" if kind == "histogram" else name
         series = m.series(sample)
@@ -98,7 +77,7 @@ def test_every_family_with_its_type_and_labels(server: Server) -> None:
 def test_histograms_have_cumulative_buckets(server: Server) -> None:
     server.complete(max_tokens=2, ignore_eos=True)
     m = server.metrics()
-    for name, kind in TYPES.items():
+    for name, kind in VLLM_TYPES.items():
         if kind != "histogram":
             continue
         buckets = sorted(
@@ -124,8 +103,8 @@ def test_gpu_metrics_are_the_simulators_own(server: Server) -> None:
     The sim writes them itself (it is the GPU); real vLLM on CPUs has none, and lbtune's
     report falls back to the busy fraction from ``vllm:num_requests_running``."""
     m = server.metrics()
-    present = [n for n in DCGM if m.series(n)]
-    assert present == (list(DCGM) if server.kind == "sim" else [])
+    present = [n for n in DCGM_GAUGES if m.series(n)]
+    assert present == (list(DCGM_GAUGES) if server.kind == "sim" else [])
 
 
 def _success(server: Server) -> dict[str, float]:

@@ -20,6 +20,7 @@ from lbtune.sim.metrics import (
     Histogram,
     format_value,
 )
+from tests.conformance.families import DCGM_GAUGES, VLLM_TYPES
 from tests.sim.conftest import M8, M70, http
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -27,25 +28,7 @@ Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_]\w*)="((?:[^"\\]|\\.)*)"')
 
-EXPECTED_TYPES = {
-    "vllm:num_requests_running": "gauge",
-    "vllm:num_requests_waiting": "gauge",
-    "vllm:kv_cache_usage_perc": "gauge",
-    "vllm:prefix_cache_queries_total": "counter",
-    "vllm:prefix_cache_hits_total": "counter",
-    "vllm:num_preemptions_total": "counter",
-    "vllm:prompt_tokens_total": "counter",
-    "vllm:generation_tokens_total": "counter",
-    "vllm:request_success_total": "counter",
-    "vllm:time_to_first_token_seconds": "histogram",
-    "vllm:inter_token_latency_seconds": "histogram",
-    "vllm:e2e_request_latency_seconds": "histogram",
-    "vllm:request_queue_time_seconds": "histogram",
-    "DCGM_FI_DEV_GPU_UTIL": "gauge",
-    "DCGM_FI_PROF_SM_ACTIVE": "gauge",
-    "DCGM_FI_DEV_FB_USED": "gauge",
-    "DCGM_FI_DEV_FB_FREE": "gauge",
-}
+EXPECTED_TYPES = {**VLLM_TYPES, **dict.fromkeys(DCGM_GAUGES, "gauge")}
 ENGINE_GAUGES = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
