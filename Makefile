@@ -16,6 +16,7 @@ test-fast: setup
 lint: setup
 	.venv/bin/ruff check lbtune tests benchmarks
 	.venv/bin/ruff format --check lbtune tests benchmarks
+	.venv/bin/lint-imports
 
 format: setup
 	.venv/bin/ruff format lbtune tests benchmarks

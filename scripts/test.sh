@@ -12,5 +12,6 @@ if [ "${LBTUNE_SKIP_LINT:-0}" != 1 ]; then
   .venv/bin/ruff check lbtune tests benchmarks
   .venv/bin/ruff format --check lbtune tests benchmarks
   .venv/bin/mypy
+  .venv/bin/lint-imports
 fi
 exec .venv/bin/python -m pytest "$@"
