@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import typer
@@ -28,6 +29,7 @@ from lbtune.targets.base import ReplicaAddress, Target
 M8 = "llama-3.1-8b-instruct"
 M70 = "llama-3.1-70b-instruct-awq"
 SIM_START_S = 30.0
+T = TypeVar("T", bound=Target)
 
 
 def free_port() -> int:
@@ -92,8 +94,17 @@ def sim_replicas(tmp: Path, time_scale: float = 8.0) -> Iterator[tuple[ReplicaAd
         stop_process(proc)
 
 
-def embedded_cluster(tmp_path_factory: pytest.TempPathFactory, config: str) -> Iterator[Endpoints]:
-    """The embedded cluster of the built-in config ``config``, brought down afterwards."""
+def embedded_cluster(
+    tmp_path_factory: pytest.TempPathFactory, config: str, *, missing: str | None = None
+) -> Iterator[Endpoints]:
+    """The embedded cluster of the built-in config ``config``, brought down afterwards.
+
+    Skipped where Prometheus is not installed, or where ``missing`` names what else is not.
+    """
+    if missing is None and shutil.which("prometheus") is None:
+        missing = "prometheus"
+    if missing is not None:
+        pytest.skip(f"{missing} is needed")
     state = tmp_path_factory.mktemp(config)
     try:
         yield api.up(load_config(config)[0], state)
@@ -101,9 +112,11 @@ def embedded_cluster(tmp_path_factory: pytest.TempPathFactory, config: str) -> I
         api.down(state)
 
 
-def baseline_target(cluster: Endpoints, name: str) -> Target:
-    """The cluster's ``name`` target with its baseline live and no last known good recorded."""
+def baseline_target(cluster: Endpoints, name: str, kind: type[T]) -> T:
+    """The cluster's ``name`` target (a ``kind``) with its baseline live and no last known
+    good recorded."""
     target = get_target(name, cluster)
+    assert isinstance(target, kind)
     target.apply(target.space().baseline())
     shutil.rmtree(target.state_dir / "lkg", ignore_errors=True)
     return target

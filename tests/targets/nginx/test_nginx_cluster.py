@@ -5,7 +5,6 @@ diff, apply, rollback), as for HAProxy."""
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -35,17 +34,13 @@ pytestmark = [needs_nginx, pytest.mark.integration]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
-    if shutil.which("prometheus") is None:
-        pytest.skip("prometheus is needed")
     yield from embedded_cluster(tmp_path_factory, "mini2-nginx")
 
 
 @pytest.fixture
 def target(cluster: Endpoints) -> NginxTarget:
     """Baseline live, no last known good recorded."""
-    t = baseline_target(cluster, "nginx")
-    assert isinstance(t, NginxTarget)
-    return t
+    return baseline_target(cluster, "nginx", NginxTarget)
 
 
 def _query(prometheus: str, promql: str) -> list[dict[str, object]]:
