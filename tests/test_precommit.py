@@ -60,7 +60,12 @@ def test_precommit_config_is_valid() -> None:
 
 def test_precommit_runs_the_same_checks_as_ci() -> None:
     ci = lint_block(TEST_SH.read_text())
-    assert [c[0] for c in ci][:3] == [".venv/bin/ruff", ".venv/bin/ruff", ".venv/bin/mypy"]
+    assert [c[0] for c in ci] == [
+        ".venv/bin/ruff",
+        ".venv/bin/ruff",
+        ".venv/bin/mypy",
+        ".venv/bin/lint-imports",
+    ]
     assert hook_commands(_config()) == ci
 
 
