@@ -31,6 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lbtune.errors import ConfigError
+from lbtune.keyvalue import bad_value, parse_pairs
 from lbtune.report.sources import Side, load_pair, load_side
 
 __all__ = [
@@ -94,30 +95,30 @@ def parse_fail_on(text: str | None) -> dict[str, float]:
     """
     if text is None or not text.strip():
         return {}
-    names = ", ".join(["all", *sorted(_BY_NAME)])
     out: dict[str, float] = {}
-    for part in text.split(","):
-        name, sep, value = part.partition("=")
-        name = name.strip().lower()
-        if not sep or (name != "all" and name not in _BY_NAME):
-            raise ConfigError(
-                f"--fail-on: cannot read {part.strip()!r}; expected NAME=±X% with NAME one of "
-                f"{names} (e.g. --fail-on p99=+10%,ttft=+10%,goodput=-5%)"
-            )
+    pairs = parse_pairs(
+        text,
+        flag="--fail-on",
+        keys=["all", *sorted(_BY_NAME)],
+        example="--fail-on p99=+10%,ttft=+10%,goodput=-5%",
+        fold_case=True,
+    )
+    for name, value in pairs:
         m = _THRESHOLD.match(value)
         if not m:
-            raise ConfigError(
-                f"--fail-on {name}: expected a change like +10% or -5%, got {value!r}"
-            )
+            raise bad_value("--fail-on", name, value, "a change like +10% or -5%")
         sign, number, unit = m.groups()
         amount = float(number) / 100 if unit in ("%", "pp") else float(number)
         for fig in FIGURES if name == "all" else (_BY_NAME[name],):
             worse = "+" if fig.better == "lower" else "-"
             if sign and sign != worse and name != "all" and amount > 0:
-                raise ConfigError(
-                    f"--fail-on {name}={value.strip()}: a regression of {fig.label} is "
-                    f"{'an increase' if worse == '+' else 'a decrease'}; write {name}={worse}"
-                    f"{number}{unit or ''}"
+                change = "an increase" if worse == "+" else "a decrease"
+                raise bad_value(
+                    "--fail-on",
+                    name,
+                    value,
+                    f"{name}={worse}{number}{unit or ''}",
+                    f"has the wrong sign: a regression of {fig.label} is {change}",
                 )
             out[fig.key] = amount
     return out

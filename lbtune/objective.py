@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from lbtune.errors import ConfigError
+from lbtune.keyvalue import bad_value, parse_pairs
 
 if TYPE_CHECKING:
     from lbtune.metrics.summary import RunSummary
@@ -219,22 +220,15 @@ def parse_weights(
     out = dict(base)
     if not text:
         return out
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in DEFAULT_WEIGHTS:
-            raise ConfigError(
-                f"--weights: cannot read {part.strip()!r}; expected KEY=NUMBER with KEY in "
-                f"{', '.join(DEFAULT_WEIGHTS)} (e.g. --weights e2e=0.45,ttft=0.35,decay=0.2)"
-            )
+    flag = "--weights"
+    example = "--weights e2e=0.45,ttft=0.35,decay=0.2"
+    for key, value in parse_pairs(text, flag=flag, keys=DEFAULT_WEIGHTS, example=example):
         try:
             number = float(value)
         except ValueError:
-            raise ConfigError(
-                f"--weights {key}: expected a number, got {value.strip()!r}"
-            ) from None
+            raise bad_value(flag, key, value, "a number >= 0") from None
         if number < 0 or not math.isfinite(number):
-            raise ConfigError(f"--weights {key}: must be a finite number >= 0, got {number}")
+            raise bad_value(flag, key, value, "a finite number >= 0", "is out of range")
         out[key] = number
     if sum(out.values()) <= 0:
         raise ConfigError("--weights: at least one weight must be > 0")

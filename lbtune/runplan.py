@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from lbtune import __version__
 from lbtune.errors import ConfigError
+from lbtune.keyvalue import bad_value, parse_pairs
 from lbtune.metrics.summary import Slo
 from lbtune.scenario.loader import load_scenario
 from lbtune.scenario.models import Scenario
@@ -287,31 +288,22 @@ def parse_slo(text: str | None, base: Slo) -> Slo:
     if not text:
         return base
     changes: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in _SLO_KEYS:
-            raise ConfigError(
-                f"--slo: cannot read {part.strip()!r}; expected KEY=VALUE with KEY in "
-                f"{', '.join(_SLO_KEYS)} (e.g. --slo ttft=350ms,e2e=800ms,errors=1%)"
-            )
-        value = value.strip()
+    example = "--slo ttft=350ms,e2e=800ms,errors=1%"
+    for key, value in parse_pairs(text, flag="--slo", keys=_SLO_KEYS, example=example):
         if key == "errors":
             pct = value.endswith("%")
             try:
                 number = float(value.rstrip("%"))
             except ValueError:
-                raise ConfigError(
-                    f"--slo errors: expected a fraction or a percentage, got {value!r}"
-                ) from None
+                raise bad_value("--slo", key, value, "a fraction or a percentage") from None
             rate = number / 100 if pct else number
             if not 0 <= rate <= 1:
-                raise ConfigError(f"--slo errors: must be within 0..100 % (0..1), got {value!r}")
+                raise bad_value("--slo", key, value, "0..100 % (0..1)", "is out of range")
             changes[_SLO_KEYS[key]] = rate
             continue
         m = _DURATION.match(value)
         if not m:
-            raise ConfigError(f"--slo {key}: expected a duration like 350ms or 2s, got {value!r}")
+            raise bad_value("--slo", key, value, "a duration like 350ms or 2s")
         number = float(m.group(1))
         changes[_SLO_KEYS[key]] = number / 1000 if m.group(2) == "ms" else number
     return replace(base, **changes)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from lbtune.errors import ConfigError
+from lbtune.keyvalue import parse_pairs
 from lbtune.runplan import read_run_plan
 from lbtune.scenario import build_workload, load_scenario, plan_load
 from lbtune.scenario.request import RequestSpec
@@ -78,20 +79,9 @@ class SimplePlan:
 
 
 def _parse_fixed(spec: str) -> tuple[FixedWorkload, dict[str, str]]:
-    opts: dict[str, str] = {}
-    for part in spec.split(":", 1)[1].split(","):
-        if part.strip():
-            k, sep, v = part.partition("=")
-            if not sep:
-                raise ConfigError(f"fixed workload: expected key=value, found {part!r}")
-            opts[k.strip()] = v.strip()
-    known = {"model", "prompt", "output", "stream", "api", "arrival"}
-    unknown = set(opts) - known
-    if unknown:
-        raise ConfigError(
-            f"fixed workload: unknown option {sorted(unknown)[0]!r}. "
-            f"Available: {', '.join(sorted(known))}"
-        )
+    known = ("api", "arrival", "model", "output", "prompt", "stream")
+    example = "fixed:output=32,prompt=16"
+    opts = dict(parse_pairs(spec.split(":", 1)[1], flag=spec, keys=known, example=example))
     api = opts.get("api", "chat")
     if api not in ("chat", "completions"):
         raise ConfigError(f"fixed workload: api must be chat or completions, found {api!r}")

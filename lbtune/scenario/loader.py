@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from lbtune.errors import ConfigError
+from lbtune.keyvalue import bad_value, parse_pairs
 from lbtune.resources import scenarios_dir
 from lbtune.safeyaml import load_yaml_file
 from lbtune.scenario.models import Scenario
@@ -77,8 +78,11 @@ def trace_ref(
     opts: dict[str, Any] = {"format": fmt or guess_format(path)}
     opts.update(speedup=1.0 if speedup is None else speedup, start=0.0)  # the window, always
     opts.update(more)
-    query = "&".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in opts.items() if v is not None)  # fmt: skip
+    query = "&".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in opts.items()
+        if v is not None
+    )
     return f"{TRACE_PREFIX}{path}" + (f"?{query}" if query else "")
 
 
@@ -88,16 +92,12 @@ def trace_scenario(ref: str) -> Scenario:
     text = ref.removeprefix(TRACE_PREFIX)
     path, _, query = text.partition("?") if "=" in text.rpartition("?")[2] else (text, "", "")
     source: dict[str, Any] = {"trace": path}
-    for part in filter(None, query.split("&")):
-        key, _, value = part.partition("=")
-        if key not in _TRACE_KEYS:
-            raise ConfigError(
-                f"{ref}: unknown trace option {key!r}. Available: {', '.join(_TRACE_KEYS)}"
-            )
+    example = f"{TRACE_PREFIX}{path}?speedup=2&limit=500"
+    for key, value in parse_pairs(query, flag=ref, keys=_TRACE_KEYS, example=example, sep="&"):
         try:
             source[key] = _TRACE_KEYS[key](value)
         except ValueError:
-            raise ConfigError(f"{ref}: {key}: cannot read {value!r}") from None
+            raise bad_value(ref, key, value, "a number") from None  # only numbers can fail
     source.setdefault("format", guess_format(path))
     sc = scenario_from_dict({"source": source}, source=ref)
     src = sc.source
