@@ -233,11 +233,6 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._running or self._waiting)
 
-    def num_output_tokens(self, request_id: str) -> int:
-        """Output tokens produced so far by a live request (0 when unknown)."""
-        r = self._requests.get(request_id)
-        return r.num_output if r is not None else 0
-
     # --- requests ----------------------------------------------------------------------------
 
     def add_request(self, req: SimRequest) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lbtune.cluster import render
-from lbtune.targets.base import ParamSet, ParamValue
+from lbtune.targets.base import ParamValue
 from lbtune.targets.haproxy import llm
 from lbtune.targets.haproxy.files import Site, backend_names
 
@@ -149,8 +149,3 @@ def agent_settings(params: Mapping[str, ParamValue]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     out.update({k[len(AGENT_PREFIX) :]: v for k, v in params.items() if k.startswith(AGENT_PREFIX)})
     return out
-
-
-def live_params(params: ParamSet) -> ParamSet:
-    """Only the per-server (runtime) knobs of ``params``."""
-    return {k: v for k, v in params.items() if k.split(".", 1)[0] in LIVE_FAMILIES and "." in k}
