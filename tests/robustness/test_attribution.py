@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from rich.console import Console
 
+from lbtune.cli.stress import _print_summary
 from lbtune.loadgen.records import RequestRecord
 from lbtune.metrics.replica_events import ReplicaSample, ReplicaTimeline, events, owners
 from lbtune.metrics.replica_watch import EXTERNAL, ReplicaWatch
@@ -68,10 +70,14 @@ def test_an_outage_is_named_with_its_times_and_request_count() -> None:
     assert (o.replica, o.down_s, o.up_s, o.trouble_s) == ("a", 3.0, 6.0, 2.0)
     assert o.after_requests == 25
     summary = dataclasses.replace(_summary(records, TIMELINE), replica_events=ev)
-    assert event_lines(summary) == [
+    line = (
         "replica a went DOWN at t=3.0 s (after 25 requests, first errors at t=2.0 s), "
         "back UP at t=6.0 s."
-    ]
+    )
+    assert event_lines(summary) == [line]
+    console = Console(record=True, width=300)
+    _print_summary(console, summary)  # what `lbtune stress` prints
+    assert line in console.export_text()
 
 
 def test_balancer_errors_go_to_the_one_replica_of_the_model_that_was_down() -> None:
