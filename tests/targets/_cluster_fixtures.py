@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import typer
@@ -120,6 +120,20 @@ def baseline_target(cluster: Endpoints, name: str, kind: type[T]) -> T:
     target.apply(target.space().baseline())
     shutil.rmtree(target.state_dir / "lkg", ignore_errors=True)
     return target
+
+
+def chat_body(
+    model: str, *, stream: bool = False, max_tokens: int = 4, content: str = "hi"
+) -> dict[str, Any]:
+    """A one-message chat completion request (``stream`` only where true)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+    }
+    if stream:
+        body["stream"] = True
+    return body
 
 
 def apply_cli() -> typer.Typer:

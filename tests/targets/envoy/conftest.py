@@ -21,7 +21,7 @@ from lbtune.targets.envoy import binary, deploy
 from lbtune.targets.envoy.balancer import prepare
 from lbtune.targets.envoy.config import Layout
 from lbtune.targets.envoy.target import EnvoyTarget
-from tests.targets._cluster_fixtures import free_port, sim_replicas, stop_process
+from tests.targets._cluster_fixtures import chat_body, free_port, sim_replicas, stop_process
 
 
 def envoy_missing() -> bool:
@@ -100,11 +100,5 @@ def envoy(
 def chat(
     base: str, model: str, *, stream: bool = False, max_tokens: int = 4, content: str = "hi"
 ) -> requests.Response:
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-    }
-    if stream:
-        body["stream"] = True
+    body = chat_body(model, stream=stream, max_tokens=max_tokens, content=content)
     return requests.post(f"{base}/v1/chat/completions", json=body, stream=stream, timeout=60)

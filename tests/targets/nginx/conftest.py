@@ -19,7 +19,7 @@ from lbtune.targets.base import LaunchSpec, ReplicaAddress
 from lbtune.targets.nginx.balancer import BALANCER
 from lbtune.targets.nginx.config import Site
 from lbtune.targets.nginx.target import NginxTarget
-from tests.targets._cluster_fixtures import M8, M70, free_port, sim_replicas
+from tests.targets._cluster_fixtures import M8, M70, chat_body, free_port, sim_replicas
 
 MODELS = (M70, M8)
 
@@ -120,13 +120,7 @@ def chat(
     timeout: float = 30,
 ) -> tuple[int, dict[str, str], bytes]:
     """One request on a fresh connection: (status, lower-cased headers, whole body)."""
-    body: dict[str, object] = {
-        "model": model,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-    }
-    if stream:
-        body["stream"] = True
+    body = chat_body(model, stream=stream, max_tokens=max_tokens, content=content)
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
     try:
