@@ -46,7 +46,9 @@ def test_weights_and_slo_overrides() -> None:
     spec = make_spec(weights="e2e=1,ttft=0,decay=0", e2e_ref_s=2.0)
     assert composite(Figures(1.0, 5.0, 1.0), spec) == pytest.approx(0.5)
     assert parse_weights("ttft=0.5") == {"e2e": 0.45, "ttft": 0.5, "decay": 0.2}
-    with pytest.raises(ConfigError, match="--weights: unknown key 'latency'; expected one of e2e, ttft, decay"):
+    with pytest.raises(
+        ConfigError, match="--weights: unknown key 'latency'; expected one of e2e, ttft, decay"
+    ):
         parse_weights("latency=1")
     with pytest.raises(ConfigError, match="at least one weight"):
         parse_weights("e2e=0,ttft=0,decay=0")
