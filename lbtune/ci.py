@@ -26,6 +26,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from lbtune.errors import ConfigError, LbtuneError
+from lbtune.report import frame
+from lbtune.report.junit import _check_text, error_suite, write_junit
+from lbtune.report.markdown import table
+from lbtune.report.study import before_after, confirmation_table, headline
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -138,8 +144,6 @@ def append_step_summary(markdown: str, env: dict[str, str] | None = None) -> Pat
 
 def slo_breaches(summary: RunSummary) -> list[str]:
     """One phrase per failed SLO check, e.g. ``p99_ttft 512 ms > 350 ms``."""
-    from lbtune.report.junit import _check_text
-
     out = []
     for c in summary.slo_checks:
         if c.ok is False:
@@ -150,9 +154,6 @@ def slo_breaches(summary: RunSummary) -> list[str]:
 
 def stress_markdown(summary: RunSummary, report_dir: str | None = None) -> str:
     """A short step summary: verdict, headline figures, SLO checks, warnings."""
-    from lbtune.report import frame
-    from lbtune.report.markdown import table
-
     breaches = slo_breaches(summary)
     mark = "❌ SLO breached: " + ", ".join(breaches) if breaches else "✅ SLO met"
     if not summary.slo_checks:
@@ -169,9 +170,6 @@ def stress_markdown(summary: RunSummary, report_dir: str | None = None) -> str:
 
 def study_markdown(result: StudyResult) -> str:
     """A short step summary: headline, before/after, confirmation, rollout."""
-    from lbtune.report.markdown import table
-    from lbtune.report.study import before_after, confirmation_table, headline
-
     r = result.rollout
     bad = r is not None and (r.rolled_back or not r.applied)
     parts = [
@@ -220,8 +218,6 @@ def check_writable(path: Path | None, option: str = "--junit") -> None:
     """Fail early (exit 2), before any load is sent, when ``path`` cannot be written."""
     if path is None:
         return
-    from lbtune.errors import ConfigError
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a", encoding="utf-8"):
@@ -232,9 +228,6 @@ def check_writable(path: Path | None, option: str = "--junit") -> None:
 
 def junit_on_error(path: Path | None, command: str, exc: BaseException) -> None:
     """With ``--junit``, record a command that stopped on an error as one errored case."""
-    from lbtune.errors import LbtuneError
-    from lbtune.report.junit import error_suite, write_junit
-
     if path is None:
         return
     code = exc.exit_code if isinstance(exc, LbtuneError) else 3

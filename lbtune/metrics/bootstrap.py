@@ -37,6 +37,7 @@ from lbtune.metrics.quantiles import (
     percentile,
     weighted_percentiles,
 )
+from lbtune.metrics.stats import meets_slo
 from lbtune.metrics.summary import Slo, Window
 
 BoolArray = np.ndarray[tuple[int], np.dtype[np.bool_]]
@@ -85,8 +86,6 @@ class RunArrays:
     def from_records(
         cls, records: Sequence[RequestRecord], window: Window, slo: Slo | None = None
     ) -> RunArrays:
-        from lbtune.metrics.stats import meets_slo
-
         n = len(records)
         sent = np.fromiter((r.sent_at for r in records), float, n)
         ended = np.fromiter((r.ended_at for r in records), float, n)

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from lbtune import __version__
 from lbtune.loadgen.records import ERROR_OUTCOMES, OUTCOMES, RequestRecord
 from lbtune.metrics import replica_events
 from lbtune.metrics import stages as stage_figures
@@ -234,8 +235,6 @@ def summarize(
     replicas: ReplicaTimeline | None = None,
 ) -> RunSummary:
     """Every client-side figure of a run, plus the server side and the cross-check if given."""
-    from lbtune import __version__
-
     in_window = sent_in(records, window)
     ok = [r for r in in_window if r.outcome == "ok"]
     lat = latencies(in_window)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from lbtune.metrics.summary import to_jsonable
 from lbtune.report.frame import Table
+from lbtune.report.markdown import table
 
 if TYPE_CHECKING:
     from lbtune.compare import CompareResult, FigureChange
@@ -102,8 +104,6 @@ def headline(result: CompareResult) -> str:
 
 
 def render_markdown(result: CompareResult) -> str:
-    from lbtune.report.markdown import table
-
     mark = "❌" if result.failed else "✅"
     lines = [f"### {mark} lbtune compare: {result.verdict}", ""]
     if result.failed:
@@ -133,6 +133,4 @@ def render_markdown(result: CompareResult) -> str:
 
 
 def render_json(result: CompareResult) -> str:
-    from lbtune.metrics.summary import to_jsonable
-
     return json.dumps(to_jsonable(result.to_dict()), indent=1, allow_nan=False) + "\n"

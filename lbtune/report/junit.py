@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from lbtune.report.compare import change, interval, limit, verdict
+
 if TYPE_CHECKING:
     from lbtune.compare import CompareResult
     from lbtune.metrics.summary import RunSummary, SloCheck
@@ -163,8 +165,6 @@ def stress_suite(summary: RunSummary, report_dir: str | None = None) -> JUnitSui
 
 def compare_suite(result: CompareResult, elapsed_s: float = 0.0) -> JUnitSuite:
     """One case per figure: fails on a significant regression beyond its limit."""
-    from lbtune.report.compare import change, interval, limit, verdict
-
     cases = []
     for f in result.figures:
         text = f"{f.label}: {change(f)} (CI {interval(f)}, limit {limit(f)}): {verdict(f)}"

@@ -33,6 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from lbtune.errors import ConfigError
+from lbtune.loadgen.recordio import read_records
+from lbtune.metrics.bootstrap import RunArrays
+from lbtune.metrics.summary import Window
+from lbtune.report.json import read_summary
+from lbtune.runplan import read_run_plan
 
 if TYPE_CHECKING:
     from lbtune.metrics.bootstrap import RunArrays
@@ -157,10 +162,6 @@ def _few(ok: int) -> tuple[str, ...]:
 
 
 def _stress_side(p: Path, name: str) -> Side:
-    from lbtune.loadgen.recordio import read_records
-    from lbtune.metrics.bootstrap import RunArrays
-    from lbtune.report.json import read_summary
-
     s = read_summary(p)
     notes: list[str] = []
     arrays = None
@@ -277,8 +278,6 @@ def _scenario_name(ref: str, plan: RunPlan | None) -> str:
 
 
 def _first_plan(dirs: list[Path]) -> RunPlan | None:
-    from lbtune.runplan import read_run_plan
-
     for d in dirs:
         try:
             return read_run_plan(d)
@@ -313,9 +312,6 @@ def _plan_slo(plan: RunPlan | None) -> Slo | None:
 
 
 def _study_arrays(dirs: list[Path], slo: Slo | None) -> tuple[RunArrays | None, int, str]:
-    from lbtune.loadgen.recordio import read_records
-    from lbtune.metrics.bootstrap import RunArrays
-
     if not dirs:
         return None, 0, "no run directory"
     parts = []
@@ -332,9 +328,6 @@ def _study_arrays(dirs: list[Path], slo: Slo | None) -> tuple[RunArrays | None, 
 
 def _run_window(d: Path) -> tuple[Window | None, str]:
     """The measurement window recorded in ``d/run.json`` (absolute, as the run used it)."""
-    from lbtune.metrics.summary import Window
-    from lbtune.runplan import read_run_plan
-
     try:
         plan = read_run_plan(d)
     except ConfigError as exc:

@@ -18,7 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lbtune.errors import LbtuneError
 from lbtune.report.frame import Table
+from lbtune.report.plots import _no_data, _png
+from lbtune.targets import TARGETS
+from lbtune.targets.space import ParameterSpace
 
 if TYPE_CHECKING:
     from lbtune.search.result import StudyResult, TrialResult
@@ -50,8 +54,6 @@ def _is_number(v: object) -> bool:
 
 def slice_plot(result: StudyResult) -> bytes:
     """One panel per varied knob: score against the knob's value, coloured by trial."""
-    from lbtune.report.plots import _no_data, _png
-
     done = _done(result)
     knobs = varied_knobs(result)
     if len(done) < 2 or not knobs:
@@ -104,10 +106,6 @@ def slice_plot(result: StudyResult) -> bytes:
 
 def _space_of(result: StudyResult, names: Sequence[str]) -> ParameterSpace | None:
     """The target's packaged space, expanded over the replicas the parameter names show."""
-    from lbtune.errors import LbtuneError
-    from lbtune.targets import TARGETS
-    from lbtune.targets.space import ParameterSpace
-
     spec = TARGETS.get(result.target)
     if spec is None:
         return None
