@@ -70,19 +70,6 @@ def load_yaml_text(text: str, where: str) -> Any:
         loader.dispose()
 
 
-def read_utf8(path: str | Path, where: str | None = None) -> str:
-    """A config file's text; a file that is not UTF-8 is a one-line ConfigError (read
-    errors stay ``OSError`` for the caller's own message)."""
-    raw = Path(path).read_bytes()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{where or path}: not UTF-8 text (byte {exc.start}: "
-            f"{raw[exc.start : exc.start + 1]!r}); save it as UTF-8"
-        ) from None
-
-
 def load_yaml_file(path: str | Path, where: str | None = None) -> Any:
     """The parsed YAML document in ``path``; every failure a one-line ConfigError."""
     p = Path(path)

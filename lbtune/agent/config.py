@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lbtune.errors import ConfigError, validation_error
-from lbtune.safeyaml import read_utf8
+from lbtune.safeyaml import load_yaml_file
 
 __all__ = [
     "AgentConfig",
@@ -176,12 +176,7 @@ def load_agent_config(
     where = "agent config"
     if path is not None:
         where = str(path)
-        try:
-            loaded = yaml.safe_load(read_utf8(path, where))
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read agent config ({exc.strerror})") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML/JSON ({exc})") from None
+        loaded = load_yaml_file(path, where)
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -201,8 +196,8 @@ def read_agent_file(path: str | Path) -> dict[str, Any]:
     """The settings in an agent config file (un-nested from ``agent:``), unvalidated;
     ``{}`` when the file is missing or is not a mapping."""
     try:
-        loaded = yaml.safe_load(read_utf8(path))
-    except (OSError, yaml.YAMLError, ConfigError):
+        loaded = load_yaml_file(path)
+    except ConfigError:
         return {}
     if isinstance(loaded, dict) and set(loaded) == {"agent"} and isinstance(loaded["agent"], dict):
         loaded = loaded["agent"]

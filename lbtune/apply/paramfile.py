@@ -10,9 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from lbtune.errors import ConfigError
+from lbtune.safeyaml import load_yaml_file
 from lbtune.targets.space import load_params_file
 
 __all__ = ["read_params_for"]
@@ -22,7 +21,7 @@ def read_params_for(path: str | Path, target: str) -> dict[str, Any]:
     """The file's knobs (unvalidated); ConfigError when it names another target or its
     ``params:`` is not a mapping."""
     values = load_params_file(path)  # read and YAML errors, one line each
-    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))  # parsed once already
+    doc = load_yaml_file(path)  # a mapping: load_params_file checked it
     if "params" in doc and not isinstance(doc["params"], dict):
         raise ConfigError(
             f"{path}: params: must be a mapping of knob: value (e.g. weight.h100-0: 50), "

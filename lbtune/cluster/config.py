@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lbtune import targets
 from lbtune.errors import ConfigError
 from lbtune.resources import clusters_dir
-from lbtune.safeyaml import read_utf8
+from lbtune.safeyaml import load_yaml_file
 from lbtune.targets.base import ClusterShape
 
 CLUSTERS_DIR = clusters_dir()
@@ -368,11 +367,7 @@ def load_config(ref: str | Path | None = None) -> tuple[ClusterConfig, Path]:
     """Load and validate a preset by name or a cluster file by path."""
     path = config_path(ref)
     source = _display(path)
-    try:
-        data = yaml.safe_load(read_utf8(path, source))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}".replace("\n", " ")) from None
-    return parse_config(data, source), path
+    return parse_config(load_yaml_file(path, source), source), path
 
 
 # ---------------------------------------------------------------------------------------

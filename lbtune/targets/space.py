@@ -30,11 +30,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lbtune.errors import ConfigError, validation_error
-from lbtune.safeyaml import read_utf8
+from lbtune.safeyaml import load_yaml_file
 from lbtune.targets.params import ParamSet, ParamValue
 
 if TYPE_CHECKING:
@@ -184,12 +183,7 @@ class ParameterSpace:
         Without ``replicas`` the per-server knobs are left out.
         """
         where = str(path)
-        try:
-            data = yaml.safe_load(read_utf8(path, where))
-        except OSError as exc:
-            raise ConfigError(f"{where}: cannot read space file ({exc.strerror})") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{where}: not valid YAML ({exc})") from None
+        data = load_yaml_file(path, where)
         try:
             doc = SpaceFile.model_validate(data)
         except ValidationError as exc:
@@ -312,12 +306,7 @@ def _validation_error(exc: ValidationError, where: str) -> ConfigError:
 def load_params_file(path: str | Path) -> dict[str, Any]:
     """A parameter file (``knob: value`` YAML, optionally under ``params:``), unvalidated."""
     where = str(path)
-    try:
-        data = yaml.safe_load(read_utf8(path, where))
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read parameter file ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML ({exc})") from None
+    data = load_yaml_file(path, where)
     if isinstance(data, dict) and isinstance(data.get("params"), dict):
         data = data["params"]
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):

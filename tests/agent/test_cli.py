@@ -71,7 +71,7 @@ def test_importing_the_cli_module_stays_light() -> None:
         ("recover_kv_threshold: 0.97\n", "must be below drain_kv_threshold"),
         ("min_weight: 50\nmax_weight: 10\n", r"min_weight \(50\) must be <= max_weight \(10\)"),
         ("- 1\n", "expected a mapping"),
-        ("a: [\n", "not valid YAML/JSON"),
+        ("a: [\n", "invalid YAML"),
     ],
 )
 def test_invalid_config_files(tmp_path: Path, text: str, message: str) -> None:

@@ -85,7 +85,7 @@ def test_unknown_gpu_names_file_field_and_choices(tmp_path: Path) -> None:
             "name: x\nbalancer: nginy\n",
             "balancer: Unknown balancer 'nginy'. Available: haproxy, vllm-router",
         ),
-        ("name: [x\n", "not valid YAML"),
+        ("name: [x\n", "invalid YAML"),
         ("- a\n", "expected a mapping"),
     ],
 )
