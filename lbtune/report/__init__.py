@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lbtune.report import html, markdown
+from lbtune.report.json import write_summary
+
 if TYPE_CHECKING:
     from lbtune.loadgen.records import RequestRecord
     from lbtune.metrics.summary import RunSummary
@@ -30,9 +33,6 @@ def write_report(
     out_dir: Path | str, summary: RunSummary, records: Sequence[RequestRecord]
 ) -> ReportPaths:
     """Write ``summary.json``, ``report.md`` and ``report.html`` into ``out_dir``."""
-    from lbtune.report import html, markdown
-    from lbtune.report.json import write_summary
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = ReportPaths(out, out / "summary.json", out / "report.md", out / "report.html")

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from lbtune.apply.lkg import LkgStore
 from lbtune.errors import ApplyError
 from lbtune.targets.base import (
     ApplyResult,
@@ -203,8 +204,6 @@ class EnvoyTarget:
 
     def rollback(self, *, check: bool = False) -> ApplyResult:
         """Re-apply the last known good (``lbtune.apply.lkg``)."""
-        from lbtune.apply.lkg import LkgStore
-
         lkg = LkgStore(self.state_dir, self.name).get()
         if lkg is None:
             raise ApplyError(f"No last known good recorded for envoy in {self.state_dir}")

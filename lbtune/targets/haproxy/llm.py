@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lbtune.errors import ApplyError
+from lbtune.sim.profiles import GPU_PROFILES, MODEL_PROFILES
 from lbtune.targets.base import ParamValue
 from lbtune.targets.haproxy.files import ALL_BACKEND, Site, backend_names
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
@@ -97,8 +98,6 @@ def facts(site: Site, long_servers: list[str]) -> dict[str, str]:
     capacity in bytes per server, KV bytes per token and context length (tokens) per
     model backend, long-context servers. Unknown GPUs or models leave the key out; the Lua
     then filters on KV usage alone."""
-    from lbtune.sim.profiles import GPU_PROFILES, MODEL_PROFILES
-
     out: dict[str, str] = {"all_backend": ALL_BACKEND, "fault": "none"}
     backends = backend_names(site.models)
     for model, be in backends.items():

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lbtune.agent.config import AgentConfig, read_agent_file, write_agent_file
+from lbtune.apply.lkg import LkgStore
 from lbtune.cluster import agent as cluster_agent
 from lbtune.cluster import supervisor
 from lbtune.cluster.state import AGENT, Endpoints, StatePaths
@@ -287,8 +288,6 @@ class HaproxyTarget:
 
     def rollback(self, *, check: bool = False) -> ApplyResult:
         """Re-apply the last known good (``lbtune.apply.lkg``)."""
-        from lbtune.apply.lkg import LkgStore
-
         lkg = LkgStore(self.state_dir, self.name).get()
         if lkg is None:
             raise ApplyError(f"No last known good recorded for haproxy in {self.state_dir}")

@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from lbtune.apply.lkg import LkgStore
 from lbtune.cluster.state import Endpoints, StatePaths
 from lbtune.errors import ApplyError, LbtuneError
 from lbtune.targets.base import ApplyResult, ParamSet, ParamValue
@@ -140,8 +141,6 @@ class VllmRouterTarget:
 
     def rollback(self, *, check: bool = False) -> ApplyResult:
         """Re-apply the last known good (``lbtune.apply.lkg``); ``check``: only the diff."""
-        from lbtune.apply.lkg import LkgStore
-
         lkg = LkgStore(self.state_dir, self.name).get()
         if lkg is None:
             raise ApplyError(f"No last known good recorded for vllm-router in {self.state_dir}")
