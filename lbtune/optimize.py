@@ -62,12 +62,23 @@ DEFAULT_SCENARIO = "mixed"
 DEFAULT_TRIAL_DURATION_S = 25.0
 """10 s warm-up + 10 s measured + 5 s cool-down of ``mixed``: ~30 s a trial with the
 apply and the summary, so ``--budget 50`` takes about 25–30 minutes with confirmation."""
-_STORED = ("scenario", "target", "objective", "weights", "slo", "trial_duration_s", "seed")
+DEFAULT_BUDGET = 50
+_STORED = (
+    "budget",
+    "scenario",
+    "target",
+    "objective",
+    "weights",
+    "slo",
+    "trial_duration_s",
+    "seed",
+)
 
 
 @dataclass(frozen=True)
 class OptimizeOptions:
-    budget: int = 50
+    budget: int | None = None
+    """Trials in all (references included); None: the study's own on ``resume``, else 50."""
     scenario: str | None = None
     target: str | None = None
     space: str | None = None
@@ -182,6 +193,7 @@ def resolve_options(opts: OptimizeOptions, harness: Harness | None = None) -> Op
         "scenario": DEFAULT_SCENARIO,
         "objective": "composite",
         "trial_duration_s": DEFAULT_TRIAL_DURATION_S,
+        "budget": DEFAULT_BUDGET,
     }
     out = replace(out, **{k: v for k, v in defaults.items() if getattr(out, k) is None})
     if harness is not None:
@@ -198,7 +210,7 @@ def resolve_options(opts: OptimizeOptions, harness: Harness | None = None) -> Op
         stamp = time.strftime("%Y%m%d-%H%M%S")
         part = _name_part(out.scenario or DEFAULT_SCENARIO)
         out = replace(out, study=f"{part}-{out.target}-{stamp}")
-    if out.budget < 1:
+    if out.budget is None or out.budget < 1:
         raise ConfigError(f"--budget: must be >= 1, got {out.budget}")
     if out.confirm_runs < 0 or out.confirm_top < 1:
         raise ConfigError("--confirm-runs must be >= 0")
@@ -236,7 +248,7 @@ def run_optimize(
     fails for a baseline it could not measure: the CLI indexes the study there
     (:func:`record_study`)."""
     opts = resolve_options(opts, harness)
-    assert opts.scenario and opts.target and opts.objective and opts.study
+    assert opts.scenario and opts.target and opts.objective and opts.study and opts.budget
     stop = stop or threading.Event()
     spec = _spec(opts.objective, opts.slo, opts.weights, opts.scenario)
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -24,7 +24,12 @@ if TYPE_CHECKING:
 
 
 def optimize_command(
-    budget: int = typer.Option(50, "--budget", "-n", help="Trials to run (references included)."),
+    budget: int | None = typer.Option(
+        None,
+        "--budget",
+        "-n",
+        help="Trials to run (references included; default 50, on --resume the study's own).",
+    ),
     scenario: str | None = typer.Option(
         None, "--scenario", "-s", help="Built-in scenario or a YAML file (default: mixed)."
     ),
