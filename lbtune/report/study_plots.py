@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from lbtune.errors import LbtuneError
 from lbtune.report.frame import Table
+from lbtune.report.html import esc
+from lbtune.report.html import table as html_table
+from lbtune.report.markdown import table as md_table
 from lbtune.report.plots import _no_data, _png
 from lbtune.targets import TARGETS
 from lbtune.targets.space import ParameterSpace
@@ -213,8 +216,6 @@ def best_params_markdown(result: StudyResult, params: Mapping[str, Any]) -> list
     effective knobs as JSON, the folded ones listed after."""
     import json
 
-    from lbtune.report.markdown import table
-
     effective, folded = split_params(result, params)
     lines = ["## Best parameters", ""]
     changes = explain_changes(result, params)
@@ -222,7 +223,7 @@ def best_params_markdown(result: StudyResult, params: Mapping[str, Any]) -> list
         lines += [
             "### What the winner changes",
             "",
-            table(changes_table(changes)),
+            md_table(changes_table(changes)),
             "",
         ]
     else:
@@ -238,12 +239,10 @@ def best_params_html(result: StudyResult, params: Mapping[str, Any]) -> str:
     """``<pre>`` of the effective knobs and a closed ``<details>`` with the rest."""
     import json
 
-    from lbtune.report.html import esc, table
-
     effective, folded = split_params(result, params)
     changes = explain_changes(result, params)
     out = (
-        f"<h3>What the winner changes</h3>{table(changes_table(changes))}"
+        f"<h3>What the winner changes</h3>{html_table(changes_table(changes))}"
         if changes
         else "<p>The winner sets every acting knob as the live configuration does.</p>"
     )

@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from lbtune import tokens
 from lbtune.errors import ConfigError
 from lbtune.scenario import draws
 
@@ -133,8 +134,6 @@ class TextSynth:
     def count(self, text: str) -> int:
         """Token count of ``text`` under the tokenizer in use."""
         if self._hf is None:
-            from lbtune import tokens
-
             return tokens.count(text)
         return len(self._hf.encode(text, add_special_tokens=False).ids)
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lbtune.cluster import render
+from lbtune.sim.profiles import GPU_PROFILES
 from lbtune.targets.base import ParamValue
 from lbtune.targets.haproxy import llm
 from lbtune.targets.haproxy.files import Site, backend_names
@@ -71,10 +72,6 @@ def long_context_servers(site: Site) -> list[str]:
     """The replicas with the largest KV cache: those whose GPU has at least 90 % of the
     largest GPU memory in the cluster (H100 80 GB and A100 80 GB, not L4 24 GB). Replicas
     of unknown GPUs count as long-context only when no replica's GPU is known."""
-    try:
-        from lbtune.sim.profiles import GPU_PROFILES
-    except ImportError:  # pragma: no cover - the sim is part of the package
-        GPU_PROFILES = {}
     memory = {
         r.name: GPU_PROFILES[r.gpu].memory_gib
         for r in site.replicas
