@@ -44,6 +44,7 @@ from locust import LoadTestShape, User, constant, events, task
 from locust.exception import StopUser
 
 from lbtune.loadgen.client import OpenSet, StreamClient, api_key_from_env
+from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from lbtune.loadgen.health import HealthMonitor, HealthSample
 from lbtune.loadgen.recordio import RecordWriter
 from lbtune.loadgen.records import ERROR_OUTCOMES, RequestRecord
@@ -365,8 +366,6 @@ def _init(environment: Any, **_: Any) -> None:
     if opts.lbtune_records_dir:
         LLMUser.records_dir = opts.lbtune_records_dir
     if opts.lbtune_exporter_port:
-        from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
-
         reg = MetricsRegistry()
         STATE.on_record.append(reg.observe)
         STATE.on_sample.append(

@@ -30,7 +30,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lbtune.errors import ConfigError, LbtuneError
+from lbtune.errors import ConfigError, LbtuneError, validation_error
+from lbtune.sim.host import SimHost
 from lbtune.sim.spec import HostSpec
 
 
@@ -70,10 +71,8 @@ def parse_args(argv: list[str] | None = None) -> HostSpec:
     try:
         return HostSpec.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        src = ns.spec or "command line"
-        raise ConfigError(f"{src}: invalid sim spec at {where}: {first['msg']}") from None
+        src = f"{ns.spec}: sim spec" if ns.spec else "sim spec from the command line"
+        raise validation_error(exc, src, HostSpec, data) from None
 
 
 def _replica_flag(text: str) -> dict[str, Any]:
@@ -86,8 +85,6 @@ def _replica_flag(text: str) -> dict[str, Any]:
 
 async def serve(spec: HostSpec) -> None:
     """Serve ``spec`` until SIGTERM/SIGINT."""
-    from lbtune.sim.host import SimHost
-
     host = SimHost(spec)
     await host.start()
     stop = asyncio.Event()
