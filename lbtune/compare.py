@@ -32,6 +32,8 @@ import numpy as np
 
 from lbtune.errors import ConfigError
 from lbtune.keyvalue import bad_value, parse_pairs
+from lbtune.metrics.bootstrap import interval, point, resample, sample_counts
+from lbtune.metrics.quantiles import MIN_SAMPLES
 from lbtune.report.sources import Side, load_pair, load_side
 
 __all__ = [
@@ -234,8 +236,6 @@ def compare(
     seed: int = 0,
 ) -> CompareResult:
     """Compare every figure of ``b`` against ``a``; see the module docstring."""
-    from lbtune.metrics.bootstrap import interval, point, resample
-
     gates = parse_fail_on(DEFAULT_FAIL_ON) if fail_on is None else dict(fail_on)
     if not 0 < level < 1:
         raise ConfigError(f"--level: expected a confidence level between 0 and 1, got {level}")
@@ -309,9 +309,6 @@ def compare(
 def _too_few(a: Side, b: Side) -> dict[str, str]:
     """Percentile figures that A's or B's samples cannot support (fewer than
     :data:`~lbtune.metrics.quantiles.MIN_SAMPLES` on either side): no verdict on them."""
-    from lbtune.metrics.bootstrap import sample_counts
-    from lbtune.metrics.quantiles import MIN_SAMPLES
-
     assert a.arrays is not None and b.arrays is not None
     na, nb = sample_counts(a.arrays), sample_counts(b.arrays)
     out: dict[str, str] = {}
