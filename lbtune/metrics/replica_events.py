@@ -182,8 +182,12 @@ def events(
 ) -> ReplicaEvents:
     """The run's replica events for the summary: the outages (their request counts over
     ``records``, the whole run) and the balancer-made errors of ``window_records`` (the
-    per-replica table's) that could not be attributed."""
+    per-replica table's) that could not be attributed (none counted when no response of
+    the run carried a replica header: a header-less 5xx is then no sign of the balancer)."""
     _, why = owners(window_records, timeline)
+    if not any(r.replica is not None for r in records):
+        # No response named a replica: a 5xx may be the balancer's or a replica's own.
+        why = Counter()
     unattributed = sum(why.values())
     reason = "; ".join(f"{n}: {w}" for w, n in why.most_common()) if why else ""
     if timeline is None or not timeline.known:

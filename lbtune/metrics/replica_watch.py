@@ -42,8 +42,12 @@ class ReplicaWatch:
     def __enter__(self) -> ReplicaWatch:
         if self._ep is not None:
             self._poll()  # the state before the load
-            self._thread = threading.Thread(target=self._run, name="replica-watch", daemon=True)
-            self._thread.start()
+            if any(s.down is not None for s in self._samples):
+                # Only a balancer that can say when a replica is down is asked again
+                # (Envoy, nginx, vllm-router: once, and the timeline says "unknown").
+                self._thread = threading.Thread(target=self._run, name="replica-watch")
+                self._thread.daemon = True
+                self._thread.start()
         return self
 
     def __exit__(

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -20,11 +21,13 @@ from rich.console import Console
 
 from lbtune.cli.stress import _print_summary
 from lbtune.loadgen.records import ERROR_OUTCOMES, RequestRecord
+from lbtune.metrics import replica_watch
 from lbtune.metrics.replica_events import ReplicaSample, ReplicaTimeline, events, owners
 from lbtune.metrics.replica_watch import EXTERNAL, ReplicaWatch
 from lbtune.metrics.stats import replica_stats, summarize
 from lbtune.metrics.summary import RunSummary, Window
 from lbtune.report.frame import replica_events as event_lines
+from lbtune.targets.base import ReplicaRow
 from tests.conftest import running_cluster
 from tests.metrics.records import rec
 
@@ -125,9 +128,38 @@ def test_an_external_target_says_unknown_and_counts_what_it_cannot_attribute() -
         pass
     timeline = watch.timeline()
     assert not timeline.known and timeline.reason == EXTERNAL
-    ev = events(timeline, [_proxy_503(0, 1.0)], [_proxy_503(0, 1.0)], run_start=T0)
+    records = [_proxy_503(0, 1.0), rec(1, sent=T0 + 1, replica="b")]
+    ev = events(timeline, records, records, run_start=T0)
     assert not ev.known and ev.reason == EXTERNAL and ev.outages == ()
     assert ev.unattributed == 1 and EXTERNAL in ev.unattributed_reason
+    # No response named a replica: a header-less 5xx is no sign of the balancer.
+    bare = [_proxy_503(0, 1.0), rec(1, sent=T0 + 1, replica=None)]
+    assert events(timeline, bare, bare, run_start=T0).unattributed == 0
+
+
+@pytest.mark.parametrize("down", [None, False], ids=["cannot-say", "can-say"])
+def test_the_watch_asks_again_only_a_balancer_that_can_say(
+    monkeypatch: pytest.MonkeyPatch, down: bool | None
+) -> None:
+    calls: list[float] = []
+
+    class Fake:
+        def replica_rows(self, ep: object) -> list[ReplicaRow]:
+            calls.append(time.time())
+            return [ReplicaRow("a", "healthy", down=down)]
+
+    monkeypatch.setattr(replica_watch, "balancer", lambda name: Fake())
+    ep = SimpleNamespace(balancer="fake", replicas=[SimpleNamespace(name="a", models=["m"])])
+    with ReplicaWatch(ep, interval_s=0.01) as watch:  # type: ignore[arg-type]
+        deadline = time.monotonic() + 10
+        while down is not None and len(calls) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    timeline = watch.timeline()
+    if down is None:
+        assert len(calls) == 1
+        assert not timeline.known and timeline.reason == "fake does not say when a replica is down"
+    else:
+        assert len(calls) >= 5 and timeline.known and timeline.models == {"a": ("m",)}
 
 
 def test_the_events_survive_summary_json() -> None:
