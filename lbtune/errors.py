@@ -13,7 +13,8 @@ escapes is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import types
+import typing
 from typing import Any
 
 
@@ -67,16 +68,152 @@ class TrialFailed(LbtuneError):
     """One trial could not be measured; the study goes on."""
 
 
-def validation_error(exc: Any, where: str, known_fields: Callable[[str], str]) -> ConfigError:
-    """One ConfigError line from a pydantic ``ValidationError``: ``where: loc: message; ...``.
+MAX_VALIDATION_ERRORS = 3
+"""Most pydantic errors one ConfigError line lists (``(and N more)`` after them)."""
 
-    ``known_fields(loc)`` names the valid fields for an unknown one at ``loc``.
+
+def validation_error(exc: Any, where: str, model: type, data: Any = None) -> ConfigError:
+    """One ConfigError line from a pydantic ``ValidationError`` of ``model`` validating
+    ``data``: ``where: field.path: what is wrong; ...`` — YAML paths (``replicas[0].gpu``),
+    the valid fields for an unknown one, bounds for a number out of range, the valid
+    ``type`` tags of a tagged union; the first :data:`MAX_VALIDATION_ERRORS` errors.
+
+    Reads the model's annotations only (no pydantic import: ``lbtune --help`` stays light).
     """
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown field; known: {known_fields(loc)}"
-        parts.append(f"{loc}: {msg}")
-    return ConfigError(f"{where}: " + "; ".join(parts))
+    return ConfigError(f"{where}: {validation_message(exc, model, data)}")
+
+
+def validation_message(exc: Any, model: type, data: Any = None) -> str:
+    """The text of :func:`validation_error` without the ``where:`` in front (for a
+    validator that reports a nested model's errors as its own ``ValueError``)."""
+    errors = exc.errors(include_url=False)
+    # A union reports every branch; keep the deepest (most specific) paths.
+    paths = [_walk(tuple(e["loc"]), data, model)[0] for e in errors]
+    errors = [
+        e
+        for e, p in zip(errors, paths, strict=True)
+        if not any(o.startswith(f"{p}.") or o.startswith(f"{p}[") for o in paths)
+    ]
+    parts = [_one(e, data, model) for e in errors[:MAX_VALIDATION_ERRORS]]
+    more = len(errors) - MAX_VALIDATION_ERRORS
+    return "; ".join(dict.fromkeys(parts)) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _one(err: Any, data: Any, model: type) -> str:
+    loc, fields, tags = _walk(tuple(err["loc"]), data, model)
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    got = err.get("input")
+    if kind == "extra_forbidden":
+        valid = f"; valid fields: {', '.join(fields)}" if fields else ""
+        msg = f"unknown field{valid}"
+    elif kind == "missing":
+        msg = "required field is missing"
+    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(kind, "<=")
+        bound = next(iter(ctx.values()), "?")
+        bound = f"{bound:g}" if isinstance(bound, int | float) else bound
+        msg = f"must be {op} {bound} (got {got!r})"
+    elif kind == "too_short":
+        msg = "must not be empty (give at least one entry)"
+    elif kind == "union_tag_invalid":
+        msg = f"unknown type {ctx.get('tag')!r}; expected one of: {ctx.get('expected_tags')}"
+    elif kind == "union_tag_not_found":
+        msg = f"needs a type: one of {', '.join(tags)}" if tags else "needs a type"
+    elif "[key]" in err["loc"]:
+        msg = f"invalid key {got!r}: {err['msg']}"
+    elif kind == "value_error":
+        msg = str(err["msg"]).removeprefix("Value error, ")
+    else:
+        msg = f"{err['msg']} (got {got!r})" if not isinstance(got, dict | list) else err["msg"]
+    return f"{loc}: {msg}" if loc else msg
+
+
+def _walk(loc: tuple[Any, ...], data: Any, model: type) -> tuple[str, list[str], list[str]]:
+    """Dotted YAML path of ``loc`` (union tags dropped), the valid fields there, and the
+    valid ``type`` tags when the location is a tagged union."""
+    path = ""
+    node: Any = data
+    ann: Any = model
+    parent: Any = model if not loc else None
+    for el in loc:
+        if el == "[key]":
+            continue
+        branches = _args(ann)
+        if len(branches) > 1 and isinstance(el, str):
+            # pydantic names the union member: a discriminator tag or a branch name.
+            tagged = _pick_tagged(ann, el)
+            if tagged is not ann or not (isinstance(node, dict) and el in node):
+                ann = tagged if tagged is not ann else _by_name(ann, el)
+                continue
+        if isinstance(el, int) and isinstance(node, list | None):
+            path += f"[{el}]"
+            node = node[el] if isinstance(node, list) and el < len(node) else None
+            ann = _item(ann)
+            continue
+        path += f".{el}" if path else str(el)
+        parent, ann = ann, _field(ann, el)
+        node = node.get(el) if isinstance(node, dict) else None
+    found = _model(parent)
+    fields = [f.alias or n for n, f in found.model_fields.items()] if found else []
+    tags = [
+        str(t)
+        for a in _args(ann)
+        if _is_model(a) and "type" in a.model_fields
+        for t in typing.get_args(a.model_fields["type"].annotation)
+    ]
+    return path, sorted(fields, key=lambda f: f != "type"), tags
+
+
+def _is_model(ann: Any) -> bool:
+    """A pydantic model class (duck-typed: its fields are ``model_fields``)."""
+    return isinstance(ann, type) and isinstance(getattr(ann, "model_fields", None), dict)
+
+
+def _by_name(ann: Any, name: str) -> Any:
+    for a in _args(ann):
+        if isinstance(a, type) and a.__name__ == name:
+            return a
+    return ann
+
+
+def _args(ann: Any) -> tuple[Any, ...]:
+    """Members of a (possibly Annotated, possibly nested) union, ``None`` dropped."""
+    while typing.get_origin(ann) is typing.Annotated:
+        ann = typing.get_args(ann)[0]
+    origin = typing.get_origin(ann)
+    if origin is typing.Union or origin is types.UnionType:
+        return tuple(m for a in typing.get_args(ann) if a is not type(None) for m in _args(a))
+    return (ann,)
+
+
+def _model(ann: Any) -> Any:
+    models = [a for a in _args(ann) if _is_model(a)]
+    return models[0] if len(models) == 1 else None
+
+
+def _pick_tagged(ann: Any, tag: Any) -> Any:
+    for a in _args(ann):
+        if _is_model(a):
+            f = a.model_fields.get("type")
+            if f is not None and tag in typing.get_args(f.annotation):
+                return a
+    return ann
+
+
+def _field(ann: Any, key: Any) -> Any:
+    for a in _args(ann):
+        if _is_model(a):
+            for name, f in a.model_fields.items():
+                if key in (name, f.alias):
+                    return f.annotation
+        elif typing.get_origin(a) is dict:
+            return typing.get_args(a)[1]
+    return None
+
+
+def _item(ann: Any) -> Any:
+    for a in _args(ann):
+        if typing.get_origin(a) in (list, tuple):
+            return typing.get_args(a)[0]
+    return None

@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from lbtune import __version__
-from lbtune.errors import ConfigError
+from lbtune.errors import ConfigError, validation_error
 from lbtune.keyvalue import bad_value, parse_pairs
 from lbtune.metrics.summary import Slo
 from lbtune.scenario.loader import load_scenario
@@ -270,9 +270,7 @@ def read_run_plan(run_dir: str | Path) -> RunPlan:
     try:
         return _ADAPTER.validate_json(path.read_bytes())
     except ValidationError as exc:
-        raise ConfigError(
-            f"{path}: not a valid run plan ({exc.error_count()} errors: {exc.errors()[0]['msg']})"
-        ) from None
+        raise validation_error(exc, f"{path}: not a valid run plan", RunPlan) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc})") from None
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from lbtune.errors import ConfigError, validation_error
+from lbtune.errors import ConfigError, validation_error, validation_message
 from lbtune.safeyaml import load_yaml_file
 
 __all__ = [
@@ -136,10 +136,6 @@ class AgentConfig(BaseModel):
         return self
 
 
-def _errors(exc: ValidationError, where: str) -> ConfigError:
-    return validation_error(exc, where, lambda _loc: ", ".join(AgentConfig.model_fields))
-
-
 def check_settings(settings: Mapping[str, Any], reserved: Mapping[str, str] | None = None) -> None:
     """Raise ValueError naming the field when ``settings`` (a partial AgentConfig, e.g. a
     cluster YAML's ``agent.settings``) holds a ``reserved`` field (key → what sets it
@@ -154,12 +150,7 @@ def check_settings(settings: Mapping[str, Any], reserved: Mapping[str, str] | No
     try:
         AgentConfig.model_validate(dict(settings))
     except ValidationError as exc:
-        parts = []
-        for err in exc.errors():
-            loc = ".".join(str(x) for x in err["loc"])
-            msg = str(err["msg"]).removeprefix("Value error, ")
-            parts.append(f"{loc}: {msg}" if loc else msg)
-        raise ValueError("; ".join(parts)) from None
+        raise ValueError(validation_message(exc, AgentConfig, dict(settings))) from None
 
 
 def load_agent_config(
@@ -189,7 +180,7 @@ def load_agent_config(
     try:
         return AgentConfig.model_validate(data)
     except ValidationError as exc:
-        raise _errors(exc, where) from None
+        raise validation_error(exc, where, AgentConfig, data) from None
 
 
 def read_agent_file(path: str | Path) -> dict[str, Any]:
@@ -213,7 +204,7 @@ def write_agent_file(path: str | Path, settings: Mapping[str, Any]) -> None:
     try:
         AgentConfig.model_validate(dict(settings))
     except ValidationError as exc:
-        raise _errors(exc, str(path)) from None
+        raise validation_error(exc, str(path), AgentConfig, dict(settings)) from None
     target = Path(path)
     tmp = target.with_name(target.name + ".lbtune-tmp")
     tmp.write_text(yaml.safe_dump({"agent": dict(settings)}, sort_keys=False), encoding="utf-8")

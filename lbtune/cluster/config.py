@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lbtune import targets
-from lbtune.errors import ConfigError
+from lbtune.errors import ConfigError, validation_error
 from lbtune.resources import clusters_dir
 from lbtune.safeyaml import load_yaml_file
 from lbtune.targets.base import ClusterShape
@@ -311,18 +311,6 @@ class ClusterConfig(BaseModel):
         return self
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def _message(err: dict[str, Any]) -> str:
-    msg = str(err["msg"])
-    return msg.removeprefix("Value error, ")
-
-
 def _display(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
@@ -359,8 +347,7 @@ def parse_config(data: Any, source: str) -> ClusterConfig:
     try:
         return ClusterConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [f"{_loc(tuple(e['loc']))}: {_message(dict(e))}" for e in exc.errors()]
-        raise ConfigError(f"{source}: " + "; ".join(lines)) from None
+        raise validation_error(exc, source, ClusterConfig, data) from None
 
 
 def load_config(ref: str | Path | None = None) -> tuple[ClusterConfig, Path]:

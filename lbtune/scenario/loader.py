@@ -8,14 +8,12 @@ an unknown field lists the valid ones.
 
 from __future__ import annotations
 
-import types
-import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from lbtune.errors import ConfigError
+from lbtune.errors import ConfigError, validation_error
 from lbtune.keyvalue import bad_value, parse_pairs
 from lbtune.resources import scenarios_dir
 from lbtune.safeyaml import load_yaml_file
@@ -25,8 +23,6 @@ from lbtune.scenario.traces.replay import pin
 
 BUILTIN_DIR = scenarios_dir()
 """Where built-in scenarios live: ``lbtune/data/scenarios/NAME.yaml`` (package data)."""
-
-_MAX_ERRORS = 3
 
 
 def builtin_names() -> list[str]:
@@ -140,142 +136,9 @@ def scenario_from_dict(data: Any, source: str = "<scenario>", default_name: str 
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {format_errors(exc, data)}") from None
+        raise validation_error(exc, source, Scenario, data) from None
 
 
 def list_scenarios() -> list[Scenario]:
     """Every built-in scenario, validated, sorted by name."""
     return [load_scenario(BUILTIN_DIR / f"{n}.yaml") for n in builtin_names()]
-
-
-# -- error formatting ---------------------------------------------------------
-
-
-def format_errors(exc: ValidationError, data: Any) -> str:
-    """One line for a pydantic error: ``field.path: what is wrong`` (first few errors)."""
-    errors = exc.errors(include_url=False)
-    # A union reports every branch; keep the deepest (most specific) paths.
-    paths = [_walk(tuple(e["loc"]), data)[0] for e in errors]
-    errors = [
-        e
-        for e, p in zip(errors, paths, strict=True)
-        if not any(o.startswith(f"{p}.") or o.startswith(f"{p}[") for o in paths)
-    ]
-    parts = [_one(e, data) for e in errors[:_MAX_ERRORS]]
-    more = len(errors) - _MAX_ERRORS
-    return "; ".join(dict.fromkeys(parts)) + (f" (and {more} more)" if more > 0 else "")
-
-
-def _one(err: Any, data: Any) -> str:
-    loc, fields, tags = _walk(tuple(err["loc"]), data)
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    got = err.get("input")
-    if kind == "extra_forbidden":
-        valid = f"; valid fields: {', '.join(fields)}" if fields else ""
-        msg = f"unknown field{valid}"
-    elif kind == "missing":
-        msg = "required field is missing"
-    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(kind, "<=")
-        bound = next(iter(ctx.values()), "?")
-        bound = f"{bound:g}" if isinstance(bound, int | float) else bound
-        msg = f"must be {op} {bound} (got {got!r})"
-    elif kind == "too_short":
-        msg = "must not be empty (give at least one entry)"
-    elif kind == "union_tag_invalid":
-        msg = f"unknown type {ctx.get('tag')!r}; expected one of: {ctx.get('expected_tags')}"
-    elif kind == "union_tag_not_found":
-        msg = f"needs a type: one of {', '.join(tags)}" if tags else "needs a type"
-    elif "[key]" in err["loc"]:
-        msg = f"invalid key {got!r}: {err['msg']}"
-    elif kind == "value_error":
-        msg = str(err["msg"]).removeprefix("Value error, ")
-    else:
-        msg = f"{err['msg']} (got {got!r})" if not isinstance(got, dict | list) else err["msg"]
-    return f"{loc}: {msg}" if loc else msg
-
-
-def _walk(loc: tuple[Any, ...], data: Any) -> tuple[str, list[str], list[str]]:
-    """Dotted YAML path of ``loc`` (union tags dropped), the valid fields there, and the
-    valid ``type`` tags when the location is a tagged union."""
-    path = ""
-    node: Any = data
-    ann: Any = Scenario
-    parent: Any = None
-    for el in loc:
-        if el == "[key]":
-            continue
-        branches = _args(ann)
-        if len(branches) > 1 and isinstance(el, str):
-            # pydantic names the union member: a discriminator tag or a branch name.
-            tagged = _pick_tagged(ann, el)
-            if tagged is not ann or not (isinstance(node, dict) and el in node):
-                ann = tagged if tagged is not ann else _by_name(ann, el)
-                continue
-        if isinstance(el, int) and isinstance(node, list):
-            path += f"[{el}]"
-            node = node[el] if el < len(node) else None
-            ann = _item(ann)
-            continue
-        path += f".{el}" if path else str(el)
-        parent, ann = ann, _field(ann, el)
-        node = node.get(el) if isinstance(node, dict) else None
-    model = _model(parent)
-    fields = [f.alias or n for n, f in model.model_fields.items()] if model else []
-    tags = [
-        str(t)
-        for a in _args(ann)
-        if isinstance(a, type) and issubclass(a, BaseModel) and "type" in a.model_fields
-        for t in typing.get_args(a.model_fields["type"].annotation)
-    ]
-    return path, sorted(fields, key=lambda f: f != "type"), tags
-
-
-def _by_name(ann: Any, name: str) -> Any:
-    for a in _args(ann):
-        if isinstance(a, type) and a.__name__ == name:
-            return a
-    return ann
-
-
-def _args(ann: Any) -> tuple[Any, ...]:
-    """Members of a (possibly Annotated, possibly nested) union, ``None`` dropped."""
-    while typing.get_origin(ann) is typing.Annotated:
-        ann = typing.get_args(ann)[0]
-    origin = typing.get_origin(ann)
-    if origin is typing.Union or origin is types.UnionType:
-        return tuple(m for a in typing.get_args(ann) if a is not type(None) for m in _args(a))
-    return (ann,)
-
-
-def _model(ann: Any) -> type[BaseModel] | None:
-    models = [a for a in _args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
-    return models[0] if len(models) == 1 else None
-
-
-def _pick_tagged(ann: Any, tag: Any) -> Any:
-    for a in _args(ann):
-        if isinstance(a, type) and issubclass(a, BaseModel):
-            f = a.model_fields.get("type")
-            if f is not None and tag in typing.get_args(f.annotation):
-                return a
-    return ann
-
-
-def _field(ann: Any, key: Any) -> Any:
-    for a in _args(ann):
-        if isinstance(a, type) and issubclass(a, BaseModel):
-            for name, f in a.model_fields.items():
-                if key in (name, f.alias):
-                    return f.annotation
-        elif typing.get_origin(a) is dict:
-            return typing.get_args(a)[1]
-    return None
-
-
-def _item(ann: Any) -> Any:
-    for a in _args(ann):
-        if typing.get_origin(a) is list:
-            return typing.get_args(a)[0]
-    return None

@@ -187,7 +187,7 @@ class ParameterSpace:
         try:
             doc = SpaceFile.model_validate(data)
         except ValidationError as exc:
-            raise _validation_error(exc, where) from None
+            raise validation_error(exc, where, SpaceFile, data) from None
         return cls.from_file(doc, replicas, where)
 
     @classmethod
@@ -293,14 +293,6 @@ def _suggest_one(trial: optuna.trial.Trial, name: str, spec: ParamSpec) -> Param
     if value is None:  # pragma: no cover - choices never hold None
         raise ConfigError(f"{name}: None is not a value")
     return value
-
-
-def _validation_error(exc: ValidationError, where: str) -> ConfigError:
-    return validation_error(
-        exc,
-        where,
-        lambda loc: ", ".join(ParamSpec.model_fields) if "params" in loc else "target, params",
-    )
 
 
 def load_params_file(path: str | Path) -> dict[str, Any]:

@@ -59,19 +59,19 @@ def test_unknown_gpu_names_file_field_and_choices(tmp_path: Path) -> None:
         ),
         (
             f"name: x\nreplicas: [{{gpu: l4-24g, models: [{M8}], cnt: 2}}]\n",
-            "replicas[0].cnt: Extra",
+            "replicas[0].cnt: unknown field; valid fields: gpu, count, models, name",
         ),
         (f"name: x\nreplicas: [{{gpu: l4-24g, models: [{M70}]}}]\n", "replicas[0]: Models"),
         (
             f"name: x\nports: {{balancr: 1}}\nreplicas: [{{gpu: l4-24g, models: [{M8}]}}]\n",
-            "ports.balancr: Extra inputs",
+            "ports.balancr: unknown field; valid fields: balancer, stats",
         ),
         (
             f"name: x\nports: free\nreplicas: [{{gpu: l4-24g, models: [{M8}]}}]\n",
             "ports: Expected 'auto'",
         ),
         ("name: x\n", "Give one of 'replicas'"),
-        (f"replicas: [{{gpu: l4-24g, models: [{M8}]}}]\n", "name: Field required"),
+        (f"replicas: [{{gpu: l4-24g, models: [{M8}]}}]\n", "name: required field is missing"),
         (
             "name: x\nexternal: [{name: a, url: 'https://h:1', models: [m]}]\n",
             "external[0].url: Expected http://HOST:PORT",
