@@ -33,7 +33,9 @@ from lbtune.apply.paramfile import read_params_for
 from lbtune.cli import app
 from lbtune.cluster.config import load_config, parse_config
 from lbtune.errors import LbtuneError
+from lbtune.metrics.summary import Slo
 from lbtune.resources import clusters_dir, scenarios_dir
+from lbtune.runplan import parse_slo
 from lbtune.scenario.loader import load_scenario, scenario_from_dict
 from lbtune.targets.haproxy.target import SPACE_FILE
 from lbtune.targets.space import ParameterSpace, load_params_file
@@ -262,3 +264,19 @@ def test_scenarios_show_of_a_junk_scenario_is_shown_or_one_line(tmp_path: Path, 
     # The app raises an LbtuneError; `lbtune`'s entry point turns it into one line, exit 2.
     ok = res.exception is None or isinstance(res.exception, SystemExit | LbtuneError)
     assert ok, "".join(traceback.format_exception(res.exception))
+
+
+# --- the SLO a user types on the command line -----------------------------------------------
+
+SLO_WORDS = st.sampled_from(["ttft", "e2e", "itl", "errors", "x", "", "=", ",", "%", "ms", "s"])
+SLO_TEXT = st.lists(SLO_WORDS | st.text(max_size=6) | FLOATS.map(str), max_size=8).map("".join)
+
+
+@FUZZ
+@given(SLO_TEXT)
+@example("errors=150%")
+@example("errors=-1%")
+@example("ttft=nanms")
+@example("ttft=1e999s")
+def test_any_slo_option_parses_or_is_refused(text: str) -> None:
+    loads_or_refuses(lambda: parse_slo(text, Slo()))
