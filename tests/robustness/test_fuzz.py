@@ -170,10 +170,17 @@ def test_a_scenario_with_junk_fields_loads_or_is_refused(data: Any) -> None:
     loads_or_refuses(lambda: _dump(scenario_from_dict(data, "fuzz.yaml", "fuzz")))
 
 
+def _alias_bomb(key: str) -> bytes:
+    """A billion-laughs document whose ``key`` holds 10**9 items once its aliases expand."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    return "\n".join([*lines, f"{key}: *a8", ""]).encode()
+
+
 @FUZZ
 @given(st.binary(max_size=300) | TEXTS.map(str.encode))
 @example(b"\xff\xfe")
-@example(b"a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: [*b,*b,*b]\n")
+@example(_alias_bomb("extra_body"))
 @example(b"!!python/object:os.system ['true']\n")
 def test_any_scenario_file_loads_or_is_refused(tmp_path: Path, raw: bytes) -> None:
     f = tmp_path / "fuzz.yaml"
@@ -199,6 +206,7 @@ def test_any_document_is_a_cluster_or_a_config_error(data: Any) -> None:
 @FUZZ
 @given(st.binary(max_size=300) | st.builds(_yaml_text, mutated(CLUSTER)).map(str.encode))
 @example(b"\x80")
+@example(_alias_bomb("replicas"))
 def test_any_cluster_file_loads_or_is_refused(tmp_path: Path, raw: bytes) -> None:
     f = tmp_path / "fuzz.yaml"
     f.write_bytes(raw)
@@ -241,6 +249,7 @@ def test_any_parameter_set_validates_or_is_refused(params: Any) -> None:
     | st.builds(lambda p: _yaml_text({"target": "haproxy", "params": p}), JUNK).map(str.encode)
 )
 @example(b"params: 7\n")
+@example(_alias_bomb("weight.h100-0"))
 @example(b"target: [1]\nparams: {}\n")
 @example(b"- 1\n- 2\n")
 def test_any_parameter_file_reads_or_is_refused(tmp_path: Path, raw: bytes) -> None:
