@@ -196,6 +196,68 @@ class _Child:
         return out
 
 
+def _children(cfg: LoadConfig, rdir: Path, lines: queue.Queue[Any]) -> list[_Child]:
+    """The generator processes of ``cfg``'s role (a local one, or a master and its local
+    workers, or this machine's workers), started, their status lines going to ``lines``;
+    the config they were given is kept as ``load-config.json``."""
+    role = cfg.role if cfg.role != "auto" else ("master" if cfg.workers > 0 else "local")
+    n_local = cfg.workers if role != "local" else 0
+    expect = cfg.expect_workers or max(1, n_local)
+    port = cfg.master_port or (_free_port() if role == "master" else 5557)
+    child_cfg = dataclasses.asdict(cfg)
+    child_cfg.update(
+        records_dir=str(rdir.resolve()), master_port=port, expect_workers=expect, role=role
+    )
+    cfg_json = json.dumps(child_cfg)
+    (rdir / "load-config.json").write_text(json.dumps(child_cfg, indent=2))
+    run_id = uuid.uuid4().hex[:8]
+    base = [sys.executable, "-m", "lbtune.loadgen.worker", "--config", cfg_json]
+    base += ["--run-id", run_id, "--parent-pid", str(os.getpid())]
+    children: list[_Child] = []
+    if role in ("local", "master"):
+        name = "local" if role == "local" else "master"
+        children.append(
+            _Child(name, [*base, "--role", role, "--name", name], rdir / f"{name}.log", lines)
+        )
+    for k in range(
+        n_local if role == "master" else (max(1, cfg.workers) if role == "worker" else 0)
+    ):
+        wname = f"w{k}"
+        idx = ["--worker-index", str(k)] if role == "master" else []
+        children.append(
+            _Child(
+                wname,
+                [*base, "--role", "worker", "--name", wname, *idx, "--worker-count", str(expect)],
+                rdir / f"{wname}.log",
+                lines,
+            )
+        )
+    return children
+
+
+def _health(
+    children: list[_Child], samples: dict[str, list[HealthSample]], tail: RecordTail
+) -> tuple[GeneratorHealth, int]:
+    """The generators' health and the requests they sent: each one's final report, or for
+    one that crashed or was killed what its status lines said (degraded), and then at
+    least the records it wrote."""
+    workers: list[WorkerHealth] = []
+    sent = 0
+    for c in children:
+        if c.name == "master":
+            continue
+        if c.final is not None and c.final.get("health"):
+            workers.append(WorkerHealth.from_dict(c.final["health"]))
+            sent += int(c.final.get("sent", 0))
+        else:  # crashed or killed: what its status lines said, and its records
+            wh = summarize(c.name, [], [], samples.get(c.name, []), 0)
+            why = (*wh.reasons, "generator did not finish cleanly")
+            workers.append(dataclasses.replace(wh, degraded=True, reasons=why))
+    if any(c.final is None for c in children if c.name != "master"):
+        sent = max(sent, tail.count)
+    return GeneratorHealth(tuple(workers)), sent
+
+
 def run_load(
     cfg: LoadConfig,
     on_progress: Callable[[Progress], None] | None = None,
@@ -216,39 +278,8 @@ def run_load(
     rdir.mkdir(parents=True, exist_ok=True)
     for old in rdir.glob("records-*.jsonl"):
         old.unlink()
-    role = cfg.role if cfg.role != "auto" else ("master" if cfg.workers > 0 else "local")
-    n_local = cfg.workers if role != "local" else 0
-    expect = cfg.expect_workers or max(1, n_local)
-    port = cfg.master_port or (_free_port() if role == "master" else 5557)
-    child_cfg = dataclasses.asdict(cfg)
-    child_cfg.update(
-        records_dir=str(rdir.resolve()), master_port=port, expect_workers=expect, role=role
-    )
-    cfg_json = json.dumps(child_cfg)
-    (rdir / "load-config.json").write_text(json.dumps(child_cfg, indent=2))
-    run_id = uuid.uuid4().hex[:8]
-    base = [sys.executable, "-m", "lbtune.loadgen.worker", "--config", cfg_json]
-    base += ["--run-id", run_id, "--parent-pid", str(os.getpid())]
     lines: queue.Queue[Any] = queue.Queue()
-    children: list[_Child] = []
-    if role in ("local", "master"):
-        name = "local" if role == "local" else "master"
-        children.append(
-            _Child(name, [*base, "--role", role, "--name", name], rdir / f"{name}.log", lines)
-        )
-    for k in range(
-        n_local if role == "master" else (max(1, cfg.workers) if role == "worker" else 0)
-    ):
-        wname = f"w{k}"
-        idx = ["--worker-index", str(k)] if role == "master" else []
-        children.append(
-            _Child(
-                wname,
-                [*base, "--role", "worker", "--name", wname, *idx, "--worker-count", str(expect)],
-                rdir / f"{wname}.log",
-                lines,
-            )
-        )
+    children = _children(cfg, rdir, lines)
 
     registry = MetricsRegistry()
     exporter = ExporterServer(registry, cfg.exporter_port) if cfg.exporter_port else None
@@ -308,21 +339,7 @@ def run_load(
         if exporter is not None:
             exporter.close()
     records_path = finalize(rdir)
-    workers: list[WorkerHealth] = []
-    sent = 0
-    for c in children:
-        if c.name == "master":
-            continue
-        if c.final is not None and c.final.get("health"):
-            workers.append(WorkerHealth.from_dict(c.final["health"]))
-            sent += int(c.final.get("sent", 0))
-        else:  # crashed or killed: what its status lines said, and its records
-            wh = summarize(c.name, [], [], samples.get(c.name, []), 0)
-            why = (*wh.reasons, "generator did not finish cleanly")
-            workers.append(dataclasses.replace(wh, degraded=True, reasons=why))
-    if any(c.final is None for c in children if c.name != "master"):
-        sent = max(sent, tail.count)
-    health = GeneratorHealth(tuple(workers))
+    health, sent = _health(children, samples, tail)
     (rdir / "health.json").write_text(json.dumps(health.to_dict(), indent=1))
     return LoadResult(
         records_dir=rdir,
