@@ -8,14 +8,13 @@ generator nothing and works the same for one process or N Locust workers.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from lbtune.loadgen.health import percentile
-from lbtune.loadgen.recordio import FIELDS, decode_line
+from lbtune.loadgen.recordio import decode_line, is_header
 from lbtune.loadgen.records import OUTCOMES, OpenRequest, RequestRecord
 
 __all__ = ["Progress", "RecordTail"]
@@ -64,7 +63,7 @@ class RecordTail:
         self.dir = records_dir
         self.window_s = window_s
         self._on_record = on_record
-        self._files: dict[Path, tuple[int, tuple[str, ...], str]] = {}
+        self._files: dict[Path, tuple[int, str]] = {}
         self._window: deque[tuple[float, float | None, int, bool]] = deque()
         self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self.count = 0
@@ -73,7 +72,7 @@ class RecordTail:
         """Read whatever was appended since the last call; returns records read."""
         n = 0
         for f in sorted(self.dir.glob("records-*.jsonl")):
-            offset, fields, partial = self._files.get(f, (0, FIELDS, ""))
+            offset, partial = self._files.get(f, (0, ""))
             try:
                 with f.open(encoding="utf-8") as fh:
                     fh.seek(offset)
@@ -87,12 +86,11 @@ class RecordTail:
             for line in lines:
                 if not line:
                     continue
-                if line.startswith("{"):
-                    fields = tuple(json.loads(line)["fields"])
+                if is_header(line):
                     continue
-                self._add(decode_line(line, fields))
+                self._add(decode_line(line))
                 n += 1
-            self._files[f] = (offset, fields, partial)
+            self._files[f] = (offset, partial)
         return n
 
     def _add(self, r: RequestRecord) -> None:

@@ -1,77 +1,72 @@
 """Reading and writing per-request records (no Locust, no gevent here).
 
-While a test runs, each generator process appends to its own
-``records-<worker>.jsonl``: one header line naming the fields, then one JSON
-array per request, flushed about once a second, so a crash or Ctrl-C keeps what
-was measured. ``chunk_times`` is stored as base64 of little-endian float64 (far
-cheaper to encode on the generator's hot path than a JSON list of floats).
+A :class:`~lbtune.loadgen.records.RequestRecord` crosses a file through one pydantic
+``TypeAdapter`` (:data:`RECORD`), in both layouts:
 
-After the run, :func:`finalize` merges every worker's file into
-``requests.parquet`` (``chunk_times`` as a ``list<double>`` column).
+* while a test runs, each generator process appends to its own ``records-<worker>.jsonl``:
+  one header line (``{"lbtune_records": 2}``), then one JSON object per request, flushed
+  about once a second, so a crash or Ctrl-C keeps what was measured; a remote worker ships
+  these lines to the master as they are;
+* after the run, :func:`finalize` merges every worker's file into ``requests.parquet``: one
+  column per field (``chunk_times`` a ``list<double>``), rows dumped and validated by the
+  same adapter.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
-import sys
-from array import array
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from lbtune.errors import ConfigError
 from lbtune.loadgen.records import RequestRecord
 
 __all__ = [
     "FIELDS",
+    "RECORD",
     "RecordWriter",
     "decode_line",
     "encode_record",
     "finalize",
+    "is_header",
     "read_records",
     "write_parquet",
 ]
 
+RECORD: TypeAdapter[RequestRecord] = TypeAdapter(RequestRecord)
+"""The one (de)serializer of a record: JSON lines and Parquet rows."""
+_RECORDS: TypeAdapter[list[RequestRecord]] = TypeAdapter(list[RequestRecord])
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(RequestRecord))
-_CT = FIELDS.index("chunk_times")
-_HEADER = {"lbtune_records": 1, "fields": list(FIELDS), "chunk_times": "b64-f64le"}
-_LITTLE = sys.byteorder == "little"
-
-
-def _pack_times(times: tuple[float, ...]) -> str:
-    if not times:
-        return ""
-    a = array("d", times)
-    if not _LITTLE:
-        a.byteswap()
-    return base64.b64encode(a.tobytes()).decode("ascii")
-
-
-def _unpack_times(text: str) -> tuple[float, ...]:
-    if not text:
-        return ()
-    a = array("d")
-    a.frombytes(base64.b64decode(text))
-    if not _LITTLE:
-        a.byteswap()
-    return tuple(a)
+VERSION = 2
+"""Of the JSONL layout; version 1 (JSON arrays under a header naming the fields, base64
+``chunk_times``) is no longer read: its files were merged into Parquet when their run ended."""
+_HEADER = json.dumps({"lbtune_records": VERSION}) + "\n"
 
 
 def encode_record(r: RequestRecord) -> str:
     """One JSONL line (with trailing newline)."""
-    row: list[Any] = [getattr(r, f) for f in FIELDS]
-    row[_CT] = _pack_times(r.chunk_times)
-    return json.dumps(row, separators=(",", ":")) + "\n"
+    return RECORD.dump_json(r).decode() + "\n"
 
 
-def decode_line(line: str, fields: tuple[str, ...] = FIELDS) -> RequestRecord:
-    row = json.loads(line)
-    kw = dict(zip(fields, row, strict=True))
-    kw["chunk_times"] = _unpack_times(kw.get("chunk_times") or "")
-    known = {k: v for k, v in kw.items() if k in FIELDS}
-    return RequestRecord(**known)
+def is_header(line: str) -> bool:
+    """A records file's first line, not a record."""
+    return line.startswith('{"lbtune_records"')
+
+
+def decode_line(line: str) -> RequestRecord:
+    """The record of one JSONL line; a ConfigError when it is not one (or of a version-1 file)."""
+    try:
+        return RECORD.validate_json(line)
+    except ValidationError as exc:
+        why = exc.errors(include_url=False)[0]
+        where = ".".join(str(x) for x in why["loc"])
+        raise ConfigError(
+            f"not an lbtune request record ({where}: {why['msg']}): {line[:80]!r}"
+        ) from None
 
 
 class RecordWriter:
@@ -82,7 +77,7 @@ class RecordWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._f: IO[str] = path.open("a", encoding="utf-8")
         if self._f.tell() == 0:
-            self._f.write(json.dumps(_HEADER) + "\n")
+            self._f.write(_HEADER)
             self._f.flush()
         self._pending: list[str] = []
         self.count = 0
@@ -104,15 +99,12 @@ class RecordWriter:
 
 def iter_jsonl(path: Path) -> Iterator[RequestRecord]:
     """Records of one JSONL file; a torn last line (crash mid-write) is skipped."""
-    fields = FIELDS
     with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f):
+        for line in f:
             if not line.endswith("\n"):
                 break  # torn write
-            if n == 0 and line.startswith("{"):
-                fields = tuple(json.loads(line)["fields"])
-                continue
-            yield decode_line(line, fields)
+            if not is_header(line):
+                yield decode_line(line)
 
 
 def read_records(path: str | Path) -> list[RequestRecord]:
@@ -136,18 +128,16 @@ def read_records(path: str | Path) -> list[RequestRecord]:
     except (OSError, ValueError, pa.ArrowException) as exc:  # missing, truncated, not Parquet
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"{p}: not a readable requests.parquet ({why})") from None
-    cols = {name: table.column(name).to_pylist() for name in table.column_names}
-    missing = [f for f in _REQUIRED if f not in cols]
+    missing = [f for f in _REQUIRED if f not in table.column_names]
     if missing:
         raise ConfigError(f"{p}: not lbtune's request records (no {', '.join(missing)} column)")
-    n = table.num_rows
-    names = [f for f in FIELDS if f in cols]
-    records = []
-    for i in range(n):
-        kw = {f: cols[f][i] for f in names}
-        kw["chunk_times"] = tuple(kw.get("chunk_times") or ())
-        records.append(RequestRecord(**kw))
-    return records
+    known = [f for f in FIELDS if f in table.column_names]
+    try:
+        return _RECORDS.validate_python(table.select(known).to_pylist())
+    except ValidationError as exc:
+        raise ConfigError(
+            f"{p}: not lbtune's request records ({exc.errors(include_url=False)[0]['msg']})"
+        ) from None
 
 
 _REQUIRED = ("request_id", "index", "model", "api", "stream", "sent_at", "ended_at", "outcome")
@@ -185,15 +175,11 @@ def write_parquet(records: Iterable[RequestRecord], path: str | Path) -> Path:
         "timing": pa.string(),
         "first_token_bound_s": pa.float64(),
     }
-    arrays = {}
-    for f in FIELDS:
-        vals = [getattr(r, f) for r in rs]
-        if f == "chunk_times":
-            vals = [list(v) for v in vals]
-        arrays[f] = pa.array(vals, type=types.get(f))
+    schema = pa.schema([(f, types[f]) for f in FIELDS])
+    table = pa.Table.from_pylist(_RECORDS.dump_python(rs), schema=schema)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(arrays), out)
+    pq.write_table(table, out)
     return out
 
 

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from lbtune.loadgen.recordio import RecordWriter, finalize, read_records, write_parquet
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lbtune.errors import ConfigError
+from lbtune.loadgen.recordio import (
+    RecordWriter,
+    decode_line,
+    encode_record,
+    finalize,
+    is_header,
+    read_records,
+    write_parquet,
+)
 from lbtune.loadgen.records import RequestRecord
 
 
@@ -68,3 +82,29 @@ def test_jsonl_incremental_and_torn_line(tmp_path: Path) -> None:
     out = finalize(tmp_path)
     back = read_records(out)
     assert back == [rec(0), rec(1), rec(2, worker="w1")]  # chunk_times exact (float64)
+
+
+def test_a_line_is_the_type_adapters_json_and_validated_back() -> None:
+    r = rec(7, chunk_times=(1.0, 2.5), timing="kernel", first_token_bound_s=0.0)
+    line = encode_record(r)
+    assert line.endswith("\n") and not is_header(line)
+    assert json.loads(line)["chunk_times"] == [1.0, 2.5]
+    assert decode_line(line) == r
+    obj = json.loads(line)
+    obj["added_by_a_newer_lbtune"] = 1  # unknown fields are ignored
+    assert decode_line(json.dumps(obj)) == r
+
+
+def test_a_corrupt_record_is_one_config_error_line(tmp_path: Path) -> None:
+    obj = json.loads(encode_record(rec(0)))
+    obj["outcome"] = "exploded"
+    with pytest.raises(ConfigError, match="not an lbtune request record \\(outcome: "):
+        decode_line(json.dumps(obj))
+    path = write_parquet([rec(0)], tmp_path / "requests.parquet")
+    table = pq.read_table(path)
+    bad = table.set_column(
+        table.column_names.index("outcome"), "outcome", pa.array(["exploded"], pa.string())
+    )
+    pq.write_table(bad, path)
+    with pytest.raises(ConfigError, match=r"requests\.parquet: not lbtune.s request records"):
+        read_records(path)
