@@ -148,11 +148,20 @@ class FigureChange:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "key": self.key, "label": self.label, "unit": self.unit, "better": self.better,
-            "relative": self.relative, "a": self.a, "b": self.b, "change": self.change,
-            "ci": None if self.ci is None else list(self.ci), "status": self.status,
-            "threshold": self.threshold, "failed": self.failed, "note": self.note,
-        }  # fmt: skip
+            "key": self.key,
+            "label": self.label,
+            "unit": self.unit,
+            "better": self.better,
+            "relative": self.relative,
+            "a": self.a,
+            "b": self.b,
+            "change": self.change,
+            "ci": None if self.ci is None else list(self.ci),
+            "status": self.status,
+            "threshold": self.threshold,
+            "failed": self.failed,
+            "note": self.note,
+        }
 
 
 @dataclass(frozen=True)
@@ -295,15 +304,31 @@ def compare(
         failed = failed and worse_by > limit  # type: ignore[operator]
         out.append(
             FigureChange(
-                key=fig.key, label=fig.label, unit=fig.unit, better=fig.better,
-                relative=fig.relative, a=va, b=vb, change=change, ci=ci, status=status,
-                threshold=limit, failed=bool(failed), note=note,
+                key=fig.key,
+                label=fig.label,
+                unit=fig.unit,
+                better=fig.better,
+                relative=fig.relative,
+                a=va,
+                b=vb,
+                change=change,
+                ci=ci,
+                status=status,
+                threshold=limit,
+                failed=bool(failed),
+                note=note,
             )
-        )  # fmt: skip
+        )
     return CompareResult(
-        a=a, b=b, figures=tuple(out), level=level, resamples=resamples, seed=seed,
-        fail_on=gates, notes=_notes(a, b, tested),
-    )  # fmt: skip
+        a=a,
+        b=b,
+        figures=tuple(out),
+        level=level,
+        resamples=resamples,
+        seed=seed,
+        fail_on=gates,
+        notes=_notes(a, b, tested),
+    )
 
 
 def _too_few(a: Side, b: Side) -> dict[str, str]:
