@@ -264,35 +264,73 @@ def confirm(
         if good >= runs:
             say(f"confirmation: {n} pooled samples in the smallest arm, a P99 needs {NEED}")
         k += 1
-        for arm in arms:
-            if stop is not None and stop.is_set():
-                break
-            label = f"confirm-{k}-{arm.label}"
-            if arm is not baseline and (k, baseline.label) not in measured:
-                plan.append((k, arm, label, None, "skipped: the baseline of this round failed"))
-                continue
-            if arm.label in dropped:
-                plan.append((k, arm, label, None, "dropped: not measurable"))
-                continue
-            say(f"confirmation round {k}: {arm.label} (trial {arm.trial})")
-            order.append(arm.label)
-            m, why, label = _measure(runner, arm, label, say)
-            misses[arm.label] = 0 if m is not None else misses[arm.label] + 1
-            if m is not None:
-                measured[(k, arm.label)] = m
-            elif arm is baseline:
-                say(f"round {k}: the baseline could not be measured ({why}); round skipped")
-            elif misses[arm.label] >= BASELINE_TRIES and not any(
-                label == arm.label for _, label in measured
-            ):
-                dropped.add(arm.label)
-                say(
-                    f"confirmation: {arm.label} (trial {arm.trial}) not measurable in "
-                    f"{BASELINE_TRIES} rounds in a row; no further rounds for it"
-                )
-            plan.append((k, arm, label, m, why))
+        _round(runner, k, arms, measured, plan, order, misses, dropped, stop, say)
         if len(dropped) == len(candidates):
             break
+    return _verdict(baseline, candidates, spec, measured, plan, k, order, cap_hit, seed, stop, say)
+
+
+def _round(
+    runner: TrialRunner,
+    k: int,
+    arms: Sequence[Arm],
+    measured: dict[tuple[int, str], Measurement],
+    plan: list[tuple[int, Arm, str, Measurement | None, str]],
+    order: list[str],
+    misses: dict[str, int],
+    dropped: set[str],
+    stop: threading.Event | None,
+    say: Callable[[str], None],
+) -> None:
+    """Round ``k``: every arm once, the baseline first; an arm is skipped when this round's
+    baseline failed and dropped once it failed ``BASELINE_TRIES`` rounds in a row without
+    ever being measured. ``measured``, ``plan``, ``order``, ``misses`` and ``dropped`` grow."""
+    baseline = arms[0]
+    for arm in arms:
+        if stop is not None and stop.is_set():
+            return
+        label = f"confirm-{k}-{arm.label}"
+        if arm is not baseline and (k, baseline.label) not in measured:
+            plan.append((k, arm, label, None, "skipped: the baseline of this round failed"))
+            continue
+        if arm.label in dropped:
+            plan.append((k, arm, label, None, "dropped: not measurable"))
+            continue
+        say(f"confirmation round {k}: {arm.label} (trial {arm.trial})")
+        order.append(arm.label)
+        m, why, label = _measure(runner, arm, label, say)
+        misses[arm.label] = 0 if m is not None else misses[arm.label] + 1
+        if m is not None:
+            measured[(k, arm.label)] = m
+        elif arm is baseline:
+            say(f"round {k}: the baseline could not be measured ({why}); round skipped")
+        elif misses[arm.label] >= BASELINE_TRIES and not any(
+            label == arm.label for _, label in measured
+        ):
+            dropped.add(arm.label)
+            say(
+                f"confirmation: {arm.label} (trial {arm.trial}) not measurable in "
+                f"{BASELINE_TRIES} rounds in a row; no further rounds for it"
+            )
+        plan.append((k, arm, label, m, why))
+
+
+def _verdict(
+    baseline: Arm,
+    candidates: Sequence[Arm],
+    spec: ObjectiveSpec,
+    measured: dict[tuple[int, str], Measurement],
+    plan: list[tuple[int, Arm, str, Measurement | None, str]],
+    k: int,
+    order: list[str],
+    cap_hit: str,
+    seed: int,
+    stop: threading.Event | None,
+    say: Callable[[str], None],
+) -> Confirmation:
+    """The paired bootstrap verdict over ``k`` rounds (Bonferroni over the candidates); a
+    BaselineUnmeasurable when no round measured the baseline (unless stopped)."""
+    arms = [baseline, *candidates]
     base_ms = [
         measured[(i, baseline.label)] for i in range(1, k + 1) if (i, baseline.label) in measured
     ]
