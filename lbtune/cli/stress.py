@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +13,7 @@ import typer
 if TYPE_CHECKING:
     from lbtune.loadgen.collect import Progress
     from lbtune.metrics.summary import RunSummary
+    from lbtune.stress import StressOptions, StressResult
 
 
 def stress_command(
@@ -124,7 +127,7 @@ def stress_command(
 
     Example: lbtune stress --scenario longctx --until-samples 100
     """
-    from lbtune.stress import StressOptions, record_stress, run_stress
+    from lbtune.stress import StressOptions
 
     if master and worker:
         raise typer.BadParameter("give --master or --worker, not both")
@@ -170,33 +173,7 @@ def stress_command(
     term = _OnSigterm()
     try:
         with term:
-            if ci:
-                result = run_stress(
-                    opts,
-                    on_progress=ci_mode.StressLines(format_progress),
-                    say=ci_mode.line,
-                    stop=term.stop,
-                    on_result=record_stress,
-                )
-            elif not err.is_terminal:  # piped: a plain line every few seconds, not live
-                from lbtune.cli.ticker import EVERY_S
-
-                result = run_stress(
-                    opts,
-                    on_progress=ci_mode.StressLines(format_progress, every_s=EVERY_S),
-                    say=ci_mode.line,
-                    stop=term.stop,
-                    on_result=record_stress,
-                )
-            else:
-                with _LiveProgress(err, enabled=True) as live:
-                    result = run_stress(
-                        opts,
-                        on_progress=live.update,
-                        say=lambda m: err.print(f"[dim]{m}[/]"),
-                        stop=term.stop,
-                        on_result=record_stress,
-                    )
+            result = _run(opts, ci, err, term.stop)
     except Exception as exc:
         ci_mode.junit_on_error(junit, "stress", exc)
         raise
@@ -229,6 +206,33 @@ def stress_command(
         raise typer.Exit(1)
 
 
+def _run(opts: StressOptions, ci: bool, err: Any, stop: threading.Event) -> StressResult:
+    """``run_stress`` with the progress display that fits: plain lines under ``--ci`` or
+    when stderr is piped (every few seconds), else a live panel; the run is indexed in the
+    history (:func:`lbtune.stress.record_stress`)."""
+    from lbtune import ci as ci_mode
+    from lbtune.cli.ticker import EVERY_S
+    from lbtune.stress import record_stress, run_stress
+
+    if ci or not err.is_terminal:  # piped: a plain line every few seconds, not live
+        lines = (
+            ci_mode.StressLines(format_progress)
+            if ci
+            else ci_mode.StressLines(format_progress, every_s=EVERY_S)
+        )
+        return run_stress(
+            opts, on_progress=lines, say=ci_mode.line, stop=stop, on_result=record_stress
+        )
+    with _LiveProgress(err, enabled=True) as live:
+        return run_stress(
+            opts,
+            on_progress=live.update,
+            say=lambda m: err.print(f"[dim]{m}[/]"),
+            stop=stop,
+            on_result=record_stress,
+        )
+
+
 def _ci_outputs(summary: RunSummary, report_dir: str | None, junit: Path | None, err: Any) -> None:
     """The JUnit file (--junit) and the GitHub step summary (when GITHUB_STEP_SUMMARY is set)."""
     from lbtune import ci as ci_mode
@@ -251,8 +255,6 @@ class _OnSigterm:
     drain. Only in the main thread; elsewhere it does nothing."""
 
     def __init__(self) -> None:
-        import threading
-
         self.stop = threading.Event()
         self._old: Any = None
 
@@ -262,9 +264,6 @@ class _OnSigterm:
         self.stop.set()
 
     def __enter__(self) -> _OnSigterm:
-        import signal
-        import threading
-
         if threading.current_thread() is threading.main_thread():
             self._old = signal.signal(signal.SIGTERM, self._handler)
         return self
