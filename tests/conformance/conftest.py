@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from lbtune.cluster import vllm
 from lbtune.cluster.config import free_port
@@ -92,20 +93,13 @@ class Metrics:
 
     @classmethod
     def parse(cls, text: str) -> Metrics:
+        """prometheus_client's parser; a counter's family name drops ``_total``."""
         types: dict[str, str] = {}
         samples: dict[tuple[str, Labels], float] = {}
-        for line in text.splitlines():
-            if line.startswith("# TYPE "):
-                _, _, name, kind = line.split(" ", 3)
-                types[name] = kind.strip()
-            elif line and not line.startswith("#"):
-                head, value = line.rsplit(" ", 1)
-                name, _, rest = head.partition("{")
-                labels: list[tuple[str, str]] = []
-                for part in _split_labels(rest.rstrip("}")):
-                    k, _, v = part.partition("=")
-                    labels.append((k, json.loads(v)))
-                samples[(name, frozenset(labels))] = float(value)
+        for family in text_string_to_metric_families(text):
+            types[family.name] = family.type
+            for s in family.samples:
+                samples[(s.name, frozenset(s.labels.items()))] = float(s.value)
         return cls(types, samples)
 
     def series(self, name: str) -> dict[Labels, float]:
@@ -115,28 +109,6 @@ class Metrics:
         """The sum of ``name``'s samples whose labels include ``match``."""
         want = set(match.items())
         return sum(v for lab, v in self.series(name).items() if want <= lab)
-
-
-def _split_labels(body: str) -> list[str]:
-    """``a="x",b="y,z"`` → ``['a="x"', 'b="y,z"']`` (commas inside quotes kept)."""
-    parts, cur, quoted, escaped = [], "", False, False
-    for ch in body:
-        if escaped:
-            cur, escaped = cur + ch, False
-            continue
-        if ch == "\\":
-            cur, escaped = cur + ch, True
-            continue
-        if ch == '"':
-            quoted = not quoted
-        if ch == "," and not quoted:
-            parts.append(cur)
-            cur = ""
-            continue
-        cur += ch
-    if cur:
-        parts.append(cur)
-    return parts
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
