@@ -23,7 +23,7 @@ from lbtune.report.frame import Table
 from lbtune.report.html import esc
 from lbtune.report.html import table as html_table
 from lbtune.report.markdown import table as md_table
-from lbtune.report.plots import _no_data, _png
+from lbtune.report.plots import _figure, _no_data, _png
 from lbtune.targets import TARGETS
 from lbtune.targets.space import ParameterSpace
 
@@ -60,8 +60,6 @@ def slice_plot(result: StudyResult) -> bytes:
     done = _done(result)
     knobs = varied_knobs(result)
     if len(done) < 2 or not knobs:
-        from lbtune.report.plots import _figure
-
         fig, (ax,) = _figure(height=2.4)
         ax.set_title("Score per knob value")
         _no_data(ax, "no knob took two values in two completed trials")
