@@ -353,11 +353,6 @@ HELP = {
 """Every metric name ``/metrics`` exposes, with its help text."""
 
 
-def format_value(v: float) -> str:
-    """A sample value or ``le`` bound as Prometheus' Python client writes it."""
-    return _go_float(v)
-
-
 def new_record(request_id: str, replica: str, api: str, t_arrival: float) -> dict[str, Any]:
     """A ground-truth record; the server fills it in as the request proceeds.
 
