@@ -6,6 +6,7 @@ import pytest
 
 from lbtune.errors import ConfigError
 from lbtune.keyvalue import FlagError, bad_value, parse_pairs
+from lbtune.loadgen.source import resolve
 
 KEYS = ("ttft", "e2e")
 
@@ -42,3 +43,17 @@ def test_bad_value_names_flag_key_value_and_the_fix() -> None:
     assert str(bad_value("--w", "e2e", "-1", "a number >= 0", "is out of range")) == (
         "--w e2e: '-1' is out of range; expected a number >= 0"
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("fixed:outpt=5", "fixed:outpt=5: unknown key 'outpt'; expected one of api, arrival,"),
+        ("fixed:output=abc", "fixed:output=abc output: cannot read 'abc'; expected a whole"),
+        ("fixed:api=grpc", "fixed:api=grpc api: cannot read 'grpc'; expected chat or completions"),
+    ],
+)
+def test_a_fixed_workload_spec_reports_through_it(spec: str, message: str) -> None:
+    with pytest.raises(FlagError) as exc:
+        resolve(spec, seed=0, duration_s=1.0, users=1, rate=None)
+    assert str(exc.value).startswith(message)

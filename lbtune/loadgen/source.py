@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from lbtune.errors import ConfigError
-from lbtune.keyvalue import parse_pairs
+from lbtune.keyvalue import bad_value, parse_pairs
 from lbtune.runplan import read_run_plan
 from lbtune.scenario import build_workload, load_scenario, plan_load
 from lbtune.scenario.request import RequestSpec
@@ -84,11 +84,15 @@ def _parse_fixed(spec: str) -> tuple[FixedWorkload, dict[str, str]]:
     opts = dict(parse_pairs(spec.split(":", 1)[1], flag=spec, keys=known, example=example))
     api = opts.get("api", "chat")
     if api not in ("chat", "completions"):
-        raise ConfigError(f"fixed workload: api must be chat or completions, found {api!r}")
+        raise bad_value(spec, "api", api, "chat or completions")
+    tokens = {"prompt": opts.get("prompt", "16"), "output": opts.get("output", "32")}
+    for key, value in tokens.items():
+        if not value.isdigit():
+            raise bad_value(spec, key, value, "a whole number of tokens (e.g. 32)")
     wl = FixedWorkload(
         model=opts.get("model", "llama-3.1-8b-instruct"),
-        prompt_tokens=int(opts.get("prompt", "16")),
-        output_tokens=int(opts.get("output", "32")),
+        prompt_tokens=int(tokens["prompt"]),
+        output_tokens=int(tokens["output"]),
         stream=opts.get("stream", "1") not in ("0", "false", "no"),
         api=api,  # type: ignore[arg-type]
     )
