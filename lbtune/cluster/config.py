@@ -20,18 +20,17 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lbtune import targets
+from lbtune.agent.config import check_settings
 from lbtune.errors import ConfigError, validation_error
 from lbtune.resources import clusters_dir
 from lbtune.safeyaml import load_yaml_file
+from lbtune.sim import profiles
 from lbtune.targets.base import ClusterShape
 
 CLUSTERS_DIR = clusters_dir()
 DEFAULT_PRESET = "hetero4"
 LOOPBACK = "127.0.0.1"
 
-# Used only when lbtune.sim.profiles cannot be imported (it is the source of truth).
-_FALLBACK_GPUS = ("a100-80g", "h100-80g", "l4-24g")
-_FALLBACK_MODELS = ("llama-3.1-70b-instruct-awq", "llama-3.1-8b-instruct")
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Model names end up inside HAProxy regexes and quoted strings: keep them plain.
@@ -40,14 +39,7 @@ _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$")
 
 def _profile_names(kind: Literal["gpu", "model"]) -> list[str]:
     """Names of the simulator's GPU or model profiles."""
-    try:
-        from lbtune.sim import profiles
-    except ImportError:
-        return list(_FALLBACK_GPUS if kind == "gpu" else _FALLBACK_MODELS)
-    attr = "GPU_PROFILES" if kind == "gpu" else "MODEL_PROFILES"
-    table = getattr(profiles, attr, None)
-    if table is None:
-        return list(_FALLBACK_GPUS if kind == "gpu" else _FALLBACK_MODELS)
+    table = profiles.GPU_PROFILES if kind == "gpu" else profiles.MODEL_PROFILES
     return sorted(str(k) for k in table)
 
 
@@ -133,10 +125,6 @@ class ReplicaGroup(BaseModel):
     @model_validator(mode="after")
     def _models_fit(self) -> ReplicaGroup:
         """The weights of every served model fit in 90 % of the GPU (vLLM's default share)."""
-        try:
-            from lbtune.sim import profiles
-        except ImportError:
-            return self
         gpu = profiles.GPU_PROFILES.get(self.gpu)
         if gpu is None:
             return self
@@ -236,8 +224,6 @@ class AgentSection(BaseModel):
     @field_validator("settings")
     @classmethod
     def _agent_settings(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from lbtune.agent.config import check_settings
-
         check_settings(v, AGENT_RESERVED)
         return v
 
