@@ -4,7 +4,13 @@
 
 from __future__ import annotations
 
+import ast
+import sys
+from pathlib import Path
+
 import grimp
+
+import lbtune
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -64,3 +70,69 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_lbtune_has_no_import_cycle() -> None:
     graph = grimp.build_graph("lbtune", cache_dir=None)
     assert _cycles(graph) == []
+
+
+# Imported inside a function only where pyproject.toml's [tool.importlinter] note says why:
+# heavy or patching, optional, or only needed on one path (a renderer, a probe, a process).
+LAZY_THIRD_PARTY = frozenset(
+    {
+        "ansible_runner",
+        "envoy",
+        "gevent",
+        "locust",
+        "matplotlib",
+        "numpy",
+        "optuna",
+        "optuna_dashboard",
+        "pandas",
+        "prometheus_api_client",
+        "psutil",
+        "pyarrow",
+        "requests",
+        "rich",
+        "scipy",
+        "setproctitle",
+        "sqlalchemy",
+        "tokenizers",
+        "torch",
+        "transformers",
+        "urllib3",
+        "uvloop",
+        "vllm_router",
+        "yaml",
+    }
+)
+OWN_LAZY_ALLOWED = ("lbtune/cli/", "lbtune/data/")
+"""The CLI's commands import their use case in their body (``lbtune --help`` stays light;
+nothing imports the CLI back), and Ansible modules run as scripts."""
+
+
+def _function_body_imports(root: Path) -> list[tuple[str, int, str]]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom):
+                    name = "lbtune" if node.level else (node.module or "")
+                    found.append((path.as_posix(), node.lineno, name))
+                elif isinstance(node, ast.Import):
+                    found += [(path.as_posix(), node.lineno, a.name) for a in node.names]
+    return found
+
+
+def test_function_body_imports_are_only_the_named_ones() -> None:
+    root = Path(lbtune.__file__).parent
+    bad = []
+    for path, line, name in _function_body_imports(root):
+        where = Path(path).relative_to(root.parent).as_posix()
+        top = name.split(".")[0]
+        if top == "lbtune":
+            ok = where.startswith(OWN_LAZY_ALLOWED)
+        else:
+            ok = top in sys.stdlib_module_names or top in LAZY_THIRD_PARTY
+        if not ok:
+            bad.append(f"{where}:{line} {name}")
+    assert bad == []
