@@ -47,6 +47,7 @@ from lbtune.search.paired import (
     paired_draws,
     tail_quantile,
 )
+from lbtune.search.pooled import figures_of, finite_or_none, mean_decay, pooled_figures
 from lbtune.search.result import Comparison, Confirmation, Pooled, RoundRun
 from lbtune.search.trial import Measurement, Samples, TrialRunner
 from lbtune.targets.base import ParamSet
@@ -82,13 +83,6 @@ class Arm:
 # --- figures of pooled runs (the one estimator) -----------------------------------------
 
 
-def _figures_of(runs: Sequence[Samples], q: float) -> list[float]:
-    """``[tail E2E, tail TTFT, P50 TTFT]`` of the runs' requests pooled."""
-    e2e = np.concatenate([r.e2e for r in runs]) if runs else np.empty(0)
-    ttft = np.concatenate([r.ttft for r in runs]) if runs else np.empty(0)
-    return [finite_percentile(e2e, q), finite_percentile(ttft, q), finite_percentile(ttft, 50)]
-
-
 def _score(tail_e2e: float, tail_ttft: float, decay: float, spec: ObjectiveSpec) -> float:
     return composite(Figures(p99_e2e_s=tail_e2e, p99_ttft_s=tail_ttft, decay=decay), spec)
 
@@ -102,7 +96,7 @@ def _stat(
     spec: ObjectiveSpec, q: float, decay: float
 ) -> Callable[[Sequence[Samples]], list[float]]:
     def stat(runs: Sequence[Samples]) -> list[float]:
-        e2e, ttft, p50 = _figures_of(runs, q)
+        e2e, ttft, p50 = figures_of(runs, q)
         return [_score(e2e, ttft, decay, spec), e2e, ttft, p50]
 
     return stat
@@ -112,7 +106,7 @@ def pooled_score(
     runs: Sequence[Samples], spec: ObjectiveSpec, decay: float = 0.0, q: float = 99.0
 ) -> float:
     """Composite score of the requests of all ``runs`` taken together, at tail ``q``."""
-    e2e, ttft, _ = _figures_of(runs, q)
+    e2e, ttft, _ = figures_of(runs, q)
     return _score(e2e, ttft, decay, spec)
 
 
@@ -360,7 +354,7 @@ def _verdict(
     return Confirmation(
         verdict="improved" if winner is not None else "no significant improvement",
         baseline_trial=baseline.trial,
-        baseline_figures=_pooled_figures(base_ms),
+        baseline_figures=pooled_figures(base_ms),
         comparisons=tuple(comparisons),
         winner=winner,
         runs_per_arm=k,
@@ -401,20 +395,20 @@ def _pooled(
     ms: Sequence[Measurement], rounds: tuple[int, ...], spec: ObjectiveSpec, q: float
 ) -> Pooled:
     samples = [m.samples for m in ms if m.samples is not None]
-    e2e, ttft, p50 = _figures_of(samples, q)
+    e2e, ttft, p50 = figures_of(samples, q)
     rates = [m.figures.requests_per_s for m in ms if m.figures is not None]
     sent = sum(s.sent for s in samples)
-    decay = _mean_decay(ms)
+    decay = mean_decay(ms)
     return Pooled(
         rounds=rounds,
         requests=sum(int(s.e2e.size) for s in samples),
         ttft_requests=sum(int(np.isfinite(s.ttft).sum()) for s in samples),
-        tail_e2e_s=_num(e2e),
-        tail_ttft_s=_num(ttft),
-        p50_ttft_s=_num(p50),
+        tail_e2e_s=finite_or_none(e2e),
+        tail_ttft_s=finite_or_none(ttft),
+        p50_ttft_s=finite_or_none(p50),
         requests_per_s=sum(rates) / len(rates) if rates else None,
         error_rate=sum(s.errors for s in samples) / sent if sent else None,
-        score=_num(_score(e2e, ttft, decay, spec)),
+        score=finite_or_none(_score(e2e, ttft, decay, spec)),
     )
 
 
@@ -437,7 +431,7 @@ def _compare(
     base_ms = [measured[(i, baseline.label)] for i in rounds]
     cand_s = [m.samples for m in cand_ms if m.samples is not None]
     base_s = [m.samples for m in base_ms if m.samples is not None]
-    decay = (_mean_decay(cand_ms), _mean_decay(base_ms))
+    decay = (mean_decay(cand_ms), mean_decay(base_ms))
     diff, lo, hi = bootstrap_diff(
         cand_s, base_s, spec, level=level, seed=seed, decay=decay, paired=True, q=q
     )
@@ -454,62 +448,11 @@ def _compare(
         relative=diff / base.score if base.score else math.nan,
         feasible=ok,
         significant=bool(ok and math.isfinite(hi) and hi < 0),
-        figures=_pooled_figures(cand_ms),
+        figures=pooled_figures(cand_ms),
         arm=arm.label,
         rounds=rounds,
         candidate=cand,
         baseline=base,
-        baseline_figures=_pooled_figures(base_ms),
+        baseline_figures=pooled_figures(base_ms),
         level=level,
     )
-
-
-def _num(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
-def _pooled_figures(ms: Sequence[Measurement]) -> Figures | None:
-    """The runs' figures with their requests pooled: P99s and P50 TTFT of all their
-    samples, errors over all sent; the rest (rates, goodput, balance, decay) averaged."""
-    mean = _mean_figures(ms)
-    samples = [m.samples for m in ms if m.samples is not None]
-    if mean is None or not samples:
-        return mean
-    e2e, ttft, p50 = _figures_of(samples, 99.0)
-    sent = sum(s.sent for s in samples)
-    return replace(
-        mean,
-        p99_e2e_s=e2e,
-        p99_ttft_s=ttft,
-        p50_ttft_s=_num(p50),
-        error_rate=sum(s.errors for s in samples) / sent if sent else mean.error_rate,
-        samples=sum(int(s.e2e.size) for s in samples),
-        p99_e2e_ci=None,
-        p99_ttft_ci=None,
-    )
-
-
-def _mean_figures(ms: Sequence[Measurement]) -> Figures | None:
-    """The mean of the runs' figures (counts summed; intervals are not averaged: None)."""
-    figs = [m.figures for m in ms if m.figures is not None]
-    if not figs:
-        return None
-    out: dict[str, object] = {}
-    for k in Figures.__dataclass_fields__:
-        vals = [getattr(f, k) for f in figs if getattr(f, k) is not None]
-        if not vals or not all(isinstance(v, int | float) for v in vals):
-            out[k] = None
-        elif k in _COUNTS:
-            out[k] = int(sum(vals))
-        else:
-            out[k] = sum(vals) / len(vals)
-    return Figures.from_dict({k: v for k, v in out.items() if v is not None or k in _OPTIONAL})
-
-
-_COUNTS = frozenset({"completed", "samples", "censored"})
-_OPTIONAL = frozenset(k for k, f in Figures.__dataclass_fields__.items() if "None" in str(f.type))
-
-
-def _mean_decay(ms: Sequence[Measurement]) -> float:
-    d = [m.figures.decay for m in ms if m.figures is not None]
-    return sum(d) / len(d) if d else 0.0
