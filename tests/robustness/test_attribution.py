@@ -13,13 +13,13 @@ import json
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import requests
 from rich.console import Console
 
 from lbtune.cli.stress import _print_summary
+from lbtune.cluster.state import ReplicaEndpoint
 from lbtune.loadgen.records import ERROR_OUTCOMES, RequestRecord
 from lbtune.metrics import replica_watch
 from lbtune.metrics.replica_events import ReplicaSample, ReplicaTimeline, events, owners
@@ -30,6 +30,7 @@ from lbtune.report.frame import replica_events as event_lines
 from lbtune.targets.base import ReplicaRow
 from tests.conftest import running_cluster
 from tests.metrics.records import rec
+from tests.targets.test_haproxy_target import fake_endpoints
 
 T0 = 1_000_000.0
 
@@ -139,7 +140,7 @@ def test_an_external_target_says_unknown_and_counts_what_it_cannot_attribute() -
 
 @pytest.mark.parametrize("down", [None, False], ids=["cannot-say", "can-say"])
 def test_the_watch_asks_again_only_a_balancer_that_can_say(
-    monkeypatch: pytest.MonkeyPatch, down: bool | None
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, down: bool | None
 ) -> None:
     calls: list[float] = []
 
@@ -149,8 +150,9 @@ def test_the_watch_asks_again_only_a_balancer_that_can_say(
             return [ReplicaRow("a", "healthy", down=down)]
 
     monkeypatch.setattr(replica_watch, "balancer", lambda name: Fake())
-    ep = SimpleNamespace(balancer="fake", replicas=[SimpleNamespace(name="a", models=["m"])])
-    with ReplicaWatch(ep, interval_s=0.01) as watch:  # type: ignore[arg-type]
+    one = ReplicaEndpoint(name="a", url="http://127.0.0.1:1", models=["m"])
+    ep = fake_endpoints(tmp_path).model_copy(update={"balancer": "fake", "replicas": [one]})
+    with ReplicaWatch(ep, interval_s=0.01) as watch:
         deadline = time.monotonic() + 10
         while down is not None and len(calls) < 5 and time.monotonic() < deadline:
             time.sleep(0.01)
