@@ -263,6 +263,18 @@ def _run_worker(env: Environment, cfg: dict[str, Any], args: Any, stop: Any, gra
         os._exit(0 if stopped else 3)
 
     gevent.spawn(unless_connected)
+
+    go: list[float] = []
+
+    def started(**_: Any) -> None:
+        # The load starts when the master's first spawn message arrives, not when this
+        # process did: the run's window is anchored here (a worker that waited seconds for
+        # its master measured a window that ended before its first request).
+        if not go:
+            go.append(time())
+            _emit({"type": "started", "t": go[0], "role": args.role})
+
+    env.events.test_start.add_listener(started)
     runner: Any = env.create_worker_runner(cfg["master_host"], int(cfg["master_port"]))
     connected.set()
     if args.worker_index < 0:  # multi-machine: the master's index, the configured count
