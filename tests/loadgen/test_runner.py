@@ -105,9 +105,18 @@ def test_open_loop_lateness_is_recorded(echo_url: str, tmp_path: Path) -> None:
 
 
 def test_stop_event_ends_early_and_keeps_records(echo_url: str, tmp_path: Path) -> None:
+    # Stop once requests have completed (a busy machine can take seconds to start the
+    # generator; a fixed 2 s timer then stopped a run that had sent nothing), 30 s at most.
     stop = threading.Event()
-    threading.Timer(2.0, stop.set).start()
-    t0 = time.time()
+    cap = threading.Timer(30.0, stop.set)
+    cap.start()
+    stopped_at: list[float] = []
+
+    def on_progress(p: Progress) -> None:
+        if p.completed > 0 and not stop.is_set():
+            stopped_at.append(time.time())
+            stop.set()
+
     res = run_load(
         LoadConfig(
             target_url=echo_url,
@@ -117,8 +126,11 @@ def test_stop_event_ends_early_and_keeps_records(echo_url: str, tmp_path: Path) 
             duration_s=60,
         ),
         stop=stop,
+        on_progress=on_progress,
     )
-    assert time.time() - t0 < 15
+    cap.cancel()
+    assert stopped_at, "no request completed within 30 s"
+    assert time.time() - stopped_at[0] < 15  # the run ended soon after the stop, not at 60 s
     assert res.stopped_early
     accounted(res)
 

@@ -211,14 +211,15 @@ def test_slowdown_knob_multiplies_step_time() -> None:
     assert 2.5 < slow / base < 5.0
 
 
-def test_ground_truth_matches_raw_client(sim: HostThread) -> None:
+def _raw_stream(sim: HostThread, request_id: str) -> tuple[float | None, float]:
+    """(first content line read, end) on the client's clock for one raw streamed request."""
     body = {"model": M8, "messages": MSGS, "max_tokens": 20, "stream": True, "ignore_eos": True}
     conn = HTTPConnection("127.0.0.1", sim.ports["a"], timeout=10)
     conn.request(
         "POST",
         "/v1/chat/completions",
         json.dumps(body),
-        {"Content-Type": "application/json", "x-request-id": "gt-1"},
+        {"Content-Type": "application/json", "x-request-id": request_id},
     )
     resp = conn.getresponse()
     t_first = None
@@ -229,12 +230,26 @@ def test_ground_truth_matches_raw_client(sim: HostThread) -> None:
             break
     t_end = time.time()
     conn.close()
-    status, rec, _ = http(sim.urls["a"] + "/debug/requests/gt-1")
-    assert status == 200 and rec["status"] == 200 and rec["output_tokens"] == 20
-    assert rec["t_arrival"] <= rec["t_headers"] <= rec["t_first_token"] <= rec["t_last"]
-    # the server stamps just after each write returns; the client thread may read first
-    assert rec["t_last"] <= t_end + 0.005
-    assert t_first is not None and abs(t_first - rec["t_first_token"]) < 0.005
+    return t_first, t_end
+
+
+def test_ground_truth_matches_raw_client(sim: HostThread) -> None:
+    # The server stamps just after each write returns; the client thread may read first, or
+    # be scheduled late on a busy machine (one read came 7 ms late). Up to three requests:
+    # every one must be consistent, and one must agree within 5 ms (a wrong stamp — headers
+    # or the last token for the first — is off by far more in every request).
+    gaps = []
+    for i in range(3):
+        t_first, t_end = _raw_stream(sim, f"gt-{i}")
+        status, rec, _ = http(sim.urls["a"] + f"/debug/requests/gt-{i}")
+        assert status == 200 and rec["status"] == 200 and rec["output_tokens"] == 20
+        assert rec["t_arrival"] <= rec["t_headers"] <= rec["t_first_token"] <= rec["t_last"]
+        assert rec["t_last"] <= t_end + 0.005
+        assert t_first is not None
+        gaps.append(abs(t_first - rec["t_first_token"]))
+        if gaps[-1] < 0.005:
+            break
+    assert min(gaps) < 0.005, gaps
     assert http(sim.urls["b"] + "/debug/requests/nope")[0] == 404
 
 

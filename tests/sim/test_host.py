@@ -110,8 +110,11 @@ def _timed_request(time_scale: float, tokens: int = 96) -> float:
 
 
 def test_time_scale_makes_requests_proportionally_faster() -> None:
-    slow, fast = _timed_request(4.0), _timed_request(16.0)
-    assert 3.0 < slow / fast < 5.0, (slow, fast)
+    # Interleaved pairs, the fastest of each: a busy machine only ever adds time, so the
+    # minimum is the least disturbed measurement of either scale (one pair read 2.6x).
+    pairs = [(_timed_request(4.0), _timed_request(16.0)) for _ in range(3)]
+    slow, fast = min(p[0] for p in pairs), min(p[1] for p in pairs)
+    assert 3.0 < slow / fast < 5.0, pairs
 
 
 def _outputs(seed: int) -> list[str]:

@@ -93,7 +93,7 @@ duration_s: 6
 warmup_s: 1
 cooldown_s: 1
 slo: {ttft: 1s, e2e: 10s}
-load: {type: constant, users: 6}
+load: {type: constant, users: 4}
 api: chat
 models: {llama-3.1-8b-instruct: 1}
 prompt_tokens: {type: lognormal, median: 150, sigma: 0.8, min: 8, max: 2048}
