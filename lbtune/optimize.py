@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lbtune.errors import LbtuneError
-from lbtune.history import db_path, index
+from lbtune.history import add_entry, db_path
 from lbtune.history.index import study_entry
 from lbtune.objective import ObjectiveSpec, pareto_front, pareto_values, pick
 from lbtune.optimize_harness import real_harness
@@ -420,7 +420,7 @@ def _importances(study: Any) -> dict[str, float]:
 def record_study(opts: OptimizeOptions, result: StudyResult) -> None:
     """Index a study in the history (a failure is a warning): the callers of
     :func:`run_optimize` that keep a history (the CLI) pass it as ``on_result``."""
-    index(
+    add_entry(
         db_path(opts.storage, opts.reports_root),
         lambda: study_entry(result, opts.trial_duration_s, opts.seed),
         f"study {result.study}",

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lbtune.errors import ConfigError, NothingMeasured, TargetError
-from lbtune.history import db_path, index
+from lbtune.history import add_entry, db_path
 from lbtune.history.index import stress_entry
 from lbtune.loadgen.preflight import check_models
 from lbtune.loadgen.recordio import read_records
@@ -254,7 +254,7 @@ def record_stress(opts: StressOptions, result: StressResult) -> None:
         return
     run_dir = result.report.directory
     ran_s = result.load.ended_at - result.load.started_at
-    index(
+    add_entry(
         db_path(reports_root=opts.reports_root),
         lambda: stress_entry(result.summary, result.plan, run_dir, ran_s),
         "this run",

@@ -1,7 +1,7 @@
 """History: every stress run and study indexed next to the Optuna studies, and drift.
 
 The callers of ``run_stress`` and ``run_optimize`` (the CLI, :mod:`lbtune.ci`) index what
-they ran with :func:`index` (the entries are made by :mod:`lbtune.history.index`:
+they ran with :func:`add_entry` (the entries are made by :mod:`lbtune.history.index`:
 :func:`lbtune.stress.record_stress`, :func:`lbtune.optimize.record_study`); a failure to
 index is a warning, never a failed run. The index lives in the same SQLite file as the
 studies (``reports/studies.db`` by default; see :func:`db_path`), in lbtune's own
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lbtune.history.store import Entry, HistoryStore
 
-__all__ = ["DEFAULT_STORAGE", "ENV_DB", "db_path", "index"]
+__all__ = ["DEFAULT_STORAGE", "ENV_DB", "add_entry", "db_path"]
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +43,11 @@ def db_path(
     return (reports_root if reports_root is not None else Path("reports")) / "studies.db"
 
 
-def index(path: Path | None, entry: Callable[[], Entry], what: str) -> None:
+def add_entry(path: Path | None, entry: Callable[[], Entry], what: str) -> None:
     """Add ``entry()`` to the index at ``path`` (None: nothing to keep); ``what`` names it
-    in the log. Any failure, making the entry included, is a warning, never an error."""
+    in the log. Any failure, making the entry included, is a warning, never an error.
+    (Not named ``index``: that is the submodule :mod:`lbtune.history.index`, whose import
+    rebinds the package attribute.)"""
     if path is None:
         return
     try:

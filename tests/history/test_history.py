@@ -86,6 +86,16 @@ def test_db_path_follows_the_study_storage_unless_overridden(
     assert db_path("sqlite:///reports/studies.db") == Path("/tmp/h.db")
 
 
+def test_add_entry_indexes_whatever_was_imported_before(tmp_path: Path) -> None:
+    """The history.index submodule's import rebinds ``lbtune.history.index``: the function
+    that adds an entry must not share that name (record_stress once called the module)."""
+    import lbtune.history.index  # noqa: F401
+    from lbtune import history
+
+    history.add_entry(tmp_path / "h.db", lambda: _study(1.0, KeyFigures(), True), "a study")
+    assert [e.study for e in HistoryStore(tmp_path / "h.db").entries()] == ["s1"]
+
+
 def test_store_round_trips_and_keeps_optuna_tables_apart(tmp_path: Path) -> None:
     db = tmp_path / "studies.db"
     sqlite3.connect(db).execute("CREATE TABLE studies (study_id INTEGER)").connection.close()
