@@ -274,7 +274,7 @@ def _run_worker(env: Environment, cfg: dict[str, Any], args: Any, stop: Any, gra
             go.append(time())
             _emit({"type": "started", "t": go[0], "role": args.role})
 
-    env.events.test_start.add_listener(started)
+    env.events.test_start.add_listener(started)  # type: ignore[no-untyped-call]  # locust is untyped
     runner: Any = env.create_worker_runner(cfg["master_host"], int(cfg["master_port"]))
     connected.set()
     if args.worker_index < 0:  # multi-machine: the master's index, the configured count
