@@ -17,7 +17,7 @@ curl -sN -D - "$balancer/v1/chat/completions" -H 'Content-Type: application/json
   | grep -iE '^(HTTP|x-lbtune-replica)|^data:' | head -n 14
 
 echo
-echo "== a short tuning study on the mixed scenario (about 6 minutes) =="
+echo "== a short tuning study on the mixed scenario (about 6-8 minutes) =="
 $LB optimize --budget ${LBTUNE_DEMO_BUDGET:-8} --trial-duration ${LBTUNE_DEMO_TRIAL_S:-20} --confirm-runs 1
 
 echo
