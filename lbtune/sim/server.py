@@ -63,6 +63,7 @@ from lbtune.sim.engine import (
 )
 from lbtune.sim.metrics import GroundTruthLog, ReplicaMetrics, new_record
 from lbtune.sim.profiles import get_gpu, get_model
+from lbtune.sim.responses import Stream, stream_response, whole_response
 from lbtune.sim.router_api import add_router_routes
 from lbtune.sim.spec import ReplicaSpec
 from lbtune.sim.textgen import (
@@ -70,42 +71,12 @@ from lbtune.sim.textgen import (
     ApiError,
     ParsedRequest,
     Words,
-    chunk_frame,
-    final_chunk,
     parse_request,
-    role_chunk,
-    usage_chunk,
-    whole_body,
 )
 
 log = logging.getLogger(__name__)
 MAX_LAG_S = 0.05
 """How far the GPU loop may fall behind its schedule before it stops catching up."""
-
-
-class _Stream:
-    """Progress of one admitted request, shared by the GPU loop and its handler."""
-
-    __slots__ = (
-        "arrival",
-        "done",
-        "event",
-        "last_token_at",
-        "model",
-        "queued_at",
-        "ready",
-        "words",
-    )
-
-    def __init__(self, model: str, words: list[str], arrival: float) -> None:
-        self.model = model
-        self.words = words  # the text of every token the request will produce
-        self.arrival = arrival
-        self.queued_at = time.monotonic()  # engine arrival; < 0 once scheduled
-        self.ready = 0  # tokens produced so far
-        self.done = False
-        self.last_token_at = 0.0
-        self.event = asyncio.Event()
 
 
 class Replica:
@@ -141,7 +112,7 @@ class Replica:
         self.modelled_s = 0.0
         self.actual_s = 0.0
         self.lag_resets = 0
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
         self._wake = asyncio.Event()
         self._seq = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -314,8 +285,8 @@ class Replica:
             return resp
         try:
             if p.stream:
-                return await self._stream(request, p, st, rid, headers, gt)
-            return await self._whole(request, p, st, rid, headers, gt)
+                return await stream_response(request, p, st, rid, headers, gt)
+            return await whole_response(request, p, st, rid, headers, gt)
         except asyncio.CancelledError:  # the client went away before its response
             gt.update(status=499, error="client disconnected")
             raise
@@ -336,13 +307,13 @@ class Replica:
     def _context_length(self, model: str) -> int:
         return self.model_profiles[model].context_length
 
-    def _admit(self, p: ParsedRequest, arrival: float) -> tuple[str, _Stream]:
+    def _admit(self, p: ParsedRequest, arrival: float) -> tuple[str, Stream]:
         if self.state != "ready":
             raise ApiError(503, f"replica {self.name} is {self.state}")
         self._seq += 1
         eid = f"{self._seq}"
         words = Words(p.text_seed).take(p.output_tokens)
-        st = _Stream(p.model, words, arrival)
+        st = Stream(p.model, words, arrival)
         out_ids = [tokens.token_id(w[1:]) for w in words]
         req = SimRequest(eid, p.model, p.prompt_ids, p.output_tokens, arrival, out_ids)
         try:
@@ -354,77 +325,6 @@ class Replica:
         self._streams[eid] = st
         self._wake.set()
         return eid, st
-
-    async def _stream(
-        self,
-        request: web.Request,
-        p: ParsedRequest,
-        st: _Stream,
-        rid: str,
-        headers: dict[str, str],
-        gt: dict[str, Any],
-    ) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={**headers, "Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await resp.prepare(request)
-        gt.update(status=200, t_headers=time.time())
-        try:
-            await self._send_stream(resp, p, st, rid, gt)
-        except ConnectionError:  # aiohttp ends a response whose client went away quietly
-            gt.update(status=499, error="client disconnected")
-        return resp
-
-    async def _send_stream(
-        self, resp: web.StreamResponse, p: ParsedRequest, st: _Stream, rid: str, gt: dict[str, Any]
-    ) -> None:
-        chat = p.api == "chat"
-        head, tail = chunk_frame(p, rid)
-        words = st.words
-        sent = 0
-        while True:
-            await st.event.wait()
-            st.event.clear()
-            while sent < st.ready:
-                if sent == 0 and chat:
-                    await resp.write(role_chunk(p, rid))
-                await resp.write(head + words[sent].encode() + tail)
-                sent += 1
-                if sent == 1:
-                    gt["t_first_token"] = time.time()
-            if st.done and sent >= st.ready:
-                break
-        await resp.write(final_chunk(p, rid, p.finish_reason))
-        if p.include_usage:
-            await resp.write(usage_chunk(p, rid, sent))
-        await resp.write(b"data: [DONE]\n\n")
-        gt["t_last"] = time.time()
-        await resp.write_eof()
-
-    async def _whole(
-        self,
-        request: web.Request,
-        p: ParsedRequest,
-        st: _Stream,
-        rid: str,
-        headers: dict[str, str],
-        gt: dict[str, Any],
-    ) -> web.StreamResponse:
-        while not st.done:
-            await st.event.wait()
-            st.event.clear()
-        text = "".join(st.words[: st.ready])
-        body = whole_body(p, rid, text, p.finish_reason)
-        resp = web.json_response(body, headers=headers)
-        try:
-            await resp.prepare(request)
-            await resp.write_eof()
-        except ConnectionError:
-            gt.update(status=499, error="client disconnected")
-            return resp
-        t = time.time()
-        gt.update(status=200, t_headers=t, t_first_token=t, t_last=t)
-        return resp
 
     # ------------------------------------------------------- other endpoints
 
