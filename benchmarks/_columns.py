@@ -249,7 +249,35 @@ def resolve(
     doc = load_params_file(col.spec)
     raw = doc.get("params", doc) if isinstance(doc.get("params"), dict) else doc
     params = space.complete(space.validate(raw, col.spec), space.baseline())
-    return params, {"source": f"file {col.spec}"}
+    # a ``--studies-only`` file keeps the study it came from (shown in the table)
+    src = doc.get("source")
+    origin: dict[str, Any] = src if isinstance(src, dict) else {}
+    return params, {**origin, "source": f"file {col.spec}"}
+
+
+def run_studies(args: argparse.Namespace, out: Path, say: Callable[[str], None]) -> list[Path]:
+    """``--studies-only``: run each ``study:`` column's study, write its winner to
+    ``<out>/params-<COL>.yaml`` (``params:`` plus the study it came from) and stop, so
+    that studies can run in separate processes and one later ``--column NAME=TARGET:FILE``
+    pass measures their winners side by side."""
+    columns = [c for c in map(parse_column, args.column or ISSUE10) if c.spec.startswith("study:")]
+    if not columns:
+        raise SystemExit("--studies-only: no study: column")
+    clusters = start_clusters(columns, args, out, say)
+    written: list[Path] = []
+    try:
+        for col in columns:
+            params, info = study_winner(col, clusters[col.target], args, out, say)
+            path = out / f"params-{col.name}.yaml"
+            doc = {"target": col.target, "source": info, "params": params}
+            path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+            say(f"study {col.name}: winner (trial {info['best_trial']}) written to {path}")
+            written.append(path)
+    finally:
+        for cl in clusters.values():
+            say(f"bringing {cl.name} down")
+            api.down(cl.state)
+    return written
 
 
 def limit_of(

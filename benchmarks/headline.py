@@ -275,6 +275,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--study-budget", type=int, default=50, help="Trials of each --columns study (50)."
     )
     ap.add_argument(
+        "--studies-only",
+        action="store_true",
+        help="Run the study: columns' studies, write <out>/params-<COL>.yaml, measure nothing.",
+    )
+    ap.add_argument(
         "--time-scale", type=float, help="Override the clusters' time scale (--columns only)."
     )
     ap.add_argument(
@@ -512,11 +517,14 @@ def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.columns or args.column:
-        from _columns import render_columns, run_columns, write_results
+        from _columns import render_columns, run_columns, run_studies, write_results
 
         if args.from_dir is not None:
             raise SystemExit("--from re-analyses the RR LC W comparison only")
         args.out.mkdir(parents=True, exist_ok=True)
+        if args.studies_only:
+            run_studies(args, args.out, say)
+            return
         doc = run_columns(args, args.out, measure, say)
         lines, summary = render_columns(doc, args)
         print("\n".join(lines))
