@@ -426,13 +426,40 @@ local function sum_metric(body, name)
     return nil
 end
 
+-- One HTTP/1.0 GET over a cosocket (core.tcp), the body or nil. Not core.httpclient:
+-- under load HAProxy 2.6's httpclient corrupted this Lua state once in ~26 reloads
+-- (a "bad self" on a Map, then a segfault of the worker: haproxy/haproxy#1958 and
+-- #1593 are such httpclient bugs); the Socket class is the older, simpler path.
+local function http_get(addr, path)
+    local host, port = addr:match("^(.+):(%d+)$")
+    if host == nil then
+        return nil
+    end
+    local sock = core.tcp()
+    sock:settimeout(1)
+    local body = nil
+    if sock:connect(host, tonumber(port)) then
+        local sent = sock:send("GET " .. path .. " HTTP/1.0\r\nHost: " .. addr
+            .. "\r\nConnection: close\r\n\r\n")
+        local data = sent and sock:receive("*a")
+        if data ~= nil then
+            local status = data:match("^HTTP/%d%.%d (%d%d%d)")
+            local head_end = data:find("\r\n\r\n", 1, true)
+            if status == "200" and head_end ~= nil then
+                body = data:sub(head_end + 4)
+            end
+        end
+    end
+    sock:close()
+    return body
+end
+
 local function scrape(name, addr, last)
-    local hc = core.httpclient()
-    local res = hc:get({ url = "http://" .. addr .. "/metrics", timeout = 1000 })
-    if res == nil or res.status ~= 200 or res.body == nil then
+    local text = http_get(addr, "/metrics")
+    if text == nil then
         return false
     end
-    local body = "\n" .. res.body
+    local body = "\n" .. text
     local waiting = sum_metric(body, "vllm:num_requests_waiting")
     local kv = sum_metric(body, "vllm:kv_cache_usage_perc")
     if waiting == nil or kv == nil then
