@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests import workers
+
 M8 = "llama-3.1-8b-instruct"
 M70 = "llama-3.1-70b-instruct-awq"
 
@@ -20,6 +22,30 @@ def _history_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LBTUNE_HISTORY_DB", str(tmp_path_factory.mktemp("history") / "studies.db"))
         yield
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (scripts/test.sh): the units of :mod:`tests.workers`."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return workers.scheduler(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: the units of :mod:`tests.workers` fit the fixtures in use."""
+    if not hasattr(config, "workerinput"):
+        return
+    root = Path(__file__).parent.relative_to(config.rootpath).as_posix()
+    uses = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.items() if info is not None else ()
+        uses[item.nodeid] = [workers.Fixture(n, d[-1].scope, d[-1].baseid) for n, d in defs if d]
+    problems = workers.check(uses, root)
+    if problems:
+        raise pytest.UsageError("tests/workers.py:\n" + "\n".join(problems))
 
 
 def have_cluster_binaries() -> bool:

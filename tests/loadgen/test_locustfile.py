@@ -42,7 +42,7 @@ def test_plain_locust_run_records_every_request(tmp_path: Path) -> None:
                 "-r",
                 "2",
                 "-t",
-                "4s",
+                "10s",  # Locust's clock starts before its users do: seconds on a busy machine
                 "--host",
                 host.urls["r0"],
                 "--lbtune-scenario",

@@ -80,7 +80,7 @@ class Cluster:
                 out[key] = float(value)
         return out
 
-    def wait_metric(self, key: str, ok: object, timeout_s: float = 10.0) -> dict[str, float]:
+    def wait_metric(self, key: str, ok: object, timeout_s: float = 30.0) -> dict[str, float]:
         """Poll the scheduler's counters until ``ok(value)`` (readiness, not a sleep)."""
         deadline = time.monotonic() + timeout_s
         while True:

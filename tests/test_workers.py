@@ -1,0 +1,70 @@
+"""tests/workers.py: how the suite is cut into units for the parallel workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests import workers
+from tests.workers import Fixture, check, rank, unit_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_module_is_one_unit_unless_split_or_grouped() -> None:
+    assert unit_of("tests/test_stress.py::test_report_directory") == "tests/test_stress.py"
+    killed = (
+        "tests/test_optimize_e2e.py::test_study_killed_mid_trial_resumes_confirms_and_rolls_out"
+    )
+    assert unit_of(killed) == killed
+    assert unit_of("tests/conformance/test_api.py::test_health[vllm]") == "conformance"
+    assert unit_of("tests/conformance/test_vllm_cluster.py::t") == "conformance"
+    assert unit_of("tests/robustness/test_faults.py::t") == "robustness-mini2"
+    assert unit_of("tests/robustness/test_fleet.py::t") == "tests/robustness/test_fleet.py"
+
+
+def test_every_named_module_exists() -> None:
+    named = [*workers.SPLIT, *(m for ms in workers.GROUPS.values() for m in ms)]
+    named += [n.split("::", 1)[0] for n in workers.LONGEST_FIRST if n.startswith("tests/")]
+    assert [n for n in named if not (ROOT / n).exists()] == []
+    assert {n for n in workers.LONGEST_FIRST if not n.startswith("tests/")} <= set(workers.GROUPS)
+
+
+def test_longest_first_ranks_units_and_tests() -> None:
+    assert (
+        rank("tests/search/test_pruning_cluster.py", ["tests/search/test_pruning_cluster.py::t"])
+        == 0
+    )
+    study = "tests/targets/test_optimize_targets.py::test_short_study_on_the_balancer"
+    assert rank(study + "[mini2-nginx-nginx]", [study + "[mini2-nginx-nginx]"]) > 0
+    assert rank("conformance", []) < rank("robustness-mini2", [])
+    assert rank("tests/test_objective.py", ["tests/test_objective.py::t"]) == len(
+        workers.LONGEST_FIRST
+    )
+
+
+def test_check_names_a_split_module_with_a_module_fixture() -> None:
+    killed = (
+        "tests/test_optimize_e2e.py::test_study_killed_mid_trial_resumes_confirms_and_rolls_out"
+    )
+    shared = Fixture("cluster", "module", "tests/test_optimize_e2e.py")
+    problems = check({killed: [shared, Fixture("tmp_path", "function", "")]}, "tests")
+    assert len(problems) == 1 and "take tests/test_optimize_e2e.py out of SPLIT" in problems[0]
+    assert (
+        check(
+            {"tests/test_stress.py::t": [Fixture("c", "module", "tests/test_stress.py")]}, "tests"
+        )
+        == []
+    )
+
+
+def test_check_names_a_session_fixture_used_across_units() -> None:
+    mini2 = Fixture("mini2", "session", "tests/robustness")
+    uses = {
+        "tests/robustness/test_faults.py::a": [mini2],
+        "tests/robustness/test_fleet.py::b": [mini2],
+    }
+    problems = check(uses, "tests")
+    assert len(problems) == 1 and "put them in one GROUPS entry" in problems[0], problems
+    # the top conftest's session fixtures (a history database) may run once per worker
+    history = Fixture("_history_db", "session", "tests")
+    assert check({"tests/a.py::x": [history], "tests/b.py::y": [history]}, "tests") == []
