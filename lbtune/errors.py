@@ -68,6 +68,11 @@ class TrialFailed(LbtuneError):
     """One trial could not be measured; the study goes on."""
 
 
+class BalancerDown(ClusterError):
+    """The cluster's balancer process exited under a study: every further trial would
+    fail, so the study stops (``--resume`` continues it once the cluster is up again)."""
+
+
 MAX_VALIDATION_ERRORS = 3
 """Most pydantic errors one ConfigError line lists (``(and N more)`` after them)."""
 

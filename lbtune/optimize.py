@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lbtune.errors import LbtuneError
+from lbtune.errors import BalancerDown, LbtuneError
 from lbtune.history import add_entry, db_path
 from lbtune.history.index import study_entry
 from lbtune.objective import ObjectiveSpec, pareto_front, pareto_values, pick
@@ -95,20 +95,24 @@ def run_optimize(
         lkg = h.target.read_live()
         h.lkg_record(lkg, "baseline (live before the first study)")
     study = _open(opts, spec, h, space, lkg, show)
-    runner = TrialRunner(h.target, h.measure)
+    runner = TrialRunner(h.target, h.measure, check_balancer=h.check_balancer)
     _seed_progress(show.prog, collect(study, spec))
     show.phase(f"study {opts.study}: {opts.budget} trials of {opts.trial_duration_s:g} s")
-    run_loop(
-        study,
-        space,
-        runner,
-        spec,
-        opts.budget,
-        prune=opts.pruner != "none",
-        stop=stop,
-        on_event=show.on_event,
-        say=say,
-    )
+    try:
+        run_loop(
+            study,
+            space,
+            runner,
+            spec,
+            opts.budget,
+            prune=opts.pruner != "none",
+            stop=stop,
+            on_event=show.on_event,
+            say=say,
+        )
+    except BalancerDown:
+        release_lease()  # nothing left to guard; the study is stored and resumable
+        raise
     trials = collect(study, spec)
     best, front = _best(trials, spec)
     after = _after_search(opts, h, runner, spec, trials, study, lkg, best, front, stop, show)

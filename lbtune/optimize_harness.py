@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from lbtune.apply import apply_params
 from lbtune.apply.lease import hold
 from lbtune.apply.lkg import LkgStore
+from lbtune.cluster import api
 from lbtune.errors import ConfigError
 from lbtune.loadgen.collect import Progress, RecordTail
 from lbtune.loadgen.recordio import read_records
@@ -98,7 +99,8 @@ def real_harness(
     if resolved.endpoints is None:
         raise ConfigError("optimize needs a cluster lbtune manages (lbtune cluster up)")
     extra: dict[str, Any] = {"space_file": opts.space} if opts.space else {}
-    target = get_target(opts.target, resolved.endpoints, **extra)
+    endpoints = resolved.endpoints
+    target = get_target(opts.target, endpoints, **extra)
     state_dir = Path(resolved.endpoints.state_dir)
     sopts = replace(sopts, state_dir=state_dir)
     store = LkgStore(state_dir, target.name)
@@ -125,6 +127,7 @@ def real_harness(
         rollout_apply=rollout_apply,
         lkg_get=lkg_get,
         lkg_record=store.record,
+        check_balancer=lambda: api.check_balancer(endpoints),
         lease=lambda: hold(state_dir, target.name, space_file=space_file),
     )
 

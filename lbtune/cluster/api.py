@@ -48,7 +48,7 @@ from lbtune.cluster.state import (
     write_json_atomic,
 )
 from lbtune.cluster.supervisor import ClusterSupervisor, ProcessRecord
-from lbtune.errors import ClusterError
+from lbtune.errors import BalancerDown, ClusterError
 from lbtune.targets.base import Balancer, BalancerLaunch, LaunchSpec, ReplicaAddress
 
 log = logging.getLogger(__name__)
@@ -371,6 +371,22 @@ def down(
                 stopped[rec.name] = pids
         paths.endpoints.unlink(missing_ok=True)
     return stopped
+
+
+def check_balancer(ep: Endpoints) -> None:
+    """Raise :class:`BalancerDown` when a process the balancer runs as
+    (``ep.balancer_components``) is no longer running, naming its log's last lines.
+    Cheap (PID files and /proc only): a study asks it after a trial failed."""
+    paths = StatePaths(Path(ep.state_dir))
+    for rec in _records(paths):
+        if rec.name in ep.balancer_components and not supervisor.alive(rec):
+            code = supervisor.exited(rec)
+            how = "" if code is None else f" (exit status {code})"
+            raise BalancerDown(
+                f"{ep.balancer}: {rec.name} (pid {rec.pid}) of the cluster in {paths.root} "
+                f"is no longer running{how}; {rec.log} ends: {supervisor.log_tail(rec.log)}. "
+                "Bring the cluster up again (lbtune cluster up), then lbtune optimize --resume"
+            )
 
 
 def status(state_dir: str | Path | None = None) -> ClusterStatus:

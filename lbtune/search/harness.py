@@ -31,6 +31,8 @@ class Harness:
     lkg_get: Callable[[], ParamSet | None]
     lkg_record: Callable[[ParamSet, str], object]
     rollout_via: str = "ansible"
+    check_balancer: Callable[[], None] = lambda: None
+    """Raise :class:`~lbtune.errors.BalancerDown` if the balancer's process is gone."""
     lease: Callable[[], Callable[[], None]] = lambda: lambda: None
     """Take the lease on the live balancer (:func:`lbtune.apply.lease.hold`: its guard
     restores the last known good if this process dies); returns the release."""

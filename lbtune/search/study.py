@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lbtune.errors import ConfigError, DependencyError, TrialFailed
+from lbtune.errors import BalancerDown, ConfigError, DependencyError, TrialFailed
 from lbtune.objective import Figures, ObjectiveSpec, composite, constraints, feasible, values
 from lbtune.search.pruning import INTERVAL_ATTR, window_interval, window_value
 from lbtune.search.result import TrialResult
@@ -276,6 +276,12 @@ def run_loop(
             study.tell(trial, state=TrialState.FAIL)
             emit(LoopEvent("end", n, done + 1, budget, params, role, state="FAIL", reason=str(exc)))
             continue
+        except BalancerDown as exc:  # every further trial would fail: stop, resumable
+            trial.set_user_attr("fail_reason", str(exc))
+            trial.set_user_attr("duration_s", time.monotonic() - t0)
+            study.tell(trial, state=TrialState.FAIL)
+            emit(LoopEvent("end", n, done + 1, budget, params, role, state="FAIL", reason=str(exc)))
+            raise
         trial.set_user_attr("duration_s", time.monotonic() - t0)
         if m.stopped:
             state, reason = _stopped(stop)

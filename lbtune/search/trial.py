@@ -88,6 +88,10 @@ class TrialRunner:
     """How parameters become balancer state; default ``target.apply`` (the direct path)."""
     settle_s: float = 0.0
     """Pause after an apply before the load starts (HAProxy reload hand-over)."""
+    check_balancer: Callable[[], None] = lambda: None
+    """Asked when an apply or a measurement failed: raises
+    :class:`~lbtune.errors.BalancerDown` (which ends the study) when the balancer itself
+    is gone, so that a dead balancer does not fail every remaining trial one by one."""
 
     def run(self, params: ParamSet, label: str, on_window: WindowHook | None = None) -> Measurement:
         t0 = time.monotonic()
@@ -97,6 +101,7 @@ class TrialRunner:
         except TrialFailed:
             raise
         except LbtuneError as exc:
+            self.check_balancer()
             raise TrialFailed(f"apply failed: {exc}") from exc
         if self.settle_s:
             time.sleep(self.settle_s)
@@ -105,6 +110,7 @@ class TrialRunner:
         except TrialFailed:
             raise
         except LbtuneError as exc:
+            self.check_balancer()
             raise TrialFailed(f"measurement failed: {exc}") from exc
         except ValueError as exc:  # e.g. no successful request in the window
             raise TrialFailed(f"not measurable: {exc}") from exc
