@@ -32,22 +32,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return workers.scheduler(config, log)
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker: the units of :mod:`tests.workers` fit the fixtures in use."""
-    if not hasattr(config, "workerinput"):
-        return
-    root = Path(__file__).parent.relative_to(config.rootpath).as_posix()
-    uses = {}
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.items() if info is not None else ()
-        uses[item.nodeid] = [workers.Fixture(n, d[-1].scope, d[-1].baseid) for n, d in defs if d]
-    problems = workers.check(uses, root)
-    if problems:
-        raise pytest.UsageError("tests/workers.py:\n" + "\n".join(problems))
-
-
 def have_cluster_binaries() -> bool:
     return shutil.which("haproxy") is not None and shutil.which("prometheus") is not None
 

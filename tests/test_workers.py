@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests import workers
 from tests.workers import Fixture, check, rank, unit_of
 
@@ -68,3 +70,17 @@ def test_check_names_a_session_fixture_used_across_units() -> None:
     # the top conftest's session fixtures (a history database) may run once per worker
     history = Fixture("_history_db", "session", "tests")
     assert check({"tests/a.py::x": [history], "tests/b.py::y": [history]}, "tests") == []
+
+
+def test_the_tables_fit_the_fixtures_the_collected_tests_use(
+    request: pytest.FixtureRequest,
+) -> None:
+    """No shared fixture of this session's tests is set up twice, or split from its users."""
+    root = Path(__file__).parent.relative_to(request.config.rootpath).as_posix()
+    uses = {}
+    for item in request.session.items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.items() if info is not None else ()
+        uses[item.nodeid] = [Fixture(n, d[-1].scope, d[-1].baseid) for n, d in defs if d]
+    assert len(uses) == len(request.session.items)
+    assert check(uses, root) == []

@@ -13,8 +13,9 @@ run at once. A *unit* is a set of tests that runs on one worker, in collection o
   the robustness package's ``mini2`` cluster) or a fixed machine-wide resource;
 * a test of its own, for the modules of :data:`SPLIT` (long, independent studies).
 
-:func:`check` holds these tables to the fixtures the tests really use (each worker runs it
-after collection, and stops the run with the fix when a new test breaks them).
+:func:`check` holds these tables to the fixtures the tests really use (in
+``tests/test_workers.py``, over every test collected with it: it fails, naming the fix, when
+a new test breaks them).
 
 Units are handed out longest first (:data:`LONGEST_FIRST`, :func:`rank`), so that no worker
 is left with a two-minute study while the others are done. This decides where and when a
