@@ -20,6 +20,8 @@ class FakeReplica:
         self.metrics_ok = True
         self.hits = 0
         self.delay_s = 0.0
+        """Wait this long before answering (cut short when ``answer`` is set)."""
+        self.answer = threading.Event()
         self.stream_gap_s = 0.0
         """When set, answer with headers at once and the body this much later (or on gap)."""
         self.gap = threading.Event()
@@ -59,7 +61,7 @@ class FakeReplica:
                 with outer._lock:
                     outer.hits += 1
                 if outer.delay_s:
-                    threading.Event().wait(outer.delay_s)
+                    outer.answer.wait(outer.delay_s)
                 if outer.stream_gap_s:  # headers now, the body (one SSE event) later
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")

@@ -127,32 +127,31 @@ def _sum(m: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in m.items() if k.startswith(prefix))
 
 
-def test_inflight_tokens_are_held_until_the_response_ends_then_released(
+def test_inflight_tokens_are_held_until_the_replica_answers_then_released(
     llm_on: Cluster,
 ) -> None:
     for r in llm_on.replicas.values():
-        r.stream_gap_s, r.gap = 20.0, threading.Event()
+        r.delay_s, r.answer = 20.0, threading.Event()
+    result: list[requests.Response] = []
+
+    def send() -> None:
+        body = {"model": M8, "messages": [{"role": "user", "content": words(400)}]}
+        result.append(requests.post(llm_on.url + "/v1/chat/completions", json=body, timeout=30))
+
+    sender = threading.Thread(target=send)
+    sender.start()
     try:
-        resp = requests.post(
-            llm_on.url + "/v1/chat/completions",
-            json={
-                "model": M8,
-                "stream": True,
-                "messages": [{"role": "user", "content": words(400)}],
-            },
-            stream=True,
-            timeout=30,
-        )
-        assert resp.status_code == 200  # headers are here, the body is not
-        held = _sum(llm_on.metrics(), "lbtune_llm_inflight_tokens")
-        assert held >= 400 * 33 / 4 * 0.9  # ~3.6k estimated tokens
-        for r in llm_on.replicas.values():
-            r.gap.set()
-        assert b"[DONE]" in resp.content
+        deadline = time.monotonic() + 10  # routed, not answered yet: its tokens are held
+        while _sum(llm_on.metrics(), "lbtune_llm_inflight_tokens") < 400 * 33 / 4 * 0.9:
+            assert time.monotonic() < deadline, "the routed request's tokens were never held"
+            time.sleep(0.02)
     finally:
         for r in llm_on.replicas.values():
-            r.gap.set()
-            r.stream_gap_s = 0.0
+            r.answer.set()
+        sender.join(30)
+        for r in llm_on.replicas.values():
+            r.delay_s = 0.0
+    assert result and result[0].status_code == 200
     deadline = time.monotonic() + 10
     while _sum(llm_on.metrics(), "lbtune_llm_inflight_tokens") != 0:
         assert time.monotonic() < deadline, "in-flight tokens never released"

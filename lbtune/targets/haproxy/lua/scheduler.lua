@@ -392,23 +392,13 @@ end
 
 core.register_action("llm_pick", { "http-req" }, llm_pick, 0)
 
--- Removes a request's tokens from its replica's in-flight load when the response ends.
-local Done = {}
-Done.id = "lbtune llm release"
-Done.flags = filter.FLT_CFG_FL_HTX
-Done.__index = Done
-
-function Done:new()
-    return setmetatable({}, Done)
-end
-
-function Done:end_analyze(txn, chn)
-    if chn:is_resp() then
-        pcall(release, txn)
-    end
-end
-
-core.register_filter("llm_done", Done, function(flt, args) return flt end)
+-- Removes a request's tokens from its replica's in-flight load once the replica answers
+-- (`http-response lua.llm_release`): from then on its own /metrics (running requests, KV
+-- usage) carries the request. Not a Lua filter's end_analyze, which held them to the end
+-- of the stream: under a study's load HAProxy 2.6.12's worker segfaulted after reloads
+-- with errors inside that filter (`attempt to index a thread value`), three times in about
+-- 90 reloads; Lua filters of that branch have such bugs (haproxy/haproxy#2467).
+core.register_action("llm_release", { "http-res" }, function(txn) pcall(release, txn) end, 0)
 
 -- ---------------------------------------------------------------------------------------
 -- fresh state: scrape /metrics
@@ -480,6 +470,10 @@ local function scrape(name, addr, last)
     return true
 end
 
+-- A request routed but never answered (the client left, HAProxy answered itself) is
+-- dropped from the in-flight load after this long: longer than any queue or prefill wait.
+local PENDING_MAX_MS = 120000
+
 local function prune(max_age_ms)
     local t = now_ms()
     for id, p in pairs(pending) do
@@ -510,7 +504,7 @@ core.register_task(function()
                 end
             end
         end
-        prune(600000)
+        prune(PENDING_MAX_MS)
         core.msleep(math.max(10, math.floor(knob("refresh_ms"))))
     end
 end)
