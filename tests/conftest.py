@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from lbtune.cluster.config import PORTS_ENV
 from tests import workers
 
 M8 = "llama-3.1-8b-instruct"
@@ -22,6 +24,17 @@ def _history_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LBTUNE_HISTORY_DB", str(tmp_path_factory.mktemp("history") / "studies.db"))
         yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist worker: its own range of loopback ports (``$LBTUNE_PORTS``, inherited by
+    the processes its tests start), from :func:`tests.workers.port_range`."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None or os.environ.get(PORTS_ENV):
+        return
+    span = workers.port_range(worker, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    if span is not None:
+        os.environ[PORTS_ENV] = span
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from lbtune.cluster.config import PORTS_ENV, free_port
+from lbtune.errors import ConfigError
 from tests import workers
-from tests.workers import Fixture, check, rank, unit_of
+from tests.workers import Fixture, check, port_range, rank, unit_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,3 +86,27 @@ def test_the_tables_fit_the_fixtures_the_collected_tests_use(
         uses[item.nodeid] = [Fixture(n, d[-1].scope, d[-1].baseid) for n, d in defs if d]
     assert len(uses) == len(request.session.items)
     assert check(uses, root) == []
+
+
+def test_each_worker_has_its_own_ports_below_the_ephemeral_range() -> None:
+    assert port_range("gw0", 2, 32768) == "20000-21999"
+    assert port_range("gw1", 2, 32768) == "22000-23999"
+    last = port_range("gw7", 8, 32768)
+    assert last is not None and int(last.split("-")[1]) < 32768
+    assert port_range("gw2", 2, 32768) is None  # not a worker of this run
+    assert port_range("gw0", 2, 20100) is None  # no room below the ephemeral range
+
+
+def test_free_port_picks_in_the_range_and_skips_a_bound_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        monkeypatch.setenv(PORTS_ENV, f"{port}-{port + 1}")
+        assert {free_port() for _ in range(5)} == {port + 1} or port + 1 > 65535
+    monkeypatch.setenv(PORTS_ENV, "20000")
+    with pytest.raises(ConfigError, match="expected LOW-HIGH"):
+        free_port()

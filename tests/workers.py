@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SPLIT = frozenset(
@@ -82,6 +83,32 @@ LONGEST_FIRST: tuple[str, ...] = (
 of the last serial run on the 2-core machine with a busy loop on one core were 173 (the
 pruning study), 136 (the killed study's resume), 132 (the CI jobs' module), ... Units named
 by none come after these, the ones with more tests first."""
+
+
+PORTS_FROM = 20000
+"""Workers' port ranges start here: below the OS's ephemeral range (32768 on Linux)."""
+
+
+def port_range(worker: str, count: int, ephemeral_low: int | None = None) -> str | None:
+    """``LOW-HIGH`` for xdist worker ``gwN`` of ``count``, or ``None`` (the OS picks ports).
+
+    Servers in the tests bind ports picked free a moment before (``free_port``); picked by
+    the OS from its ephemeral range, such a port can be taken in between by another
+    worker's pick or by an outgoing connection. A range of its own, below the ephemeral
+    range, is taken by neither.
+    """
+    if ephemeral_low is None:
+        try:
+            text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+            ephemeral_low = int(text.split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+    index = worker.removeprefix("gw")
+    size = min(2000, (ephemeral_low - PORTS_FROM) // max(count, 1))
+    if not index.isdigit() or int(index) >= count or size < 200:
+        return None
+    low = PORTS_FROM + int(index) * size
+    return f"{low}-{low + size - 1}"
 
 
 def module_of(nodeid: str) -> str:

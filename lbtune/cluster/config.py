@@ -9,7 +9,9 @@ is given. :func:`resolve` turns a validated config into concrete replicas and po
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -395,11 +397,33 @@ class ResolvedCluster:
         return [r for r in self.replicas if model in r.models]
 
 
+PORTS_ENV = "LBTUNE_PORTS"
+"""``LOW-HIGH``: pick free ports in this range only. The test suite gives each of its
+parallel workers its own range below the OS's ephemeral one, so that a port picked here is
+not taken by another worker's pick or an outgoing connection before it is bound."""
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A port the OS says is free right now on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port that is free right now on ``host`` (the OS's pick, or one of ``$LBTUNE_PORTS``)."""
+    span = os.environ.get(PORTS_ENV)
+    if not span:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    low, _, high = span.partition("-")
+    if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high) <= 65535):
+        raise ConfigError(f"{PORTS_ENV}={span!r}: expected LOW-HIGH, e.g. 20000-21999")
+    size = int(high) - int(low) + 1
+    first = secrets.randbelow(size)
+    for i in range(size):
+        port = int(low) + (first + i) % size
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise ConfigError(f"{PORTS_ENV}={span}: no free port left on {host}")
 
 
 def resolve(config: ClusterConfig, pick_port: Callable[[], int] = free_port) -> ResolvedCluster:

@@ -176,11 +176,9 @@ def test_an_unreachable_host_is_reported_and_no_host_is_left_half_applied(
     fresh: HaproxyTarget, tmp_path: Path
 ) -> None:
     """localhost applies first, then lb-down is unreachable: the rollout stops and rolls back."""
-    import socket
+    from lbtune.cluster.config import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed_port = s.getsockname()[1]  # nothing listens there once the block ends
+    closed_port = free_port()  # nothing listens there (under xdist: in this worker's range)
     apply_params(fresh, {"weight.h100-0": 70}, via="direct", source="good")
     inventory = tmp_path / "two-hosts.yml"
     inventory.write_text(

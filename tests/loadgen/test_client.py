@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from lbtune.cluster.config import free_port
 from lbtune.loadgen.client import StreamClient
 from lbtune.loadgen.echo import EchoServer
 from lbtune.loadgen.records import OUTCOMES
@@ -79,9 +80,7 @@ def test_timeout(echo_thread: tuple[str, EchoServer]) -> None:
 
 
 def test_connect_refused() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there (under xdist: in this worker's own range)
     r = send(f"http://127.0.0.1:{port}")
     assert r.outcome == "connect_error"
 

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from lbtune.cluster.config import free_port as _free_port
 from lbtune.sim.host import run_in_thread
 from lbtune.sim.spec import HostSpec, ReplicaSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_plain_locust_run_records_every_request(tmp_path: Path) -> None:

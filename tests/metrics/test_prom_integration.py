@@ -26,6 +26,7 @@ from typing import ClassVar
 
 import pytest
 
+from lbtune.cluster.config import free_port as _free_port
 from lbtune.errors import TargetError
 from lbtune.metrics.prom import PromClient
 from lbtune.metrics.serverside import collect
@@ -117,12 +118,6 @@ class _Target(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         return
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get_json(url: str) -> dict:  # type: ignore[type-arg]

@@ -4,13 +4,13 @@ worker whose master never answers honours Ctrl-C promptly."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from lbtune.cluster.config import free_port as _free_port
 from tests.robustness.conftest import LBTUNE, processes_mentioning, run_cli
 
 
@@ -33,12 +33,6 @@ def test_a_remote_option_needs_allow_remote(tmp_path: Path, echo_url: str, args:
     lines = r.lines()
     assert len(lines) == 1 and "--allow-remote" in lines[0], r.stderr
     assert not (tmp_path / "o").exists(), "nothing may start"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.integration

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -12,18 +11,13 @@ from typing import Any
 
 import pytest
 
+from lbtune.cluster.config import free_port as free_port
 from lbtune.sim.host import HostThread, run_in_thread
 from lbtune.sim.spec import HostSpec, ReplicaSpec
 
 M8 = "llama-3.1-8b-instruct"
 M70 = "llama-3.1-70b-instruct-awq"
 TIME_SCALE = 40.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def make_spec(time_scale: float = TIME_SCALE, seed: int = 0, **replicas: Any) -> HostSpec:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import typer
 
 from lbtune.cli.apply import apply_command, rollback_command
 from lbtune.cluster import api
+from lbtune.cluster.config import free_port as free_port
 from lbtune.cluster.config import load_config
 from lbtune.cluster.state import Endpoints
 from lbtune.targets import get_target
@@ -30,12 +30,6 @@ M8 = "llama-3.1-8b-instruct"
 M70 = "llama-3.1-70b-instruct-awq"
 SIM_START_S = 30.0
 T = TypeVar("T", bound=Target)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:

@@ -12,15 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from lbtune.cluster.config import free_port as free_port
+
 needs_haproxy = pytest.mark.skipif(
     shutil.which("haproxy") is None, reason="haproxy is needed (sudo apt-get install haproxy)"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(
