@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from lbtune.cluster.config import PORTS_ENV
 from lbtune.errors import ConfigError
 from lbtune.optimize import OptimizeOptions, resolve_options, run_optimize
 from lbtune.search.study import reference_trials
@@ -166,7 +167,8 @@ def test_nightly_steps_on_the_balancer(tmp_path: Path, preset: str, balancer: st
 
     root = Path(__file__).resolve().parents[2]
     nightly, report, state = tmp_path / "nightly", tmp_path / "nightly/reports/1", tmp_path / "s"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LBTUNE_")}
+    # No LBTUNE_* of the caller's, but the xdist worker's port range (tests/conftest.py).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LBTUNE_") or k == PORTS_ENV}
     env.update(
         LBTUNE_NIGHTLY_BUDGET="2",
         LBTUNE_NIGHTLY_TRIAL_S="6",
