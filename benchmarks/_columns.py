@@ -250,7 +250,7 @@ def resolve(
     raw = doc.get("params", doc) if isinstance(doc.get("params"), dict) else doc
     params = space.complete(space.validate(raw, col.spec), space.baseline())
     # a ``--studies-only`` file keeps the study it came from (shown in the table)
-    src = doc.get("source")
+    src = yaml.safe_load(Path(col.spec).read_text(encoding="utf-8")).get("source")
     origin: dict[str, Any] = src if isinstance(src, dict) else {}
     return params, {**origin, "source": f"file {col.spec}"}
 
