@@ -135,8 +135,12 @@ def test_inflight_tokens_are_held_until_the_replica_answers_then_released(
     result: list[requests.Response] = []
 
     def send() -> None:
-        body = {"model": M8, "messages": [{"role": "user", "content": words(400)}]}
-        result.append(requests.post(llm_on.url + "/v1/chat/completions", json=body, timeout=30))
+        resp = requests.post(
+            llm_on.url + "/v1/chat/completions",
+            json={"model": M8, "messages": [{"role": "user", "content": words(400)}]},
+            timeout=30,
+        )
+        result.append(resp)
 
     sender = threading.Thread(target=send)
     sender.start()
