@@ -14,8 +14,8 @@ if [ "${LBTUNE_SKIP_LINT:-0}" != 1 ]; then
   .venv/bin/mypy
   .venv/bin/lint-imports
 fi
-# The suite on parallel workers (pytest-xdist): most of its time is integration tests waiting
-# on load they drive for seconds, so two workers halve it on a 2-core machine. Each test
-# module (or group of modules sharing a server) runs whole on one worker, longest first:
-# tests/workers.py. LBTUNE_TEST_WORKERS=0 runs it serially; extra arguments go to pytest.
-exec .venv/bin/python -m pytest -n "${LBTUNE_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# Serial by default. LBTUNE_TEST_WORKERS=2 runs the suite on two pytest-xdist workers (most
+# of its time is integration tests waiting on load they drive): each test module, or group
+# of modules sharing a server, runs whole on one worker, longest first (tests/workers.py).
+# Extra arguments go to pytest.
+exec .venv/bin/python -m pytest -n "${LBTUNE_TEST_WORKERS:-0}" --dist loadgroup "$@"

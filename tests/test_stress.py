@@ -157,7 +157,13 @@ def test_ctrl_c_stops_cleanly_and_writes_a_partial_report(cluster: Any, tmp_path
         time.sleep(0.2)
     time.sleep(3)  # let some requests complete so the partial report has content
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=40)
+    try:
+        _, err = proc.communicate(timeout=40)
+    except subprocess.TimeoutExpired:
+        # Left running, it would hold the cluster's exporter port and fail the next tests.
+        proc.kill()
+        proc.communicate(timeout=10)
+        pytest.fail("stress did not stop within 40 s of Ctrl-C")
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     summary = json.loads((tmp_path / "summary.json").read_text())

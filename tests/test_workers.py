@@ -41,6 +41,8 @@ def test_longest_first_ranks_units_and_tests() -> None:
     study = "tests/targets/test_optimize_targets.py::test_short_study_on_the_balancer"
     assert rank(study + "[mini2-nginx-nginx]", [study + "[mini2-nginx-nginx]"]) > 0
     assert rank("conformance", []) < rank("robustness-mini2", [])
+    after = "tests/test_optimize_e2e.py::test_study_before_after_equals_a_same_round_recomputation"
+    assert rank(after, [after]) == workers.LONGEST_FIRST.index("tests/test_optimize_e2e.py")
     assert rank("tests/test_objective.py", ["tests/test_objective.py::t"]) == len(
         workers.LONGEST_FIRST
     )

@@ -135,7 +135,7 @@ def unit_of(nodeid: str) -> str:
 
 def rank(unit: str, nodeids: Iterable[str]) -> int:
     """The unit's place in :data:`LONGEST_FIRST` (``len`` of it when not named there)."""
-    names = {unit, *(n.split("[", 1)[0] for n in nodeids)}
+    names = {unit, *(n.split("[", 1)[0] for n in nodeids), *(module_of(n) for n in nodeids)}
     return next((i for i, name in enumerate(LONGEST_FIRST) if name in names), len(LONGEST_FIRST))
 
 
