@@ -3,11 +3,11 @@
 Run inside the vLLM virtualenv (it needs ``torch``, ``transformers`` and ``tokenizers``,
 which lbtune's own venv does not), by path, so that lbtune need not be installed there::
 
-    .venv-vllm/bin/python lbtune/cluster/vllm_model.py OUT_DIR [TEXT_FILE ...]
+    .venv-vllm/bin/python lbtune/cluster/vllm_model.py OUT_DIR TEXT_FILE [TEXT_FILE ...]
 
 It trains a byte-level BPE of :data:`VOCAB_SIZE` tokens on the given local text files
-(by default the package's ``data/tokenizer/corpus.txt``, a frozen snapshot of lbtune's README
-and some docs, which :mod:`lbtune.cluster.vllm` passes through importlib.resources), wraps
+(:mod:`lbtune.cluster.vllm` passes the package's ``data/tokenizer/corpus.txt``, a frozen
+snapshot of lbtune's README and some docs, found through importlib.resources), wraps
 it as a ``PreTrainedTokenizerFast`` with a chat template (the simulator's:
 ``<|role|>\\ncontent\\n`` per message, then ``<|assistant|>\\n``), makes a random-weight
 ``LlamaConfig`` model (hidden 128, intermediate 256, 2 layers, 4 heads of 32, 2 KV heads:
@@ -38,11 +38,6 @@ ARCH = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
 }
-
-
-def default_texts() -> list[Path]:
-    """The training text shipped in the package, next to this file's package (``lbtune/``)."""
-    return [Path(__file__).resolve().parents[1] / "data" / "tokenizer" / "corpus.txt"]
 
 
 def build(out: Path, texts: list[Path]) -> None:
@@ -93,11 +88,11 @@ def build(out: Path, texts: list[Path]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
+    if len(argv) < 2:
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
     out = Path(argv[0])
-    texts = [Path(a) for a in argv[1:]] or default_texts()
+    texts = [Path(a) for a in argv[1:]]
     build(out, texts)
     print(f"tiny model in {out}")
     return 0

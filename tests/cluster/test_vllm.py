@@ -83,8 +83,9 @@ def test_nothing_installed_is_one_line_that_says_how(
 def test_the_training_text_is_package_data() -> None:
     corpus = files("lbtune").joinpath(*vllm.CORPUS)
     assert corpus.is_file() and len(corpus.read_text(encoding="utf-8")) > 50_000
-    # the builder's default (run by path, without lbtune importable) is the same file
-    assert vllm_model.default_texts() == [Path(str(corpus)).resolve()]
+    # the builder (run by path, without lbtune importable) finds no data of its own: it is
+    # given this file (test below) and refuses to run without one
+    assert vllm_model.main([str(Path("/nonexistent/out"))]) == 2
 
 
 def test_ensure_model_builds_once_from_the_packaged_text(
