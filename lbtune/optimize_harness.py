@@ -101,7 +101,7 @@ def real_harness(
     extra: dict[str, Any] = {"space_file": opts.space} if opts.space else {}
     endpoints = resolved.endpoints
     target = get_target(opts.target, endpoints, **extra)
-    state_dir = Path(resolved.endpoints.state_dir)
+    state_dir = Path(endpoints.state_dir)
     sopts = replace(sopts, state_dir=state_dir)
     store = LkgStore(state_dir, target.name)
     space_file = Path(opts.space) if opts.space else None

@@ -270,18 +270,14 @@ def run_loop(
         t0 = time.monotonic()
         try:
             m = _run_with_rerun(runner, trial, params, role, spec, on_window, start, emit, say)
-        except TrialFailed as exc:
+        except (TrialFailed, BalancerDown) as exc:
             trial.set_user_attr("fail_reason", str(exc))
             trial.set_user_attr("duration_s", time.monotonic() - t0)
             study.tell(trial, state=TrialState.FAIL)
             emit(LoopEvent("end", n, done + 1, budget, params, role, state="FAIL", reason=str(exc)))
+            if isinstance(exc, BalancerDown):  # every further trial would fail: stop, resumable
+                raise
             continue
-        except BalancerDown as exc:  # every further trial would fail: stop, resumable
-            trial.set_user_attr("fail_reason", str(exc))
-            trial.set_user_attr("duration_s", time.monotonic() - t0)
-            study.tell(trial, state=TrialState.FAIL)
-            emit(LoopEvent("end", n, done + 1, budget, params, role, state="FAIL", reason=str(exc)))
-            raise
         trial.set_user_attr("duration_s", time.monotonic() - t0)
         if m.stopped:
             state, reason = _stopped(stop)

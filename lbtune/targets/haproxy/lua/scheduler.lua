@@ -417,9 +417,9 @@ local function sum_metric(body, name)
 end
 
 -- One HTTP/1.0 GET over a cosocket (core.tcp), the body or nil. Not core.httpclient:
--- under load HAProxy 2.6's httpclient corrupted this Lua state once in ~26 reloads
--- (a "bad self" on a Map, then a segfault of the worker: haproxy/haproxy#1958 and
--- #1593 are such httpclient bugs); the Socket class is the older, simpler path.
+-- it was the other suspect when HAProxy 2.6.12's worker segfaulted with this Lua state
+-- corrupted (a "bad self" on the knob map; haproxy/haproxy#1958 and #1593 are
+-- httpclient use-after-free bugs of that branch); the Socket class is the older path.
 local function http_get(addr, path)
     local host, port = addr:match("^(.+):(%d+)$")
     if host == nil then
