@@ -20,6 +20,7 @@ import numpy as np
 from lbtune.errors import ApplyError, TrialFailed
 from lbtune.metrics.quantiles import percentile
 from lbtune.objective import Figures
+from lbtune.optimize import OptimizeOptions
 from lbtune.search.harness import Harness
 from lbtune.search.trial import Measure, Measurement, Samples, WindowHook
 from lbtune.targets.base import ApplyResult, ParamSet, zero_weight_replicas
@@ -147,3 +148,18 @@ def harness(target: FakeTarget, measure: Measure) -> Harness:
         lkg_record=record,
         rollout_via="direct (fake)",
     )
+
+
+def study_options(tmp_path: Path, **kw: object) -> OptimizeOptions:
+    """Options of a small study over the fakes: SQLite and reports under ``tmp_path``."""
+    base: dict[str, object] = dict(
+        budget=6,
+        study="s",
+        storage=f"sqlite:///{tmp_path}/studies.db",
+        reports_root=tmp_path / "reports",
+        out_dir=tmp_path / "report",
+        seed=1,
+        confirm_runs=2,
+    )
+    base.update(kw)
+    return OptimizeOptions(**base)  # type: ignore[arg-type]

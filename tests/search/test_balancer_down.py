@@ -18,7 +18,7 @@ import pytest
 from lbtune.errors import BalancerDown
 from lbtune.optimize import OptimizeOptions, run_optimize
 from lbtune.search.trial import Measurement, WindowHook
-from tests.search.fakes import FakeMeasure, FakeTarget, harness
+from tests.search.fakes import FakeMeasure, FakeTarget, harness, study_options
 
 
 @dataclass
@@ -49,18 +49,7 @@ class DyingMeasure:
 
 
 def _opts(tmp_path: Path, **kw: object) -> OptimizeOptions:
-    base: dict[str, object] = dict(
-        budget=8,
-        study="s",
-        storage=f"sqlite:///{tmp_path}/studies.db",
-        reports_root=tmp_path / "reports",
-        out_dir=tmp_path / "report",
-        seed=1,
-        confirm_runs=0,
-        apply=False,
-    )
-    base.update(kw)
-    return OptimizeOptions(**base)  # type: ignore[arg-type]
+    return study_options(tmp_path, **{"budget": 8, "confirm_runs": 0, "apply": False, **kw})
 
 
 def test_a_dead_balancer_ends_the_study_at_once_and_resume_finishes_it(tmp_path: Path) -> None:

@@ -9,23 +9,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from lbtune.optimize import OptimizeOptions, run_optimize
+from lbtune.optimize import run_optimize
 from lbtune.search.study import owner
-from tests.search.fakes import FakeMeasure, FakeTarget, harness
+from tests.search.fakes import FakeMeasure, FakeTarget, harness, study_options
 
-
-def _opts(tmp_path: Path, **kw: object) -> OptimizeOptions:
-    base: dict[str, object] = dict(
-        budget=6,
-        study="s",
-        storage=f"sqlite:///{tmp_path}/studies.db",
-        reports_root=tmp_path / "reports",
-        out_dir=tmp_path / "report",
-        seed=1,
-        confirm_runs=2,
-    )
-    base.update(kw)
-    return OptimizeOptions(**base)  # type: ignore[arg-type]
+_opts = study_options
 
 
 def test_references_first_then_sampled_and_report(tmp_path: Path) -> None:
