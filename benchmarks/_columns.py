@@ -4,7 +4,7 @@
 instead of the ``RR LC W`` comparison. A column's SPEC is
 
 * ``ref:round-robin`` / ``ref:least-conn``: the target space's reference;
-* ``study:KNOB=A,B,...``: the winner of a study (``lbtune.optimize``, ``--study-budget``
+* ``study:KNOB=A,B,...``: the winner of a study (``lbtune.tune.optimize``, ``--study-budget``
   trials) over the target's space with ``KNOB`` restricted to those choices (a space file
   written under the output dir; references outside the choices are dropped);
 * a path: a ``knob: value`` file (``winner.yaml`` of an earlier run works: its ``params``).
@@ -34,8 +34,8 @@ from _paired import KEYS, Analysis, Run, analyse, fmt, fmt_ci
 
 from lbtune.cluster import api
 from lbtune.cluster.config import PortsConfig, available_presets, load_config
-from lbtune.cluster.state import Endpoints
-from lbtune.metrics.quantiles import MIN_SAMPLES, percentile
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.quantiles import MIN_SAMPLES, percentile
 from lbtune.sim.limit import ReplicaSpec, fastest
 from lbtune.targets import TARGETS, get_target
 from lbtune.targets.base import ParamSet
@@ -181,7 +181,7 @@ def scenario_for(col: Column, cl: Cluster, scenario: str, out: Path) -> str:
 def study_winner(
     col: Column, cl: Cluster, args: argparse.Namespace, out: Path, say: Callable[[str], None]
 ) -> tuple[ParamSet, dict[str, Any]]:
-    from lbtune.optimize import OptimizeOptions, run_optimize
+    from lbtune.tune.optimize import OptimizeOptions, run_optimize
 
     knob, _, choices = col.spec[len("study:") :].partition("=")
     space_file = restricted_space(

@@ -3,7 +3,7 @@
 ``headline.py`` runs ``RR LC W`` once per repeat; a repeat is a **round** in the sense of
 :mod:`lbtune.search.paired`, the same machinery lbtune's confirmation uses: every figure
 of a config pools its requests over the rounds in which all three configs were measured,
-every percentile is :func:`lbtune.metrics.quantiles.percentile`, and every interval is
+every percentile is :func:`lbtune.records.quantiles.percentile`, and every interval is
 the paired two-level bootstrap (draw the rounds with replacement, the same rounds for all
 configs, then the requests within each drawn run). Throughput resamples ~2.5 s bins of
 completed requests / output tokens (resampling requests would keep their count fixed);
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lbtune.loadgen.records import RequestRecord
-from lbtune.metrics.quantiles import MIN_SAMPLES, percentile
+from lbtune.records.quantiles import MIN_SAMPLES, percentile
+from lbtune.records.requests import RequestRecord
 from lbtune.search.paired import Draws, paired_draws
 
 CONFIGS = ("RR", "LC", "W")

@@ -26,7 +26,7 @@ scenario:
 Every figure and interval comes from the machinery lbtune's confirmation uses
 (``lbtune.search.paired``; the analysis is in ``benchmarks/_paired.py``): a repeat is a
 round (``RR LC W``, same seed), a config's figures pool its requests over the rounds in
-which every config was measured, percentiles are ``lbtune.metrics.quantiles.percentile``,
+which every config was measured, percentiles are ``lbtune.records.quantiles.percentile``,
 and the CI (``--bootstrap`` replicates) is the paired two-level bootstrap: draw the
 rounds with replacement, the same rounds for every config, then the requests (throughput:
 ~2.5 s bins) within each drawn run. Ratios are taken per replicate, so run-to-run
@@ -82,9 +82,9 @@ from _paired import CONFIGS, KEYS, LABELS, Run, analyse, render, rounds_table, s
 from lbtune.cluster import api
 from lbtune.cluster.config import PortsConfig, available_presets, load_config
 from lbtune.loadgen.recordio import read_records
-from lbtune.metrics.quantiles import MIN_SAMPLES, percentile
+from lbtune.records.quantiles import MIN_SAMPLES, percentile
+from lbtune.run.stress import StressOptions, run_stress
 from lbtune.scenario import load_scenario
-from lbtune.stress import StressOptions, run_stress
 from lbtune.targets import TARGETS, get_target
 from lbtune.targets.base import ParamSet
 from lbtune.targets.space import ParameterSpace, load_params_file
@@ -155,7 +155,7 @@ def weight_shares(params: ParamSet, replicas: Sequence[str]) -> str:
 
 
 def run_study(args: argparse.Namespace, state: Path, out: Path) -> tuple[ParamSet, dict[str, Any]]:
-    from lbtune.optimize import OptimizeOptions, run_optimize
+    from lbtune.tune.optimize import OptimizeOptions, run_optimize
 
     say(f"study: {args.budget} trials of {args.trial_duration:g} s (TPE, no confirmation)")
     res = run_optimize(

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import requests
 
-from lbtune.cluster.state import Endpoints, ReplicaEndpoint
-from lbtune.metrics.quantiles import percentile
+from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
+from lbtune.records.quantiles import percentile
 from lbtune.targets.haproxy import config
 from lbtune.targets.haproxy.balancer import servers_missing
 from lbtune.targets.haproxy.files import HaproxyFiles, Site

@@ -35,12 +35,12 @@ from typing import Any
 from lbtune.cluster import api
 from lbtune.cluster.config import PortsConfig, load_config
 from lbtune.loadgen.recordio import read_records, write_parquet
-from lbtune.loadgen.records import RequestRecord
-from lbtune.metrics.quantiles import percentile
+from lbtune.records.quantiles import percentile
+from lbtune.records.requests import RequestRecord
+from lbtune.run.stress import StressOptions, run_stress
 from lbtune.scenario.loader import trace_ref
 from lbtune.scenario.traces.fit import fit_trace
 from lbtune.scenario.traces.read import read_trace
-from lbtune.stress import StressOptions, run_stress
 
 N = 20_000
 T0 = 1_700_000_000.0

@@ -10,8 +10,8 @@ and weighs it, as in the source material::
 A score of 1.0 means "every figure exactly at its threshold"; below 1 is healthy.
 ``ref_e2e``/``ref_ttft`` come from ``--slo`` if given, else from the scenario's
 ``slo`` block, else the defaults above. A search measurement's P99s are
-:func:`lbtune.metrics.quantiles.percentile` (linear) of the censored samples of the
-window (:mod:`lbtune.search.measure`) and carry a 95 % bootstrap interval
+:func:`lbtune.records.quantiles.percentile` (linear) of the censored samples of the
+window (:mod:`lbtune.search.tail`) and carry a 95 % bootstrap interval
 (``p99_*_ci``); with ~100 samples a P99 is near the sample maximum and its interval
 is wide, which is what :func:`composite_interval` passes on to the pruner.
 

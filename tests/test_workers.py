@@ -15,9 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_module_is_one_unit_unless_split_or_grouped() -> None:
-    assert unit_of("tests/test_stress.py::test_report_directory") == "tests/test_stress.py"
+    assert unit_of("tests/run/test_stress.py::test_report_directory") == "tests/run/test_stress.py"
     killed = (
-        "tests/test_optimize_e2e.py::test_study_killed_mid_trial_resumes_confirms_and_rolls_out"
+        "tests/tune/test_optimize_e2e.py::"
+        "test_study_killed_mid_trial_resumes_confirms_and_rolls_out"
     )
     assert unit_of(killed) == killed
     assert unit_of("tests/conformance/test_api.py::test_health[vllm]") == "conformance"
@@ -41,8 +42,10 @@ def test_longest_first_ranks_units_and_tests() -> None:
     study = "tests/targets/test_optimize_targets.py::test_short_study_on_the_balancer"
     assert rank(study + "[mini2-nginx-nginx]", [study + "[mini2-nginx-nginx]"]) > 0
     assert rank("conformance", []) < rank("robustness-mini2", [])
-    after = "tests/test_optimize_e2e.py::test_study_before_after_equals_a_same_round_recomputation"
-    assert rank(after, [after]) == workers.LONGEST_FIRST.index("tests/test_optimize_e2e.py")
+    after = (
+        "tests/tune/test_optimize_e2e.py::test_study_before_after_equals_a_same_round_recomputation"
+    )
+    assert rank(after, [after]) == workers.LONGEST_FIRST.index("tests/tune/test_optimize_e2e.py")
     assert rank("tests/test_objective.py", ["tests/test_objective.py::t"]) == len(
         workers.LONGEST_FIRST
     )
@@ -50,14 +53,16 @@ def test_longest_first_ranks_units_and_tests() -> None:
 
 def test_check_names_a_split_module_with_a_module_fixture() -> None:
     killed = (
-        "tests/test_optimize_e2e.py::test_study_killed_mid_trial_resumes_confirms_and_rolls_out"
+        "tests/tune/test_optimize_e2e.py::"
+        "test_study_killed_mid_trial_resumes_confirms_and_rolls_out"
     )
-    shared = Fixture("cluster", "module", "tests/test_optimize_e2e.py")
+    shared = Fixture("cluster", "module", "tests/tune/test_optimize_e2e.py")
     problems = check({killed: [shared, Fixture("tmp_path", "function", "")]}, "tests")
-    assert len(problems) == 1 and "take tests/test_optimize_e2e.py out of SPLIT" in problems[0]
+    assert len(problems) == 1 and "take tests/tune/test_optimize_e2e.py out of SPLIT" in problems[0]
     assert (
         check(
-            {"tests/test_stress.py::t": [Fixture("c", "module", "tests/test_stress.py")]}, "tests"
+            {"tests/run/test_stress.py::t": [Fixture("c", "module", "tests/run/test_stress.py")]},
+            "tests",
         )
         == []
     )

@@ -35,7 +35,7 @@ from typing import Any
 
 SPLIT = frozenset(
     {
-        "tests/test_optimize_e2e.py",
+        "tests/tune/test_optimize_e2e.py",
         "tests/targets/test_optimize_targets.py",
     }
 )
@@ -59,11 +59,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
 
 LONGEST_FIRST: tuple[str, ...] = (
     "tests/search/test_pruning_cluster.py",
-    "tests/test_optimize_e2e.py::test_study_killed_mid_trial_resumes_confirms_and_rolls_out",
-    "tests/test_ci_e2e.py",
+    "tests/tune/test_optimize_e2e.py::test_study_killed_mid_trial_resumes_confirms_and_rolls_out",
+    "tests/cli/test_ci_e2e.py",
     "conformance",
-    "tests/test_optimize_e2e.py",
-    "tests/test_stress.py",
+    "tests/tune/test_optimize_e2e.py",
+    "tests/run/test_stress.py",
     "tests/targets/test_optimize_targets.py::test_short_study_on_the_balancer",
     "robustness-mini2",
     "tests/test_nightly_workflow.py",
@@ -73,11 +73,11 @@ LONGEST_FIRST: tuple[str, ...] = (
     "tests/cli/test_piped_progress.py",
     "tests/robustness/test_fleet.py",
     "tests/dashboards/test_dashboards.py",
-    "tests/test_stress_failures.py",
+    "tests/run/test_failures.py",
     "tests/robustness/test_prometheus_loss.py",
     "tests/cluster/test_agent_cluster.py",
     "tests/agent/test_agent_e2e.py",
-    "tests/test_stress_until.py",
+    "tests/run/test_until.py",
 )
 """Units (a unit's name, or a test's node id without its parameters), longest first: seconds
 of the last serial run on the 2-core machine with a busy loop on one core were 173 (the

@@ -19,12 +19,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lbtune.errors import ConfigError, validation_error, validation_message
+from lbtune.records.endpoints import Endpoints
 from lbtune.safeyaml import load_yaml_file
 
 __all__ = [
     "AgentConfig",
     "check_settings",
     "load_agent_config",
+    "owns_weights",
     "read_agent_file",
     "write_agent_file",
 ]
@@ -209,3 +211,10 @@ def write_agent_file(path: str | Path, settings: Mapping[str, Any]) -> None:
     tmp = target.with_name(target.name + ".lbtune-tmp")
     tmp.write_text(yaml.safe_dump({"agent": dict(settings)}, sort_keys=False), encoding="utf-8")
     os.replace(tmp, target)
+
+
+def owns_weights(ep: Endpoints) -> bool:
+    """Whether the cluster's agent sets the per-server weights (it runs, not observe-only)."""
+    if ep.agent_config is None:
+        return False
+    return bool(read_agent_file(ep.agent_config).get("enabled", True))

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lbtune.apply.lkg import Lkg, LkgStore, params_hash
 from lbtune.apply.lock import apply_lock
 from lbtune.apply.runner import LOCAL_INVENTORY, HostResult, check_inventory, run_playbook
 from lbtune.apply.serving import cluster_endpoints, probe_models, refuse_unservable
 from lbtune.errors import ApplyError
 from lbtune.targets import balancer
 from lbtune.targets.base import ApplyResult, ParamSet, RejectedBeforeApply, Target
+from lbtune.targets.lkg import Lkg, LkgStore, params_hash
 
 __all__ = ["ApplyOutcome", "HostResult", "apply_params", "rollback"]
 

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from lbtune.apply.lkg import LkgStore, params_hash
 from lbtune.apply.serving import refuse_unservable
-from lbtune.cluster.state import Endpoints, StatePaths, read_endpoints
 from lbtune.errors import ConfigError, LbtuneError, TargetError
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths, read_endpoints
 from lbtune.targets import get_target
 from lbtune.targets.base import ApplyResult, Target
+from lbtune.targets.lkg import LkgStore, params_hash
 
 __all__ = ["ARGUMENT_SPEC", "HostRequest", "Module", "module_result", "run_module", "run_on_host"]
 

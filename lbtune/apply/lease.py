@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lbtune.apply import rollback
-from lbtune.cluster.state import StatePaths, read_endpoints
 from lbtune.errors import ApplyError, LbtuneError
+from lbtune.records.statedir import StatePaths, read_endpoints
 from lbtune.targets import get_target
 
 __all__ = ["LEASE_TTL_S", "POLL_S", "hold", "lease_path", "main"]

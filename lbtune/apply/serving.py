@@ -13,8 +13,9 @@ import json
 import urllib.error
 import urllib.request
 
-from lbtune.cluster.state import Endpoints, StatePaths, read_endpoints
 from lbtune.errors import ApplyError, ConfigError
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths, read_endpoints
 from lbtune.targets.base import ParamSet, Target
 
 __all__ = ["PROBE_TIMEOUT_S", "cluster_endpoints", "probe_models", "refuse_unservable"]

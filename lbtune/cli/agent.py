@@ -35,8 +35,8 @@ def connect(cfg: AgentConfig) -> LiveWeights:
     """The live weights of the balancer of the cluster in ``cfg.state_dir`` (else the
     running cluster), through its registry entry."""
     from lbtune.cluster.api import find_state_dir
-    from lbtune.cluster.state import StatePaths, read_endpoints
     from lbtune.errors import TargetError
+    from lbtune.records.statedir import StatePaths, read_endpoints
     from lbtune.targets import balancer
 
     paths = StatePaths(find_state_dir(cfg.state_dir))
@@ -52,8 +52,8 @@ def connect(cfg: AgentConfig) -> LiveWeights:
 def _cluster_defaults(state_dir: Path | None) -> dict[str, Any]:
     """Prometheus URL and state dir of the running embedded cluster, if there is one."""
     from lbtune.cluster.api import find_state_dir
-    from lbtune.cluster.state import StatePaths, read_endpoints
     from lbtune.errors import ClusterError
+    from lbtune.records.statedir import StatePaths, read_endpoints
 
     try:
         ep = read_endpoints(StatePaths(find_state_dir(state_dir)))

@@ -49,8 +49,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output o
 
 def _target(name: str | None, state_dir: Path | None, space: Path | None = None) -> Target:
     from lbtune.cluster.api import find_state_dir
-    from lbtune.cluster.state import StatePaths, read_endpoints
     from lbtune.errors import ConfigError, TargetError
+    from lbtune.records.statedir import StatePaths, read_endpoints
     from lbtune.targets import balancer, get_target
 
     if name is not None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from lbtune.cluster.health import ClusterStatus
-    from lbtune.cluster.state import Endpoints
+    from lbtune.records.endpoints import Endpoints
     from lbtune.targets.base import ReplicaRow
 
 app = typer.Typer(

@@ -12,7 +12,7 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from lbtune.compare import CompareResult
+    from lbtune.compare.verdict import CompareResult
 
 FORMATS = ("table", "md", "json")
 
@@ -54,8 +54,8 @@ def compare_command(
 
     Example: lbtune compare reports/last-night reports/tonight --fail-on p99=+10% --format md
     """
-    from lbtune import ci as ci_mode
-    from lbtune.compare import compare, load_pair, parse_fail_on
+    from lbtune.cli import ci as ci_mode
+    from lbtune.compare.verdict import compare, load_pair, parse_fail_on
     from lbtune.errors import ConfigError
     from lbtune.report.compare import render_json, render_markdown
 

@@ -1,6 +1,6 @@
 """`lbtune optimize` — tune the balancer; `lbtune dashboard` — optuna-dashboard on a study.
 
-Parse, call :func:`lbtune.optimize.run_optimize`, render. Optuna and the rest are
+Parse, call :func:`lbtune.tune.optimize.run_optimize`, render. Optuna and the rest are
 imported inside the functions, so importing this module is cheap.
 """
 
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from lbtune.optimize import StudyProgress
     from lbtune.search.result import StudyResult
+    from lbtune.tune.optimize import StudyProgress
 
 
 def optimize_command(
@@ -129,7 +129,7 @@ def optimize_command(
     from rich.console import Console
 
     from lbtune.cli.ticker import ticking
-    from lbtune.optimize import OptimizeOptions, record_study, run_optimize
+    from lbtune.tune.optimize import OptimizeOptions, record_study, run_optimize
 
     if trace is not None:
         from lbtune.scenario.loader import trace_ref
@@ -162,7 +162,7 @@ def optimize_command(
         inventory=inventory,
         out_dir=out,
     )
-    from lbtune import ci as ci_mode
+    from lbtune.cli import ci as ci_mode
 
     ci_mode.check_writable(junit)
     if ci:

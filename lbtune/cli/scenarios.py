@@ -134,7 +134,7 @@ def _trace_rows(sc: Scenario) -> dict[str, list[int]] | None:
 
 def _arrival_rows(sc: Scenario) -> dict[str, dict[str, float]]:
     """Inter-arrival gap percentiles: the trace's beside the fitted load plan's."""
-    from lbtune.metrics.quantiles import percentile
+    from lbtune.records.quantiles import percentile
     from lbtune.scenario import plan_load
 
     assert sc.fitted is not None

@@ -13,7 +13,7 @@ import typer
 if TYPE_CHECKING:
     from lbtune.loadgen.collect import Progress
     from lbtune.metrics.summary import RunSummary
-    from lbtune.stress import StressOptions, StressResult
+    from lbtune.run.stress import StressOptions, StressResult
 
 
 def stress_command(
@@ -127,7 +127,7 @@ def stress_command(
 
     Example: lbtune stress --scenario longctx --until-samples 100
     """
-    from lbtune.stress import StressOptions
+    from lbtune.run.stress import StressOptions
 
     if master and worker:
         raise typer.BadParameter("give --master or --worker, not both")
@@ -164,7 +164,7 @@ def stress_command(
     )
     from rich.console import Console
 
-    from lbtune import ci as ci_mode
+    from lbtune.cli import ci as ci_mode
 
     ci_mode.check_writable(junit)
     if ci:
@@ -179,7 +179,7 @@ def stress_command(
         raise
     summary = result.summary
     if as_json:
-        from lbtune.report.json import dumps
+        from lbtune.metrics.summary_file import dumps
 
         sys.stdout.write(dumps(summary) + "\n")
     else:
@@ -209,10 +209,10 @@ def stress_command(
 def _run(opts: StressOptions, ci: bool, err: Any, stop: threading.Event) -> StressResult:
     """``run_stress`` with the progress display that fits: plain lines under ``--ci`` or
     when stderr is piped (every few seconds), else a live panel; the run is indexed in the
-    history (:func:`lbtune.stress.record_stress`)."""
-    from lbtune import ci as ci_mode
+    history (:func:`lbtune.run.stress.record_stress`)."""
+    from lbtune.cli import ci as ci_mode
     from lbtune.cli.ticker import EVERY_S
-    from lbtune.stress import record_stress, run_stress
+    from lbtune.run.stress import record_stress, run_stress
 
     if ci or not err.is_terminal:  # piped: a plain line every few seconds, not live
         lines = (
@@ -235,7 +235,7 @@ def _run(opts: StressOptions, ci: bool, err: Any, stop: threading.Event) -> Stre
 
 def _ci_outputs(summary: RunSummary, report_dir: str | None, junit: Path | None, err: Any) -> None:
     """The JUnit file (--junit) and the GitHub step summary (when GITHUB_STEP_SUMMARY is set)."""
-    from lbtune import ci as ci_mode
+    from lbtune.cli import ci as ci_mode
 
     if junit is not None:
         from lbtune.report.junit import stress_suite, write_junit

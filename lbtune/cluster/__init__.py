@@ -6,11 +6,11 @@ HAProxy by default); its registry entry launches, watches and scrapes it
 
 * :mod:`lbtune.cluster.config` — the cluster YAML (pydantic models, loader, presets, ports).
 * :mod:`lbtune.cluster.render` — Prometheus and sim-host configs; the shared template renderer.
-* :mod:`lbtune.cluster.supervisor` — start/stop processes by PID, readiness waits, and the
-  :class:`~lbtune.cluster.supervisor.ClusterSupervisor` a balancer's launch uses.
-* :mod:`lbtune.cluster.probes` — HTTP, port and Prometheus probes.
+* :mod:`lbtune.process.supervisor` — start/stop processes by PID, readiness waits, and the
+  :class:`~lbtune.process.supervisor.ClusterSupervisor` a balancer's launch uses.
+* :mod:`lbtune.process.probes` — HTTP, port and Prometheus probes.
 * :mod:`lbtune.cluster.health` — readiness checks and the status records.
-* :mod:`lbtune.cluster.state` — the state dir layout and the endpoints record.
+* :mod:`lbtune.records.statedir` — the state dir layout and the endpoints record.
 * :mod:`lbtune.cluster.agent` — the feedback agent as a cluster component (``agent.enabled``).
 * :mod:`lbtune.cluster.api` — ``up()``, ``down()``, ``status()``: what the CLI and the
   ``stress``/``optimize`` commands call.

@@ -17,14 +17,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from lbtune.agent.config import read_agent_file, write_agent_file
-from lbtune.cluster import health, supervisor
+from lbtune.agent.config import write_agent_file
+from lbtune.cluster import health
 from lbtune.cluster.config import LOOPBACK, ResolvedCluster
-from lbtune.cluster.state import AGENT, Endpoints, StatePaths
-from lbtune.cluster.supervisor import ProcessRecord
 from lbtune.errors import ConfigError
+from lbtune.process import supervisor
+from lbtune.process.supervisor import ProcessRecord
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import AGENT, StatePaths
 
-__all__ = ["AGENT_TIMEOUT", "owns_weights", "settings", "start", "wait_ready", "write_config"]
+__all__ = ["AGENT_TIMEOUT", "settings", "start", "wait_ready", "write_config"]
 
 AGENT_TIMEOUT = 15.0
 INTERVAL_S = 1.0
@@ -78,10 +80,3 @@ def wait_ready(ep: Endpoints, watch: Sequence[ProcessRecord]) -> None:
         "the agent's /metrics and its Prometheus scrape",
         watch,
     )
-
-
-def owns_weights(ep: Endpoints) -> bool:
-    """Whether the cluster's agent sets the per-server weights (it runs, not observe-only)."""
-    if ep.agent_config is None:
-        return False
-    return bool(read_agent_file(ep.agent_config).get("enabled", True))

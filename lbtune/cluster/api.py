@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lbtune import targets
-from lbtune.cluster import agent, health, probes, render, supervisor, vllm
+from lbtune.cluster import agent, health, render, vllm
 from lbtune.cluster.config import (
     DEFAULT_PRESET,
     LOOPBACK,
@@ -34,11 +34,13 @@ from lbtune.cluster.config import (
     resolve,
 )
 from lbtune.cluster.health import ClusterStatus, ComponentStatus, ReplicaStatus
-from lbtune.cluster.state import (
+from lbtune.errors import BalancerDown, ClusterError
+from lbtune.process import probes, supervisor
+from lbtune.process.supervisor import ClusterSupervisor, ProcessRecord
+from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
+from lbtune.records.statedir import (
     PROMETHEUS,
     SIM,
-    Endpoints,
-    ReplicaEndpoint,
     StatePaths,
     read_config_json,
     read_endpoints,
@@ -47,8 +49,6 @@ from lbtune.cluster.state import (
     write_endpoints,
     write_json_atomic,
 )
-from lbtune.cluster.supervisor import ClusterSupervisor, ProcessRecord
-from lbtune.errors import BalancerDown, ClusterError
 from lbtune.targets.base import Balancer, BalancerLaunch, LaunchSpec, ReplicaAddress
 
 log = logging.getLogger(__name__)

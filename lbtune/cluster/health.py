@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from lbtune.cluster import probes, supervisor
-from lbtune.cluster.state import AGENT, PROMETHEUS, SIM, Endpoints
-from lbtune.cluster.supervisor import ProcessRecord
+from lbtune.process import probes, supervisor
+from lbtune.process.supervisor import ProcessRecord
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import AGENT, PROMETHEUS, SIM
 
 # ---------------------------------------------------------------------------------------
 # Results.

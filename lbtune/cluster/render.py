@@ -1,23 +1,20 @@
 """Config files for the cluster's own processes: Prometheus (Jinja2), the sim host (JSON).
 
 The balancer's config is its target's business (:meth:`lbtune.targets.base.Balancer.launch`);
-:func:`render_template` and :func:`require` are shared by the targets whose templates
-live in ``lbtune/data/playbooks/templates/`` (the Ansible playbooks render the same files).
+templates are rendered by :func:`lbtune.resources.render_template` (the Ansible playbooks
+render the same files).
 """
 
 from __future__ import annotations
 
-import functools
 import shutil
 from collections.abc import Sequence
 from typing import Any
 
-import jinja2
-
 from lbtune.cluster.config import LOOPBACK, ResolvedCluster
-from lbtune.cluster.state import StatePaths
-from lbtune.errors import ClusterError, DependencyError
-from lbtune.resources import templates_dir
+from lbtune.errors import DependencyError
+from lbtune.records.statedir import StatePaths
+from lbtune.resources import render_template, templates_dir
 from lbtune.sim.spec import HostSpec, ReplicaSpec
 from lbtune.targets.base import ScrapeJob
 
@@ -44,25 +41,6 @@ def prometheus_context(
             f"{LOOPBACK}:{cluster.ports.agent}" if cluster.ports.agent is not None else ""
         ),
     }
-
-
-@functools.cache
-def _environment() -> jinja2.Environment:
-    """One environment per process: it caches compiled templates (a compile is ~45 ms, a
-    render ~1 ms; the loader still notices an edited template by its mtime)."""
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-
-
-def render_template(name: str, context: dict[str, Any]) -> str:
-    try:
-        return _environment().get_template(name).render(**context)
-    except jinja2.TemplateError as exc:
-        raise ClusterError(f"{TEMPLATES_DIR / name}: cannot render: {exc}") from None
 
 
 def render_prometheus(cluster: ResolvedCluster, balancer_jobs: Sequence[ScrapeJob] = ()) -> str:

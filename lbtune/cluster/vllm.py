@@ -32,11 +32,11 @@ from importlib.resources import as_file, files
 from pathlib import Path
 
 import lbtune
-from lbtune.cluster import supervisor
 from lbtune.cluster.config import ResolvedCluster
-from lbtune.cluster.state import StatePaths, state_root
-from lbtune.cluster.supervisor import ProcessRecord
 from lbtune.errors import ClusterError, DependencyError
+from lbtune.process import supervisor
+from lbtune.process.supervisor import ProcessRecord
+from lbtune.records.statedir import StatePaths, state_root
 
 MODEL_BUILDER = Path(__file__).resolve().parent / "vllm_model.py"
 """Run by path with the venv's Python (lbtune is not installed there); it ships in the package."""

@@ -1,8 +1,8 @@
 """History: every stress run and study indexed next to the Optuna studies, and drift.
 
-The callers of ``run_stress`` and ``run_optimize`` (the CLI, :mod:`lbtune.ci`) index what
+The callers of ``run_stress`` and ``run_optimize`` (the CLI, :mod:`lbtune.cli.ci`) index what
 they ran with :func:`add_entry` (the entries are made by :mod:`lbtune.history.index`:
-:func:`lbtune.stress.record_stress`, :func:`lbtune.optimize.record_study`); a failure to
+:func:`lbtune.run.stress.record_stress`, :func:`lbtune.tune.optimize.record_study`); a failure to
 index is a warning, never a failed run. The index lives in the same SQLite file as the
 studies (``reports/studies.db`` by default; see :func:`db_path`), in lbtune's own
 ``lbtune_*`` tables (:mod:`lbtune.history.store`). :mod:`lbtune.history.drift` flags when

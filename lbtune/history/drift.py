@@ -31,7 +31,7 @@ from lbtune.errors import ConfigError
 from lbtune.history.store import Entry, KeyFigures
 from lbtune.loadgen.recordio import read_records
 from lbtune.metrics.bootstrap import percentile_diff_interval
-from lbtune.runplan import read_run_plan
+from lbtune.scenario.runplan import read_run_plan
 
 __all__ = [
     "DEFAULT_THRESHOLD",
@@ -199,7 +199,7 @@ def samples(fig: KeyFigures, metric: str) -> Array | None:
     (the one ``run.json`` records, see :func:`_window`).
 
     The samples of the summary's latency table: TTFT over streamed requests only
-    (:attr:`~lbtune.loadgen.records.RequestRecord.ttft`), E2E over all of them.
+    (:attr:`~lbtune.records.requests.RequestRecord.ttft`), E2E over all of them.
     """
     if not fig.records_dir:
         return None

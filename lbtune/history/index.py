@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lbtune import __version__
-from lbtune.apply.lkg import params_hash
 from lbtune.errors import ConfigError
 from lbtune.history.store import Entry, KeyFigures
 from lbtune.objective import figures_from_summary
-from lbtune.runplan import RunPlan, read_run_plan
+from lbtune.scenario.runplan import RunPlan, read_run_plan
+from lbtune.targets.lkg import params_hash
 
 if TYPE_CHECKING:
     from lbtune.metrics.summary import RunSummary

@@ -8,7 +8,7 @@ Layout (the data flows top to bottom):
   connection, and the kernel's receive time stamps of its bytes;
 * :mod:`~lbtune.loadgen.user` — Locust ``LLMUser``, open-loop dispatcher, load shape;
 * :mod:`~lbtune.loadgen.worker` — the Locust process (local, master or worker);
-* :mod:`~lbtune.loadgen.records` / :mod:`~lbtune.loadgen.recordio` — records, JSONL, Parquet;
+* :mod:`~lbtune.records.requests` / :mod:`~lbtune.loadgen.recordio` — records, JSONL, Parquet;
 * :mod:`~lbtune.loadgen.health` — generator self-health;
 * :mod:`~lbtune.loadgen.exporter` — client-side Prometheus ``/metrics``;
 * :mod:`~lbtune.loadgen.collect` / :mod:`~lbtune.loadgen.runner` — ``run_load``, the

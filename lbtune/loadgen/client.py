@@ -13,7 +13,7 @@ with ``time.time()`` and the record says ``timing="loop"``.
 Send times are ``time.time()`` right before the request is written.
 
 Every call of :meth:`StreamClient.send` returns exactly one
-:class:`~lbtune.loadgen.records.RequestRecord` with exactly one outcome:
+:class:`~lbtune.records.requests.RequestRecord` with exactly one outcome:
 
 * ``ok`` — 2xx and the body ended (``[DONE]``, or the chunked/Content-Length end);
 * ``http_error`` — non-2xx status (kept in ``status_code``);
@@ -41,9 +41,9 @@ import gevent
 from gevent import socket as gsocket
 
 from lbtune.loadgen import kerneltime
-from lbtune.loadgen.records import OpenRequest, Outcome, RequestRecord, Timing
 from lbtune.loadgen.response import Closed, RequestState, exchange
 from lbtune.loadgen.wire import ProtocolError, build_request
+from lbtune.records.requests import OpenRequest, Outcome, RequestRecord, Timing
 from lbtune.scenario.request import RequestSpec
 
 __all__ = ["OpenSet", "StreamClient", "api_key_from_env"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lbtune.loadgen.health import percentile
 from lbtune.loadgen.recordio import decode_line, is_header
-from lbtune.loadgen.records import OUTCOMES, OpenRequest, RequestRecord
+from lbtune.records.requests import OUTCOMES, OpenRequest, RequestRecord
 
 __all__ = ["Progress", "RecordTail"]
 

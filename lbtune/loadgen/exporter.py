@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from lbtune.loadgen.records import RequestRecord
+from lbtune.records.requests import RequestRecord
 from lbtune.sim.metrics import Histogram
 
 __all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "TTFT_BUCKETS", "ExporterServer", "MetricsRegistry"]

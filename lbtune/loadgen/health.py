@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from time import perf_counter, time
 from typing import Any
 
-from lbtune.metrics import quantiles
+from lbtune.records import quantiles
 
 __all__ = [
     "BOUND_FLOOR_S",
@@ -68,7 +68,7 @@ _TICK_S = 0.010
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """:func:`lbtune.metrics.quantiles.percentile` (the one estimator); ``None`` when empty."""
+    """:func:`lbtune.records.quantiles.percentile` (the one estimator); ``None`` when empty."""
     if not values:
         return None
     return quantiles.percentile(values, q)

@@ -1,6 +1,6 @@
 """Reading and writing per-request records (no Locust, no gevent here).
 
-A :class:`~lbtune.loadgen.records.RequestRecord` crosses a file through one pydantic
+A :class:`~lbtune.records.requests.RequestRecord` crosses a file through one pydantic
 ``TypeAdapter`` (:data:`RECORD`), in both layouts:
 
 * while a test runs, each generator process appends to its own ``records-<worker>.jsonl``:
@@ -23,7 +23,7 @@ from typing import IO, Any
 from pydantic import TypeAdapter, ValidationError
 
 from lbtune.errors import ConfigError
-from lbtune.loadgen.records import RequestRecord
+from lbtune.records.requests import RequestRecord
 
 __all__ = [
     "FIELDS",

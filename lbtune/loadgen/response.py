@@ -15,7 +15,6 @@ from time import time
 from typing import Any
 
 from lbtune.loadgen.kerneltime import RECV, Peek, Reader, kernel_reader, loop_reader
-from lbtune.loadgen.records import Timing
 from lbtune.loadgen.wire import (
     ChunkedDecoder,
     ProtocolError,
@@ -24,6 +23,7 @@ from lbtune.loadgen.wire import (
     parse_head,
     parse_json_body,
 )
+from lbtune.records.requests import Timing
 
 __all__ = ["Closed", "RequestState", "exchange", "read_body", "read_stream"]
 

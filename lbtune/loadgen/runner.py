@@ -45,8 +45,8 @@ from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from lbtune.loadgen.health import GeneratorHealth, HealthSample, WorkerHealth, summarize
 from lbtune.loadgen.preflight import served_models
 from lbtune.loadgen.recordio import finalize
-from lbtune.loadgen.records import OpenRequest
 from lbtune.loadgen.source import resolve
+from lbtune.records.requests import OpenRequest
 
 __all__ = ["LoadConfig", "LoadResult", "Progress", "run_load"]
 
@@ -92,8 +92,9 @@ class LoadConfig:
     tokenizer_path: str | None = None
     """A Hugging Face ``tokenizer.json`` that prompt lengths are fitted to."""
     run_plan: str | None = None
-    """Path of the run's ``run.json`` (:mod:`lbtune.runplan`): when set, the generators take
-    the scenario document and load plan from it and never read the scenario file."""
+    """Path of the run's ``run.json`` (:mod:`lbtune.scenario.runplan`): when set, the
+    generators take the scenario document and load plan from it and never read the scenario
+    file."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Where the generator's requests and load shape come from.
 
-Normally the run's recorded plan (``run.json``, :mod:`lbtune.runplan`: the scenario
+Normally the run's recorded plan (``run.json``, :mod:`lbtune.scenario.runplan`: the scenario
 document as run), else a scenario (name or YAML path) through :mod:`lbtune.scenario`
 (``load_scenario`` → ``build_workload`` / ``plan_load``). For benchmarks and
 tests a *fixed* workload needs no scenario file:
@@ -16,9 +16,9 @@ from typing import Any, Literal, Protocol
 
 from lbtune.errors import ConfigError
 from lbtune.keyvalue import bad_value, parse_pairs
-from lbtune.runplan import read_run_plan
 from lbtune.scenario import build_workload, load_scenario, plan_load
 from lbtune.scenario.request import RequestSpec
+from lbtune.scenario.runplan import read_run_plan
 
 __all__ = ["FixedWorkload", "SimplePlan", "Workload", "resolve"]
 

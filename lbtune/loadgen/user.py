@@ -47,8 +47,8 @@ from lbtune.loadgen.client import OpenSet, StreamClient, api_key_from_env
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from lbtune.loadgen.health import HealthMonitor, HealthSample
 from lbtune.loadgen.recordio import RecordWriter
-from lbtune.loadgen.records import ERROR_OUTCOMES, RequestRecord
 from lbtune.loadgen.source import Workload, resolve
+from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 
 __all__ = ["STATE", "GeneratorState", "LLMUser", "OpenLoopUser", "PlanShape", "backoff_s"]
 

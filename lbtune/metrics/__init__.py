@@ -3,7 +3,7 @@
 Modules (import the one you need; this package imports nothing heavy on its own):
 
 * :mod:`lbtune.metrics.summary` — the frozen dataclasses of ``summary.json``.
-* :mod:`lbtune.metrics.quantiles` — percentiles and their sample-count rule.
+* :mod:`lbtune.records.quantiles` — percentiles and their sample-count rule.
 * :mod:`lbtune.metrics.stats` — window, throughput, goodput, outcomes, replicas,
   :func:`~lbtune.metrics.stats.summarize`.
 * :mod:`lbtune.metrics.stages` — per-stage figures, throughput decay, knee, recovery.

@@ -13,7 +13,7 @@ follow their request's weight: a request is resampled with all of its gaps.
 
 One sample's tail gets its interval from :func:`percentile_interval` (and a difference
 of two samples' percentiles from :func:`percentile_diff_interval`), by the same Poisson
-bootstrap and the same percentile (:mod:`lbtune.metrics.quantiles`); an interval is the
+bootstrap and the same percentile (:mod:`lbtune.records.quantiles`); an interval is the
 percentile interval of the replicates (:func:`interval`).
 
 Figures use exactly the definitions of :mod:`lbtune.metrics.stats` (latencies over
@@ -29,16 +29,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lbtune.loadgen.records import RequestRecord
-from lbtune.metrics.quantiles import (
+from lbtune.metrics.stats import meets_slo
+from lbtune.metrics.summary import Window
+from lbtune.records.quantiles import (
     MIN_SAMPLES,
     FloatArray,
     Weights,
     percentile,
     weighted_percentiles,
 )
-from lbtune.metrics.stats import meets_slo
-from lbtune.metrics.summary import Slo, Window
+from lbtune.records.requests import RequestRecord
+from lbtune.records.slo import Slo
 
 BoolArray = np.ndarray[tuple[int], np.dtype[np.bool_]]
 IntArray = np.ndarray[tuple[int], np.dtype[np.int64]]
@@ -187,7 +188,7 @@ def sample_counts(a: RunArrays) -> dict[str, int]:
 def point(a: RunArrays) -> dict[str, float | None]:
     """The figures of the run itself (every request once); ``None`` where undefined.
 
-    A percentile below its minimum sample count (:data:`~lbtune.metrics.quantiles.MIN_SAMPLES`)
+    A percentile below its minimum sample count (:data:`~lbtune.records.quantiles.MIN_SAMPLES`)
     is ``None``, as in ``summary.json``.
     """
     found = figures(a, np.ones((a.size, 1), dtype=np.int32))
@@ -269,7 +270,7 @@ def percentile_interval(
 ) -> tuple[float, float, float]:
     """``(estimate, low, high)``: the q-th percentile of ``values`` and its bootstrap interval.
 
-    The estimate is :func:`lbtune.metrics.quantiles.percentile` of the finite values;
+    The estimate is :func:`lbtune.records.quantiles.percentile` of the finite values;
     the interval is the ``confidence`` percentile interval of ``n_boot`` Poisson-bootstrap
     replicates (seeded, so the same inputs give the same interval). With few samples a
     P99 is close to the maximum and the interval cannot reach above it: read a narrow

@@ -23,13 +23,13 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from lbtune.loadgen.records import ERROR_OUTCOMES, RequestRecord
+from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 
 __all__ = ["CensoredSamples", "OpenRequestLike", "censored_samples"]
 
 OpenRequestLike = tuple[float, float | None, bool]
 """``(sent_at, ttft, stream)`` of a request sent and not yet ended at ``now``
-(``lbtune.loadgen.records.OpenRequest`` is one)."""
+(``lbtune.records.requests.OpenRequest`` is one)."""
 
 
 @dataclass(frozen=True)

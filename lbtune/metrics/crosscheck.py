@@ -35,17 +35,16 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
-from lbtune.loadgen.records import OUTCOMES, RequestRecord
-from lbtune.metrics.quantiles import MIN_SAMPLES
 from lbtune.metrics.summary import (
     CountCheck,
     CrossCheck,
     Latencies,
-    LatencyStats,
     PromClientSide,
     QuantileCheck,
     Window,
 )
+from lbtune.records.quantiles import MIN_SAMPLES, LatencyStats
+from lbtune.records.requests import OUTCOMES, RequestRecord
 
 
 def _finite(bounds: Sequence[float]) -> list[float]:

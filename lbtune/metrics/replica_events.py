@@ -1,6 +1,6 @@
 """When the balancer took a replica out, and which of its own errors that explains (pure).
 
-While the load runs, :class:`lbtune.metrics.replica_watch.ReplicaWatch` samples the
+While the load runs, :class:`lbtune.run.replica_watch.ReplicaWatch` samples the
 balancer's own view of each replica a few times a second (``Balancer.replica_rows``:
 down or not, and the errors it counted against the replica). From those samples:
 
@@ -19,8 +19,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lbtune.loadgen.records import RequestRecord
 from lbtune.metrics.summary import ReplicaEvents, ReplicaOutage
+from lbtune.records.requests import RequestRecord
 
 __all__ = ["ReplicaSample", "ReplicaTimeline", "balancer_made", "events", "owners"]
 

@@ -25,9 +25,10 @@ import bisect
 from collections.abc import Sequence
 from typing import Protocol
 
-from lbtune.loadgen.records import RequestRecord
-from lbtune.metrics.quantiles import p99_or_max
-from lbtune.metrics.summary import Slo, StageStats
+from lbtune.metrics.summary import StageStats
+from lbtune.records.quantiles import p99_or_max
+from lbtune.records.requests import RequestRecord
+from lbtune.records.slo import Slo
 
 SPIKE_LABEL = "spike"
 _NEVER = 1e9

@@ -18,25 +18,24 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from lbtune import __version__
-from lbtune.loadgen.records import ERROR_OUTCOMES, OUTCOMES, RequestRecord
 from lbtune.metrics import replica_events
 from lbtune.metrics import stages as stage_figures
 from lbtune.metrics.crosscheck import cross_check
-from lbtune.metrics.quantiles import latency_stats, p99_or_max, reported_percentile
 from lbtune.metrics.replica_events import ReplicaTimeline, balancer_made, owners
 from lbtune.metrics.summary import (
     GeneratorHealth,
     Latencies,
-    LatencyStats,
     Outcomes,
     ReplicaStats,
     RunSummary,
     ServerSide,
-    Slo,
     SloCheck,
     Throughput,
     Window,
 )
+from lbtune.records.quantiles import LatencyStats, latency_stats, p99_or_max, reported_percentile
+from lbtune.records.requests import ERROR_OUTCOMES, OUTCOMES, RequestRecord
+from lbtune.records.slo import Slo
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from lbtune.errors import ConfigError
+from lbtune.records.quantiles import LatencyStats
+from lbtune.records.slo import Slo
 
 SCHEMA_VERSION = 1
 """Bumped on any incompatible change of the JSON form (a renamed or removed field)."""
@@ -34,32 +36,6 @@ class Window:
 
     def contains(self, t: float) -> bool:
         return self.start <= t < self.end
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Service-level objective: P99 TTFT and P99 E2E bounds, and the error-rate limit."""
-
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    max_error_rate: float = 0.01
-
-
-@dataclass(frozen=True)
-class LatencyStats:
-    """Exact statistics of one latency over its samples (seconds)."""
-
-    count: int
-    mean: float | None = None
-    min: float | None = None
-    max: float | None = None
-    p50: float | None = None
-    p90: float | None = None
-    p95: float | None = None
-    p99: float | None = None
-    p999: float | None = None
-    too_few_samples: tuple[str, ...] = ()
-    """Percentiles withheld because ``count`` is below their minimum (e.g. ``"p99"``)."""
 
 
 @dataclass(frozen=True)

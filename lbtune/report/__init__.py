@@ -1,7 +1,7 @@
 """The run report: ``summary.json``, ``report.md`` and a self-contained ``report.html``.
 
 :mod:`lbtune.report.frame` computes the tables and plot data (pure, tested);
-:mod:`~lbtune.report.json`, :mod:`~lbtune.report.markdown`, :mod:`~lbtune.report.html`
+:mod:`~lbtune.metrics.summary_file`, :mod:`~lbtune.report.markdown`, :mod:`~lbtune.report.html`
 and :mod:`~lbtune.report.plots` only format it. Importing this package is light:
 matplotlib is imported when a report is written.
 """
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lbtune.metrics.summary_file import write_summary
 from lbtune.report import html, markdown
-from lbtune.report.json import write_summary
 
 if TYPE_CHECKING:
-    from lbtune.loadgen.records import RequestRecord
     from lbtune.metrics.summary import RunSummary
+    from lbtune.records.requests import RequestRecord
 
 
 @dataclass(frozen=True)

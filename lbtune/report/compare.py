@@ -1,4 +1,4 @@
-"""Renderers of a :class:`~lbtune.compare.CompareResult`: a frame, Markdown and JSON.
+"""Renderers of a :class:`~lbtune.compare.verdict.CompareResult`: a frame, Markdown and JSON.
 
 :func:`frame` is the pure table the CLI prints (rich) and the Markdown embeds;
 :func:`render_markdown` suits a pull-request comment or a CI step summary and names
@@ -16,7 +16,7 @@ from lbtune.report.frame import Table
 from lbtune.report.markdown import table
 
 if TYPE_CHECKING:
-    from lbtune.compare import CompareResult, FigureChange
+    from lbtune.compare.verdict import CompareResult, FigureChange
 
 _SCALE = {"ms": 1000.0, "%": 100.0}
 

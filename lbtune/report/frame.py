@@ -6,7 +6,7 @@ and rates in percent where the column name says so. Time series use ``t`` in
 seconds since the run start.
 
 Time-series points (per-second latency percentiles) use the one percentile
-(:func:`lbtune.metrics.quantiles.percentile`) *without* the sample-count rule of the
+(:func:`lbtune.records.quantiles.percentile`) *without* the sample-count rule of the
 summary, so that a plot shows something at low rates; every point carries its sample
 count ``n``.
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lbtune.loadgen.records import RequestRecord
-from lbtune.metrics.quantiles import percentile
-from lbtune.metrics.summary import LatencyStats, RunSummary
+from lbtune.metrics.summary import RunSummary
+from lbtune.records.quantiles import LatencyStats, percentile
+from lbtune.records.requests import RequestRecord
 
 Cell = str | int | float | None
 

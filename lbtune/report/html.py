@@ -6,8 +6,8 @@ import base64
 import html
 from collections.abc import Sequence
 
-from lbtune.loadgen.records import RequestRecord
 from lbtune.metrics.summary import RunSummary
+from lbtune.records.requests import RequestRecord
 from lbtune.report import frame, plots
 from lbtune.report.frame import Table
 from lbtune.report.markdown import fmt, numeric, when

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Literal
 from lbtune.report.compare import change, interval, limit, verdict
 
 if TYPE_CHECKING:
-    from lbtune.compare import CompareResult
+    from lbtune.compare.verdict import CompareResult
     from lbtune.metrics.summary import RunSummary, SloCheck
     from lbtune.search.result import StudyResult
 

@@ -30,7 +30,7 @@ from lbtune.report.study_plots import (
     best_params_markdown,
     slice_plot,
 )
-from lbtune.runplan import read_run_plan
+from lbtune.scenario.runplan import read_run_plan
 
 if TYPE_CHECKING:
     from lbtune.objective import Figures

@@ -12,7 +12,7 @@ is raised.
 
 **Enough samples.** At least ``runs`` rounds with a measured baseline; then more, one
 at a time, while some arm's pooled requests are fewer than a P99 needs
-(:data:`~lbtune.metrics.quantiles.MIN_SAMPLES`, 100), up to ``max_rounds`` rounds and
+(:data:`~lbtune.records.quantiles.MIN_SAMPLES`, 100), up to ``max_rounds`` rounds and
 ``max_s`` seconds of confirmation (a round is started only if it is expected to end in
 time). If the cap is hit, every arm is judged on the highest tail its samples support
 (:func:`lbtune.search.paired.tail_quantile`) and the note says so:
@@ -39,8 +39,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from lbtune.errors import LbtuneError, TrialFailed
-from lbtune.metrics.quantiles import MIN_SAMPLES
 from lbtune.objective import Figures, ObjectiveSpec, composite
+from lbtune.records.quantiles import MIN_SAMPLES
 from lbtune.search.paired import (
     finite_percentile,
     independent_draws,

@@ -1,9 +1,9 @@
 """What a study runs against — target, measurement, rollout path, last known good — and
 the safe rollout of a confirmed winner.
 
-:func:`lbtune.optimize_harness.real_harness` wires the real pieces (the embedded cluster
+:func:`lbtune.tune.harness.real_harness` wires the real pieces (the embedded cluster
 or a running one, ``run_stress``, ``apply_params(via="ansible")``, the LKG store); tests
-pass a :class:`Harness` of fakes to :func:`lbtune.optimize.run_optimize` instead.
+pass a :class:`Harness` of fakes to :func:`lbtune.tune.optimize.run_optimize` instead.
 """
 
 from __future__ import annotations

@@ -7,14 +7,14 @@ same seed), so that drift of the cluster between rounds hits every arm alike. On
 rounds in which every compared arm was measured are used.
 
 An arm's figures pool the requests of its runs over those rounds; every percentile is
-:func:`lbtune.metrics.quantiles.percentile` (the one estimator). The interval is a
+:func:`lbtune.records.quantiles.percentile` (the one estimator). The interval is a
 two-level bootstrap that keeps the pairing: each replicate draws the rounds with
 replacement (the same rounds for every arm), then the requests within each drawn run
 (independently per arm). Run-to-run variance is carried by the first level, request
 noise by the second. With a single round only the second level is left.
 
 :func:`tail_quantile` is the rule for which tail a pooled sample supports: P99 needs
-:data:`~lbtune.metrics.quantiles.MIN_SAMPLES` (100) samples, else P95 (20), P90 (10),
+:data:`~lbtune.records.quantiles.MIN_SAMPLES` (100) samples, else P95 (20), P90 (10),
 P50 (2).
 """
 
@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from lbtune.metrics.quantiles import MIN_SAMPLES, PERCENTILES, percentile
+from lbtune.records.quantiles import MIN_SAMPLES, PERCENTILES, percentile
 
 R = TypeVar("R")
 Rng = np.random.Generator

@@ -4,7 +4,7 @@ Each trial reports, every ``window_s`` seconds of its measured part, the composi
 score of the requests measured so far (cumulative, so later windows are steadier).
 Windows are numbered from 1. The score is **censored** like the final one: a request
 still running at the checkpoint counts at the time it has been running (see
-:mod:`lbtune.search.measure`), so a configuration whose slow requests have not
+:mod:`lbtune.search.tail`), so a configuration whose slow requests have not
 finished does not look good mid-trial. Because every trial replays the same seeded
 traffic, window *k* of one trial is comparable with window *k* of another.
 

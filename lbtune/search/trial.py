@@ -1,7 +1,7 @@
 """One trial: apply a parameter set (direct path), measure the scenario, check the figures.
 
 The measurement is a callable (:class:`Measure`) so that the study loop can be
-tested with a fake and run for real with :class:`lbtune.optimize_harness.StressMeasure`.
+tested with a fake and run for real with :class:`lbtune.tune.harness.StressMeasure`.
 A trial that cannot be measured raises :class:`~lbtune.errors.TrialFailed` with a
 reason; the study records it and goes on. A measurement the generator marked degraded
 raises :class:`GeneratorBehind` (a TrialFailed that the study re-measures once, in the

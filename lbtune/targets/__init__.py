@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from lbtune.errors import ConfigError
 
 if TYPE_CHECKING:
-    from lbtune.cluster.state import Endpoints
+    from lbtune.records.endpoints import Endpoints
     from lbtune.targets.base import Balancer, Target
 
 __all__ = ["TARGETS", "balancer", "get_target", "names", "unknown"]

@@ -4,7 +4,7 @@ A balancer is one subpackage ``lbtune/targets/<name>/`` and one line in
 :data:`lbtune.targets.TARGETS`. The registry entry is a :class:`Balancer`: what the
 embedded cluster needs to launch, watch and scrape the balancer, and a factory of
 :class:`Target` — what the optimizer, ``lbtune apply`` and the agent need to tune it.
-The core (``lbtune.cluster``, ``lbtune.apply``, ``lbtune.agent``, ``lbtune.optimize``)
+The core (``lbtune.cluster``, ``lbtune.apply``, ``lbtune.agent``, ``lbtune.tune.optimize``)
 only ever calls what is declared here, and never names a balancer.
 
 Two protocols, because they live at different times:
@@ -12,7 +12,7 @@ Two protocols, because they live at different times:
 * :class:`Balancer` exists before a cluster does (``lbtune cluster up`` asks it to check
   the cluster YAML, render and start the balancer, and name its Prometheus jobs);
 * :class:`Target` is one running balancer (made by :meth:`Balancer.target` from the
-  running cluster's :class:`~lbtune.cluster.state.Endpoints`): its knobs, validation,
+  running cluster's :class:`~lbtune.records.statedir.Endpoints`): its knobs, validation,
   apply, read-back and rollback.
 
 Everything that crosses a hook is a frozen dataclass defined in this module (or a
@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from lbtune.cluster.state import ReplicaAddress
 from lbtune.errors import ApplyError
+from lbtune.records.endpoints import ReplicaAddress
 from lbtune.targets.params import ParamSet, ParamValue
 
 if TYPE_CHECKING:
-    from lbtune.cluster.state import Endpoints
+    from lbtune.records.endpoints import Endpoints
     from lbtune.targets.space import ParameterSpace
 
 __all__ = [
@@ -156,7 +156,7 @@ class Target(Protocol):
         ...
 
     def rollback(self, *, check: bool = False) -> ApplyResult:
-        """Re-apply the last known good (:class:`lbtune.apply.lkg.LkgStore` in
+        """Re-apply the last known good (:class:`lbtune.targets.lkg.LkgStore` in
         ``state_dir`` under :attr:`name`); ApplyError when none was recorded.
         ``lbtune rollback`` and the failed-apply path of ``lbtune.apply`` call this."""
         ...

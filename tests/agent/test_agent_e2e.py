@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from lbtune.cluster import api
 from lbtune.cluster.config import load_config
-from lbtune.cluster.state import Endpoints
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets.haproxy.agent_check import slowdown_check
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
 from tests.agent.test_cli import cli

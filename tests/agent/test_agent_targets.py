@@ -16,8 +16,8 @@ from lbtune.agent.config import AgentConfig
 from lbtune.agent.loop import Agent
 from lbtune.agent.scoring import ReplicaInputs
 from lbtune.cluster import api
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import DependencyError, TargetError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets import balancer, names
 from lbtune.targets.base import Balancer
 

@@ -13,7 +13,6 @@ import yaml
 from typer.testing import CliRunner
 
 from lbtune.apply import apply_params, rollback
-from lbtune.apply.lkg import LkgStore
 from lbtune.cli.apply import apply_command, rollback_command
 from lbtune.cluster import api
 from lbtune.cluster.config import load_config
@@ -21,6 +20,7 @@ from lbtune.errors import ApplyError, ConfigError
 from lbtune.targets import TARGETS
 from lbtune.targets.base import ApplyResult, RejectedBeforeApply
 from lbtune.targets.haproxy.target import HaproxyTarget
+from lbtune.targets.lkg import LkgStore
 
 pytestmark = pytest.mark.integration
 BOGUS_QUEUE = {"haproxy_timeout_queue": "bogus"}  # renders a config HAProxy rejects

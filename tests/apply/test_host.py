@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from lbtune.apply.host import HostRequest, MakeTarget, module_result, run_on_host
-from lbtune.apply.lkg import LkgStore
-from lbtune.cluster.state import Endpoints, StatePaths, write_endpoints
 from lbtune.errors import ConfigError, TargetError
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths, write_endpoints
 from lbtune.targets.base import ApplyResult, ParamSet, zero_weight_replicas
+from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace, SpaceFile
 from tests.targets.test_haproxy_target import fake_endpoints
 

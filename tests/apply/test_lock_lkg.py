@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from lbtune.apply.lkg import LkgStore, params_hash
 from lbtune.apply.lock import apply_lock
 from lbtune.errors import ApplyError
+from lbtune.targets.lkg import LkgStore, params_hash
 
 
 def test_a_second_apply_is_refused_while_the_first_holds_the_lock(tmp_path: Path) -> None:

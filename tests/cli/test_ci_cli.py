@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from lbtune.cli import app
-from lbtune.metrics.summary import RunSummary, Slo
+from lbtune.metrics.summary import RunSummary
+from lbtune.records.slo import Slo
 from lbtune.report import ReportPaths
 from lbtune.search.result import Rollout
 from tests.report import data
@@ -32,7 +33,7 @@ class FakeLoad:
 
 @dataclass(frozen=True)
 class FakeStressResult:
-    """What the stress command reads of :class:`lbtune.stress.StressResult`."""
+    """What the stress command reads of :class:`lbtune.run.stress.StressResult`."""
 
     summary: RunSummary
     report: ReportPaths | None = None
@@ -44,7 +45,7 @@ def _stub_stress(monkeypatch: pytest.MonkeyPatch, slo: Slo) -> None:
         assert callable(kw["on_progress"])  # the CLI always passes a progress callback
         return FakeStressResult(data.summary(slo=slo))
 
-    monkeypatch.setattr("lbtune.stress.run_stress", fake)
+    monkeypatch.setattr("lbtune.run.stress.run_stress", fake)
 
 
 def test_stress_ci_exits_1_on_an_slo_breach_and_writes_junit(
@@ -75,7 +76,7 @@ def test_a_junit_path_that_cannot_be_written_fails_before_any_load(
 ) -> None:
     from lbtune.errors import ConfigError
 
-    monkeypatch.setattr("lbtune.stress.run_stress", lambda *a, **k: pytest.fail("load sent"))
+    monkeypatch.setattr("lbtune.run.stress.run_stress", lambda *a, **k: pytest.fail("load sent"))
     (tmp_path / "f").write_text("")
     res = CliRunner().invoke(app, ["stress", "--ci", "--junit", str(tmp_path / "f" / "j.xml")])
     assert isinstance(res.exception, ConfigError) and "--junit" in str(res.exception)
@@ -87,7 +88,7 @@ def test_stress_error_is_recorded_in_junit(monkeypatch: pytest.MonkeyPatch, tmp_
     def fail(*a: Any, **k: Any) -> Any:
         raise TargetError("target http://127.0.0.1:1 is unreachable")
 
-    monkeypatch.setattr("lbtune.stress.run_stress", fail)
+    monkeypatch.setattr("lbtune.run.stress.run_stress", fail)
     junit = tmp_path / "j.xml"
     res = CliRunner().invoke(app, ["stress", "--ci", "--junit", str(junit)])
     assert isinstance(res.exception, TargetError)
@@ -119,7 +120,7 @@ def test_optimize_ci_exit_codes_junit_and_step_summary(
         got.append(opts.study)
         return study(rollout)
 
-    monkeypatch.setattr("lbtune.optimize.run_optimize", fake)
+    monkeypatch.setattr("lbtune.tune.optimize.run_optimize", fake)
     junit = tmp_path / "o.xml"
     args = ["optimize", "--study", "nightly", "--junit", str(junit), *(["--ci"] if ci else [])]
     res = CliRunner().invoke(app, args)

@@ -17,7 +17,7 @@ import requests
 
 from lbtune.cluster import api
 from lbtune.cluster.config import load_config
-from lbtune.cluster.state import Endpoints
+from lbtune.records.endpoints import Endpoints
 
 M8 = "llama-3.1-8b-instruct"
 M70 = "llama-3.1-70b-instruct-awq"

@@ -19,9 +19,11 @@ from prometheus_api_client import PrometheusConnect
 
 from lbtune.agent.config import AgentConfig, read_agent_file
 from lbtune.apply import apply_params
-from lbtune.cluster import api, supervisor
+from lbtune.cluster import api
 from lbtune.cluster.config import load_config
-from lbtune.cluster.state import Endpoints, StatePaths
+from lbtune.process import supervisor
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths
 from lbtune.targets.base import RejectedBeforeApply
 from lbtune.targets.haproxy.agent_check import slowdown_check
 from lbtune.targets.haproxy.target import HaproxyTarget

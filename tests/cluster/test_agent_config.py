@@ -13,8 +13,8 @@ from lbtune.agent.config import load_agent_config, read_agent_file, write_agent_
 from lbtune.cluster import agent
 from lbtune.cluster.config import load_config, resolve
 from lbtune.cluster.render import render_prometheus
-from lbtune.cluster.state import StatePaths
 from lbtune.errors import ConfigError
+from lbtune.records.statedir import StatePaths
 from lbtune.targets.base import RejectedBeforeApply
 from lbtune.targets.haproxy.target import HaproxyTarget
 from tests.targets.test_haproxy_target import fake_endpoints

@@ -17,9 +17,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from lbtune.cluster import api, supervisor
-from lbtune.cluster.state import Endpoints, StatePaths
+from lbtune.cluster import api
 from lbtune.errors import BalancerDown
+from lbtune.process import supervisor
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths
 from tests.cluster.conftest import mini_config, needs_binaries
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), needs_binaries]

@@ -21,10 +21,12 @@ from prometheus_api_client import PrometheusConnect
 from typer.testing import CliRunner
 
 from lbtune.cli import app
-from lbtune.cluster import api, health, supervisor
-from lbtune.cluster.state import Endpoints, StatePaths
-from lbtune.cluster.supervisor import ProcessRecord
+from lbtune.cluster import api, health
 from lbtune.errors import ClusterError, DependencyError
+from lbtune.process import supervisor
+from lbtune.process.supervisor import ProcessRecord
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths
 from tests.cluster.conftest import M8, M70, alive, chat, mini_config, started_pids, stream_ttft
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lbtune.cluster.probes import gauge_sums
+from lbtune.process.probes import gauge_sums
 
 TEXT = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

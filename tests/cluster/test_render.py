@@ -11,7 +11,7 @@ import pytest
 from lbtune.cluster.api import launch_spec
 from lbtune.cluster.config import load_config, resolve
 from lbtune.cluster.render import render_prometheus, sim_spec
-from lbtune.cluster.state import StatePaths
+from lbtune.records.statedir import StatePaths
 from lbtune.targets import balancer
 from lbtune.targets.haproxy.config import render_untuned
 from lbtune.targets.haproxy.files import HaproxyFiles, Site, backend_names, config_alerts

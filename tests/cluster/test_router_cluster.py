@@ -17,10 +17,12 @@ from typing import Any
 import pytest
 import requests
 
-from lbtune.cluster import api, probes
+from lbtune.cluster import api
 from lbtune.cluster.config import ClusterConfig, ReplicaGroup, load_config, parse_config
-from lbtune.cluster.state import Endpoints, StatePaths
 from lbtune.errors import ConfigError
+from lbtune.process import probes
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths
 from lbtune.targets.vllm_router import process as router
 from tests.cluster.conftest import M8, M70, alive, started_pids
 

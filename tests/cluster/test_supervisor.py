@@ -10,9 +10,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from lbtune.cluster import supervisor
-from lbtune.cluster.state import StatePaths
 from lbtune.errors import ClusterError
+from lbtune.process import supervisor
+from lbtune.records.statedir import StatePaths
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 

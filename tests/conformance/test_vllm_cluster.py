@@ -16,8 +16,8 @@ import requests
 
 from lbtune.cluster import api, vllm
 from lbtune.cluster.config import load_config, parse_config, resolve
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import ConfigError
+from lbtune.records.endpoints import Endpoints
 from tests.conformance.conftest import MODEL
 
 

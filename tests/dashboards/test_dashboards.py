@@ -174,7 +174,7 @@ def test_promtool_checks_and_unit_tests_the_rules() -> None:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """mini2 + agent, the rules loaded into its Prometheus, one 15 s stress run."""
-    from lbtune.stress import StressOptions, record_stress, run_stress
+    from lbtune.run.stress import StressOptions, record_stress, run_stress
 
     state = tmp_path_factory.mktemp("dash-cluster")
     with running_cluster(state, "mini2-agent", time_scale=8.0) as ep:

@@ -18,7 +18,7 @@ from lbtune.history.drift import bootstrap_p99_diff, check_drift, samples
 from lbtune.history.page import page
 from lbtune.history.store import SCHEMA_VERSION, Entry, HistoryStore, KeyFigures
 from lbtune.loadgen.recordio import write_parquet
-from lbtune.optimize import OptimizeOptions, record_study, run_optimize
+from lbtune.tune.optimize import OptimizeOptions, record_study, run_optimize
 from tests.metrics.records import rec
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 
@@ -179,8 +179,9 @@ def test_samples_keep_the_window_and_successes(tmp_path: Path) -> None:
 
 def test_samples_use_the_window_run_json_recorded(tmp_path: Path) -> None:
     """Not offsets from the first send: the absolute window of the run's plan."""
-    from lbtune.runplan import plan_run, write_run_plan
-    from lbtune.stress import StressOptions
+    from lbtune.run.plan import plan_run
+    from lbtune.run.stress import StressOptions
+    from lbtune.scenario.runplan import write_run_plan
 
     d = _parquet(tmp_path / "r", np.full(100, 0.5))  # sent 1000.00 .. 1004.95
     plan = plan_run(StressOptions(scenario="chat", duration_s=30))

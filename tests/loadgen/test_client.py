@@ -15,8 +15,8 @@ import pytest
 from lbtune.cluster.config import free_port
 from lbtune.loadgen.client import StreamClient
 from lbtune.loadgen.echo import EchoServer
-from lbtune.loadgen.records import OUTCOMES
 from lbtune.loadgen.source import FixedWorkload
+from lbtune.records.requests import OUTCOMES
 
 SECRET = "sk-test-DO-NOT-LEAK-42"
 

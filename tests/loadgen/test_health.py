@@ -11,7 +11,7 @@ from lbtune.loadgen.health import (
     summarize,
     timing_bound,
 )
-from lbtune.metrics import quantiles
+from lbtune.records import quantiles
 
 
 def test_percentile_is_the_one_estimator() -> None:

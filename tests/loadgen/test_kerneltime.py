@@ -17,8 +17,8 @@ import pytest
 
 from lbtune.loadgen.client import StreamClient
 from lbtune.loadgen.kerneltime import KERNEL_TIMESTAMPS, Peek, enable, kernel_reader, loop_reader
-from lbtune.loadgen.records import RequestRecord
 from lbtune.loadgen.source import FixedWorkload
+from lbtune.records.requests import RequestRecord
 
 pytestmark = pytest.mark.skipif(not KERNEL_TIMESTAMPS, reason="kernel stamps are Linux-only")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lbtune.loadgen.records import Outcome, RequestRecord
+from lbtune.records.requests import Outcome, RequestRecord
 
 
 def rec(

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lbtune.loadgen.records import RequestRecord
 from lbtune.metrics.bootstrap import RunArrays, point, resample
 from lbtune.metrics.stats import summarize
-from lbtune.metrics.summary import Slo, Window
+from lbtune.metrics.summary import Window
+from lbtune.records.requests import RequestRecord
+from lbtune.records.slo import Slo
 from tests.metrics.records import rec
 
 T0 = 1_700_000_000.0

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from lbtune.loadgen.records import RequestRecord
 from lbtune.metrics.censor import CensoredSamples, censored_samples
+from lbtune.records.requests import RequestRecord
 from tests.metrics.records import rec
 
 

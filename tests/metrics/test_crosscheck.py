@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lbtune.loadgen.records import RequestRecord
 from lbtune.metrics.crosscheck import band, bucket_width, cross_check
 from lbtune.metrics.stats import latencies, sent_in
 from lbtune.metrics.summary import CrossCheck, PromClientSide, Window
+from lbtune.records.requests import RequestRecord
 from tests.metrics.records import rec
 
 T0 = 3_000_000.0

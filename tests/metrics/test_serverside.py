@@ -11,7 +11,8 @@ from lbtune.metrics import promql
 from lbtune.metrics.prom import PrometheusUnreachable, Sample
 from lbtune.metrics.serverside import collect
 from lbtune.metrics.stats import summarize
-from lbtune.metrics.summary import GeneratorHealth, RunSummary, Slo, Window
+from lbtune.metrics.summary import GeneratorHealth, RunSummary, Window
+from lbtune.records.slo import Slo
 from tests.metrics.records import rec
 
 T0 = 4_000_000.0

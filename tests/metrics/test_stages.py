@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from lbtune.loadgen.records import RequestRecord
 from lbtune.metrics.stages import knee, recovery_time, stage_stats, throughput_decay
 from lbtune.metrics.stats import summarize
-from lbtune.metrics.summary import Slo, Window
+from lbtune.metrics.summary import Window
+from lbtune.records.requests import RequestRecord
+from lbtune.records.slo import Slo
 from tests.metrics.records import rec
 
 T0 = 2_000_000.0

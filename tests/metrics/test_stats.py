@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from lbtune.metrics.quantiles import latency_stats, p99_or_max, percentile
 from lbtune.metrics.stats import (
     latencies,
     outcomes,
@@ -16,7 +15,9 @@ from lbtune.metrics.stats import (
     summarize,
     throughput,
 )
-from lbtune.metrics.summary import Slo, Window
+from lbtune.metrics.summary import Window
+from lbtune.records.quantiles import latency_stats, p99_or_max, percentile
+from lbtune.records.slo import Slo
 from tests.metrics.records import rec
 
 T0 = 1_000_000.0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lbtune.loadgen.records import RequestRecord
 from lbtune.metrics.stats import summarize
 from lbtune.metrics.summary import (
     GeneratorHealth,
@@ -12,9 +11,10 @@ from lbtune.metrics.summary import (
     ReplicaServerSide,
     RunSummary,
     ServerSide,
-    Slo,
     Window,
 )
+from lbtune.records.requests import RequestRecord
+from lbtune.records.slo import Slo
 from tests.metrics.records import rec
 
 T0 = 1_700_000_000.0

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lbtune import ci
-from lbtune.metrics.summary import Slo
+from lbtune.cli import ci
 from lbtune.objective import Figures, ObjectiveSpec
+from lbtune.records.slo import Slo
 from lbtune.report.junit import (
     JUnitCase,
     JUnitSuite,
@@ -152,7 +152,7 @@ def test_step_summary_appends_only_when_set(tmp_path: Path) -> None:
 
 
 def test_progress_lines() -> None:
-    from lbtune.optimize import StudyProgress
+    from lbtune.tune.optimize import StudyProgress
 
     got: list[str] = []
     lines = ci.StudyLines(emit=got.append)

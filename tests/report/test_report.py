@@ -10,8 +10,8 @@ import pytest
 
 from lbtune.errors import ConfigError
 from lbtune.metrics.summary import GeneratorHealth, RunSummary
+from lbtune.metrics.summary_file import read_summary
 from lbtune.report import write_report
-from lbtune.report.json import read_summary
 from lbtune.report.markdown import fmt
 from tests.report import data
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from lbtune.cluster.state import Endpoints, ReplicaEndpoint, StatePaths, write_endpoints
+from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
+from lbtune.records.statedir import StatePaths, write_endpoints
 from lbtune.sim.spec import HostSpec, ReplicaSpec
 from lbtune.targets.base import DEFAULT_REPLICA_HEADER, ReplicaAddress
 from lbtune.targets.haproxy import config

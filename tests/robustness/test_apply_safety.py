@@ -21,16 +21,17 @@ import pytest
 
 from lbtune.apply import apply_params
 from lbtune.apply.host import HostRequest, run_on_host
-from lbtune.apply.lkg import LkgStore
 from lbtune.apply.paramfile import read_params_for
 from lbtune.apply.runner import PlaybookRun, check_inventory
 from lbtune.apply.serving import models_without_replica
 from lbtune.cluster import api
-from lbtune.cluster.probes import http_get
-from lbtune.cluster.state import Endpoints, StatePaths, read_endpoints, write_endpoints
 from lbtune.errors import ConfigError, DependencyError
+from lbtune.process.probes import http_get
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths, read_endpoints, write_endpoints
 from lbtune.targets import balancer, get_target, names
 from lbtune.targets.base import Target, zero_weight_replicas
+from lbtune.targets.lkg import LkgStore
 from tests.robustness.conftest import run_cli
 
 # --- pure: the rule and the messages ------------------------------------------------------

@@ -19,14 +19,14 @@ import requests
 from rich.console import Console
 
 from lbtune.cli.stress import _print_summary
-from lbtune.cluster.state import ReplicaEndpoint
-from lbtune.loadgen.records import ERROR_OUTCOMES, RequestRecord
-from lbtune.metrics import replica_watch
 from lbtune.metrics.replica_events import ReplicaSample, ReplicaTimeline, events, owners
-from lbtune.metrics.replica_watch import EXTERNAL, ReplicaWatch
 from lbtune.metrics.stats import replica_stats, summarize
 from lbtune.metrics.summary import RunSummary, Window
+from lbtune.records.endpoints import ReplicaEndpoint
+from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 from lbtune.report.frame import replica_events as event_lines
+from lbtune.run import replica_watch
+from lbtune.run.replica_watch import EXTERNAL, ReplicaWatch
 from lbtune.targets.base import ReplicaRow
 from tests.conftest import running_cluster
 from tests.metrics.records import rec
@@ -205,7 +205,7 @@ def test_a_replica_killed_mid_run_is_named_and_haproxys_errors_are_put_on_it(
 ) -> None:
     from lbtune.loadgen.recordio import read_records
     from lbtune.metrics.replica_events import balancer_made
-    from lbtune.stress import StressOptions, run_stress
+    from lbtune.run.stress import StressOptions, run_stress
 
     scen = tmp_path / "two-models.yaml"
     scen.write_text(SCENARIO)

@@ -1,5 +1,5 @@
 """Defect 11 of issue 16: ``compare`` calls no regression on a figure its samples cannot
-support (the MIN_SAMPLES rule of lbtune.metrics.quantiles): it says "not enough samples"."""
+support (the MIN_SAMPLES rule of lbtune.records.quantiles): it says "not enough samples"."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from lbtune.loadgen.records import RequestRecord
+from lbtune.records.requests import RequestRecord
 
 
 def _side(name: str, n: int, ttft: float, seed: int):  # type: ignore[no-untyped-def]
+    from lbtune.compare.sources import Side
     from lbtune.metrics.bootstrap import RunArrays
     from lbtune.metrics.summary import Window
-    from lbtune.report.sources import Side
 
     rng = random.Random(seed)
     recs = []
@@ -52,8 +52,8 @@ def _side(name: str, n: int, ttft: float, seed: int):  # type: ignore[no-untyped
 
 @pytest.mark.parametrize(("na", "nb"), [(50, 49), (99, 100), (100, 60), (150, 150)])
 def test_a_p99_on_too_few_samples_is_not_a_regression(na: int, nb: int) -> None:
-    from lbtune.compare import compare
-    from lbtune.metrics.quantiles import MIN_SAMPLES
+    from lbtune.compare.verdict import compare
+    from lbtune.records.quantiles import MIN_SAMPLES
 
     r = compare(_side("A", na, 0.1, 1), _side("B", nb, 0.2, 2), resamples=400)
     p99 = {f.key: f for f in r.figures}["ttft_p99"]
@@ -66,7 +66,7 @@ def test_a_p99_on_too_few_samples_is_not_a_regression(na: int, nb: int) -> None:
 
 
 def test_p50_rests_on_its_own_minimum() -> None:
-    from lbtune.compare import compare
+    from lbtune.compare.verdict import compare
 
     r = compare(_side("A", 50, 0.1, 1), _side("B", 50, 0.2, 2), resamples=400)
     assert {f.key: f for f in r.figures}["ttft_p50"].status == "regression"

@@ -21,7 +21,7 @@ output_tokens: {type: fixed, value: 4}
 @pytest.mark.integration
 def test_users_back_off_and_the_report_says_so(tmp_path: Path, echo_url: str) -> None:
     from lbtune.loadgen.recordio import read_records
-    from lbtune.stress import StressOptions, run_stress
+    from lbtune.run.stress import StressOptions, run_stress
 
     scen = tmp_path / "storm.yaml"
     scen.write_text(SCENARIO)

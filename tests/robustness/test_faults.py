@@ -29,12 +29,12 @@ import pytest
 
 from lbtune.apply import apply_params
 from lbtune.apply.lease import lease_path
-from lbtune.apply.lkg import LkgStore
 from lbtune.cluster import api
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import DependencyError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets import get_target
 from lbtune.targets.base import ParamSet, Target
+from lbtune.targets.lkg import LkgStore
 from tests.robustness.conftest import LBTUNE
 
 pytestmark = pytest.mark.integration
@@ -83,7 +83,7 @@ HOLDER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from lbtune.apply.lease import hold
-    from lbtune.cluster.state import StatePaths, read_endpoints
+    from lbtune.records.statedir import StatePaths, read_endpoints
     from lbtune.targets import get_target
     ep = read_endpoints(StatePaths(Path(sys.argv[1])))
     t = get_target(ep.balancer, ep)
@@ -134,7 +134,7 @@ def test_a_released_lease_restores_nothing(cluster: Endpoints) -> None:
         import sys
         from pathlib import Path
         from lbtune.apply.lease import hold
-        from lbtune.cluster.state import StatePaths, read_endpoints
+        from lbtune.records.statedir import StatePaths, read_endpoints
         from lbtune.targets import get_target
         ep = read_endpoints(StatePaths(Path(sys.argv[1])))
         t = get_target(ep.balancer, ep)

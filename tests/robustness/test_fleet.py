@@ -164,7 +164,7 @@ def write_params(path: Path, params: Mapping[str, int]) -> Path:
 def test_a_rollout_over_ssh_stops_at_the_first_failing_host_and_leaves_none_half_applied(
     fleet: Fleet,
 ) -> None:
-    from lbtune.cluster.state import StatePaths, write_endpoints
+    from lbtune.records.statedir import StatePaths, write_endpoints
 
     t0 = time.monotonic()
     work = fleet.root / "controller"

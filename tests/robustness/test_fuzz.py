@@ -33,9 +33,8 @@ from lbtune.apply.paramfile import read_params_for
 from lbtune.cli import app
 from lbtune.cluster.config import load_config, parse_config
 from lbtune.errors import LbtuneError
-from lbtune.metrics.summary import Slo
+from lbtune.records.slo import Slo, parse_slo
 from lbtune.resources import clusters_dir, scenarios_dir
-from lbtune.runplan import parse_slo
 from lbtune.scenario.loader import load_scenario, scenario_from_dict
 from lbtune.targets.haproxy.target import SPACE_FILE
 from lbtune.targets.space import ParameterSpace, load_params_file

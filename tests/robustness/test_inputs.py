@@ -325,7 +325,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 @pytest.fixture(scope="module")
 def stress_report(tmp_path_factory: pytest.TempPathFactory, echo_url: str) -> Path:
     """A real (2 s) stress report against the echo target."""
-    from lbtune.stress import StressOptions, run_stress
+    from lbtune.run.stress import StressOptions, run_stress
 
     root = tmp_path_factory.mktemp("report")
     scen = root / "s.yaml"

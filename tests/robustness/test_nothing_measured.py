@@ -64,8 +64,9 @@ def test_a_generator_that_sent_nothing_is_named_with_its_failure(tmp_path: Path)
     from lbtune.loadgen.health import GeneratorHealth
     from lbtune.loadgen.recordio import finalize
     from lbtune.loadgen.runner import LoadResult
-    from lbtune.runplan import plan_run
-    from lbtune.stress import StressOptions, nothing_measured
+    from lbtune.run.plan import plan_run
+    from lbtune.run.stress import StressOptions
+    from lbtune.run.summary import nothing_measured
 
     plan = plan_run(StressOptions(scenario=str(_scenario(tmp_path, "{type: constant, users: 2}"))))
     load = LoadResult(

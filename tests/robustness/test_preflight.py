@@ -39,7 +39,7 @@ def _settled(ep: Any, column: str) -> int:
 
 def test_the_reachability_probe_adds_no_failed_request(mini2: Any) -> None:
     from lbtune.loadgen.runner import LoadConfig, _check_target
-    from lbtune.stress import check_reachable
+    from lbtune.run.target import check_reachable
 
     u = urlsplit(mini2.balancer_url)
     before = _settled(mini2, "ereq")

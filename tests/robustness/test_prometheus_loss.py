@@ -3,7 +3,7 @@ goes on, the client-side report is written and marked incomplete with the reason
 request is accounted for, and the command ends with one warning, not a traceback.
 
 (The library-level case, a replica crash and Prometheus lost in one run, is
-``tests/test_stress_failures.py``.)
+``tests/run/test_failures.py``.)
 """
 
 from __future__ import annotations

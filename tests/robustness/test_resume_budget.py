@@ -3,7 +3,7 @@ without ``--budget`` ran to 50 trials. A resumed study keeps its own budget (an 
 ``--budget`` still overrides it).
 
 Fake target and measurement (the study loop, storage and resume are real); the kill -9 of a
-real ``optimize`` mid-trial is ``tests/test_optimize_e2e.py`` and ``test_faults.py``.
+real ``optimize`` mid-trial is ``tests/tune/test_optimize_e2e.py`` and ``test_faults.py``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from lbtune.optimize import OptimizeOptions, run_optimize
 from lbtune.search.study import owner
+from lbtune.tune.optimize import OptimizeOptions, run_optimize
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 
 

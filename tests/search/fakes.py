@@ -2,7 +2,7 @@
 
 Why fakes: the study loop, pruning, confirmation and rollout logic must be tested in
 milliseconds and without a cluster; the real target and ``run_stress`` are covered by
-``tests/test_optimize_e2e.py``. The fake target implements the
+``tests/tune/test_optimize_e2e.py``. The fake target implements the
 :class:`lbtune.targets.base.Target` protocol (space, read_live, apply, rollback) over a
 real :class:`~lbtune.targets.space.ParameterSpace`, so validation is the real one.
 """
@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from lbtune.errors import ApplyError, TrialFailed
-from lbtune.metrics.quantiles import percentile
 from lbtune.objective import Figures
-from lbtune.optimize import OptimizeOptions
+from lbtune.records.quantiles import percentile
 from lbtune.search.harness import Harness
 from lbtune.search.trial import Measure, Measurement, Samples, WindowHook
 from lbtune.targets.base import ApplyResult, ParamSet, zero_weight_replicas
 from lbtune.targets.space import ParameterSpace, SpaceFile
+from lbtune.tune.optimize import OptimizeOptions
 
 SPACE = {
     "target": "fake",

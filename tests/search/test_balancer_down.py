@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from lbtune.errors import BalancerDown
-from lbtune.optimize import OptimizeOptions, run_optimize
 from lbtune.search.trial import Measurement, WindowHook
+from lbtune.tune.optimize import OptimizeOptions, run_optimize
 from tests.search.fakes import FakeMeasure, FakeTarget, harness, study_options
 
 

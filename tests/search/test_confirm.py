@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from lbtune.objective import ObjectiveSpec
-from lbtune.optimize import OptimizeOptions, run_optimize
 from lbtune.search.confirm import bootstrap_diff
 from lbtune.search.trial import Samples
 from lbtune.targets.base import ParamSet
+from lbtune.tune.optimize import OptimizeOptions, run_optimize
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 
 

@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 
 from lbtune.errors import LbtuneError, TrialFailed
-from lbtune.metrics.quantiles import percentile
 from lbtune.objective import Figures, ObjectiveSpec
-from lbtune.optimize import OptimizeOptions, run_optimize
+from lbtune.records.quantiles import percentile
 from lbtune.report.study import before_after, rounds_table
 from lbtune.search.confirm import Arm, BaselineUnmeasurable, bootstrap_diff, confirm
 from lbtune.search.result import StudyResult, TrialResult
 from lbtune.search.trial import Measurement, Samples, TrialRunner, WindowHook
 from lbtune.targets.base import ParamSet
+from lbtune.tune.optimize import OptimizeOptions, run_optimize
 from tests.search.fakes import FakeTarget, harness, quality
 
 DRIFT = {1: 1.0, 2: 2.0, 3: 4.0, 4: 1.5, 5: 3.0, 6: 2.5}
@@ -209,7 +209,7 @@ def test_the_cli_prints_an_unmeasurable_baseline_as_one_line() -> None:
     import sys
 
     code = (
-        "import sys, lbtune.optimize as o\n"
+        "import sys, lbtune.tune.optimize as o\n"
         "from lbtune.search.confirm import BaselineUnmeasurable\n"
         "def boom(*a, **k): raise BaselineUnmeasurable('the live configuration (trial 0) "
         "could not be measured')\n"

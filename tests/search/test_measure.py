@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from lbtune.loadgen.records import OpenRequest, Outcome, RequestRecord
 from lbtune.metrics.censor import censored_samples
-from lbtune.metrics.quantiles import percentile
-from lbtune.search.measure import partial_figures, tail_figures
+from lbtune.records.quantiles import percentile
+from lbtune.records.requests import OpenRequest, Outcome, RequestRecord
+from lbtune.search.tail import partial_figures, tail_figures
 
 
 def rec(

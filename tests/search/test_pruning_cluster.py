@@ -34,7 +34,7 @@ import pytest
 from tests.conftest import M8, running_cluster
 
 if TYPE_CHECKING:
-    from lbtune.loadgen.records import RequestRecord
+    from lbtune.records.requests import RequestRecord
     from lbtune.search.result import StudyResult
     from lbtune.targets.base import ParamSet
 
@@ -85,9 +85,9 @@ def _finished_only(run: Path, res: StudyResult) -> tuple[float, float]:
     """(final score, score at window 1 from the requests finished by then) of one run."""
     from lbtune.loadgen.recordio import read_records
     from lbtune.metrics.censor import censored_samples
-    from lbtune.metrics.quantiles import percentile
     from lbtune.objective import Figures, composite
-    from lbtune.runplan import read_run_plan
+    from lbtune.records.quantiles import percentile
+    from lbtune.scenario.runplan import read_run_plan
 
     plan = read_run_plan(run)
     assert plan.window_start is not None and plan.window_end is not None
@@ -105,7 +105,7 @@ def _finished_only(run: Path, res: StudyResult) -> tuple[float, float]:
 
 @pytest.mark.timeout(480)
 def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path: Path) -> None:
-    from lbtune.optimize import OptimizeOptions, run_optimize
+    from lbtune.tune.optimize import OptimizeOptions, run_optimize
 
     (tmp_path / "slow3.yaml").write_text(CLUSTER)
     (tmp_path / "load.yaml").write_text(SCENARIO)

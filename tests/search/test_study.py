@@ -9,8 +9,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from lbtune.optimize import run_optimize
 from lbtune.search.study import owner
+from lbtune.tune.optimize import run_optimize
 from tests.search.fakes import FakeMeasure, FakeTarget, harness, study_options
 
 _opts = study_options

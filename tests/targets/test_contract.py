@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 import requests
 
-from lbtune.apply.lkg import LkgStore
 from lbtune.apply.runner import PLAYBOOKS_DIR
 from lbtune.cluster import api
 from lbtune.cluster.config import load_config
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import ConfigError, DependencyError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets import TARGETS, balancer, get_target, names
 from lbtune.targets.base import Balancer, ParamSet, Target
+from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace
 
 # --- the registry entry (no processes) ---------------------------------------------------

@@ -13,8 +13,8 @@ import requests
 
 from lbtune.cluster import api
 from lbtune.cluster.config import load_config
-from lbtune.cluster.state import Endpoints, ReplicaEndpoint
 from lbtune.errors import ConfigError
+from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
 from lbtune.targets.base import RejectedBeforeApply
 from lbtune.targets.haproxy import config
 from lbtune.targets.haproxy.files import HaproxyFiles, Site

@@ -13,10 +13,11 @@ from pydantic import ValidationError
 
 from lbtune.cluster.config import PORTS_ENV
 from lbtune.errors import ConfigError
-from lbtune.optimize import OptimizeOptions, resolve_options, run_optimize
 from lbtune.search.study import reference_trials
 from lbtune.targets import TARGETS
 from lbtune.targets.space import ParameterSpace, ParamSpec
+from lbtune.tune.optimize import OptimizeOptions, run_optimize
+from lbtune.tune.options import resolve_options
 from tests.conftest import running_cluster
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 

@@ -21,17 +21,18 @@ import pytest
 import requests
 
 from lbtune.apply import apply_params, rollback
-from lbtune.apply.lkg import LkgStore
 from lbtune.cluster import api
 from lbtune.cluster.config import free_port
-from lbtune.cluster.state import Endpoints, StatePaths
-from lbtune.cluster.supervisor import read_record, stop
 from lbtune.errors import ApplyError, ClusterError, ConfigError
+from lbtune.process.supervisor import read_record, stop
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths
 from lbtune.sim.host import HostThread
 from lbtune.sim.router_api import add_router_routes
 from lbtune.sim.spec import HostSpec, ReplicaSpec
 from lbtune.targets import get_target
 from lbtune.targets.base import Target
+from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace
 from lbtune.targets.vllm_router import process as router
 from lbtune.targets.vllm_router.target import SPACE_FILE, VllmRouterTarget

@@ -31,7 +31,7 @@ from statistics import NormalDist
 from typing import Any, Literal
 
 from lbtune import tokens
-from lbtune.metrics.quantiles import percentile
+from lbtune.records.quantiles import percentile
 from lbtune.scenario.models import DEFAULT_TRACE_MODEL
 from lbtune.scenario.traces.read import read_trace
 from lbtune.scenario.traces.rows import TraceRow

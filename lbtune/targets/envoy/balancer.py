@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import ClusterError, ConfigError, TargetError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets.base import (
     DEFAULT_REPLICA_HEADER,
     BalancerLaunch,

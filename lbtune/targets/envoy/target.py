@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from lbtune.apply.lkg import LkgStore
 from lbtune.errors import ApplyError
 from lbtune.targets.base import (
     ApplyResult,
@@ -42,6 +41,7 @@ from lbtune.targets.base import (
 from lbtune.targets.envoy import config, deploy, readback
 from lbtune.targets.envoy.admin import EnvoyAdmin
 from lbtune.targets.envoy.config import Layout
+from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace
 
 __all__ = ["SPACE_FILE", "EnvoyTarget"]
@@ -203,7 +203,7 @@ class EnvoyTarget:
             time.sleep(0.005)
 
     def rollback(self, *, check: bool = False) -> ApplyResult:
-        """Re-apply the last known good (``lbtune.apply.lkg``)."""
+        """Re-apply the last known good (``lbtune.targets.lkg``)."""
         lkg = LkgStore(self.state_dir, self.name).get()
         if lkg is None:
             raise ApplyError(f"No last known good recorded for envoy in {self.state_dir}")

@@ -29,8 +29,8 @@ from typing import Any
 
 from lbtune.agent.config import AgentConfig
 from lbtune.agent.loop import AgentThread
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import TargetError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets.haproxy.balancer import HaproxyWeights
 from lbtune.targets.haproxy.files import HaproxyFiles, backend_names
 from lbtune.targets.haproxy.runtime import HaproxyRuntime

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from lbtune.cluster import probes
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import ClusterError, TargetError
+from lbtune.process import probes
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets.base import (
     DEFAULT_REPLICA_HEADER,
     BalancerLaunch,

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from lbtune.cluster import render
+from lbtune.resources import render_template
 from lbtune.sim.profiles import GPU_PROFILES
 from lbtune.targets.base import ParamValue
 from lbtune.targets.haproxy import llm
@@ -127,12 +127,12 @@ def template_context(
 def render_config(
     site: Site, params: Mapping[str, ParamValue], overrides: Mapping[str, Any] | None = None
 ) -> str:
-    return render.render_template("haproxy.cfg.j2", template_context(site, params, overrides))
+    return render_template("haproxy.cfg.j2", template_context(site, params, overrides))
 
 
 def render_untuned(site: Site) -> str:
     """The config of a fresh cluster: every knob at the template's default."""
-    return render.render_template("haproxy.cfg.j2", site.context())
+    return render_template("haproxy.cfg.j2", site.context())
 
 
 def structure(cfg_text: str) -> str:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import ClusterError, DependencyError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets.base import LaunchSpec, ReplicaAddress
 
 __all__ = ["ALL_BACKEND", "HaproxyFiles", "Site", "backend_names", "config_alerts", "require"]

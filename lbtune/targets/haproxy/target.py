@@ -36,12 +36,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lbtune.agent.config import AgentConfig, read_agent_file, write_agent_file
-from lbtune.apply.lkg import LkgStore
-from lbtune.cluster import agent as cluster_agent
-from lbtune.cluster import supervisor
-from lbtune.cluster.state import AGENT, Endpoints, StatePaths
+from lbtune.agent.config import AgentConfig, owns_weights, read_agent_file, write_agent_file
 from lbtune.errors import ApplyError, ConfigError
+from lbtune.process import supervisor
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import AGENT, StatePaths
 from lbtune.targets.base import (
     ApplyResult,
     ParamSet,
@@ -52,6 +51,7 @@ from lbtune.targets.base import (
 from lbtune.targets.haproxy import config, llm, master
 from lbtune.targets.haproxy.files import ALL_BACKEND, HaproxyFiles, Site, config_alerts
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
+from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace
 
 __all__ = ["SPACE_FILE", "HaproxyTarget"]
@@ -114,7 +114,7 @@ class HaproxyTarget:
 
     def agent_owns_weights(self) -> bool:
         """The cluster's feedback agent sets the weights (then ``weight.*`` are fixed)."""
-        return cluster_agent.owns_weights(self.endpoints)
+        return owns_weights(self.endpoints)
 
     def owned_elsewhere(self) -> frozenset[str]:
         """Knobs another controller sets (the agent's weights): ``lbtune.apply`` does not
@@ -287,7 +287,7 @@ class HaproxyTarget:
         )
 
     def rollback(self, *, check: bool = False) -> ApplyResult:
-        """Re-apply the last known good (``lbtune.apply.lkg``)."""
+        """Re-apply the last known good (``lbtune.targets.lkg``)."""
         lkg = LkgStore(self.state_dir, self.name).get()
         if lkg is None:
             raise ApplyError(f"No last known good recorded for haproxy in {self.state_dir}")

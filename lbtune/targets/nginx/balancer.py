@@ -14,8 +14,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import ClusterError, ConfigError, TargetError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets.base import (
     DEFAULT_REPLICA_HEADER,
     BalancerLaunch,

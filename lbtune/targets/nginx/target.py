@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lbtune.apply.lkg import LkgStore
 from lbtune.errors import ApplyError, TargetError
 from lbtune.targets.base import (
     ApplyResult,
@@ -34,6 +33,7 @@ from lbtune.targets.base import (
     RejectedBeforeApply,
     zero_weight_replicas,
 )
+from lbtune.targets.lkg import LkgStore
 from lbtune.targets.nginx import process, readback
 from lbtune.targets.nginx.config import Site, render_config
 from lbtune.targets.space import ParameterSpace
@@ -144,7 +144,7 @@ class NginxTarget:
         )
 
     def rollback(self, *, check: bool = False) -> ApplyResult:
-        """Re-apply the last known good (``lbtune.apply.lkg``)."""
+        """Re-apply the last known good (``lbtune.targets.lkg``)."""
         lkg = LkgStore(self.state_dir, self.name).get()
         if lkg is None:
             raise ApplyError(f"No last known good recorded for nginx in {self.state_dir}")

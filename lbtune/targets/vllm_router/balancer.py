@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lbtune.cluster.state import Endpoints, StatePaths
-from lbtune.cluster.supervisor import read_record
 from lbtune.errors import ClusterError, ConfigError, LbtuneError, TargetError
+from lbtune.process.supervisor import read_record
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths
 from lbtune.targets.base import (
     BalancerLaunch,
     ClusterShape,

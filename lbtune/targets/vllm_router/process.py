@@ -29,10 +29,10 @@ from typing import Any
 
 import psutil
 
-from lbtune.cluster import probes, supervisor
-from lbtune.cluster.state import StatePaths, write_json_atomic
-from lbtune.cluster.supervisor import ProcessRecord
 from lbtune.errors import ClusterError, TargetError
+from lbtune.process import probes, supervisor
+from lbtune.process.supervisor import ProcessRecord
+from lbtune.records.statedir import StatePaths, write_json_atomic
 
 COMPONENT = "router"
 MODULE = "lbtune.targets.vllm_router.process"

@@ -16,7 +16,7 @@ An apply:
    the command line recorded at start) and its ``/health``; a mismatch or a router that
    does not come up restarts the previous flags and raises :class:`ApplyError`.
 
-``rollback`` re-applies the last known good (:mod:`lbtune.apply.lkg`), which
+``rollback`` re-applies the last known good (:mod:`lbtune.targets.lkg`), which
 :func:`lbtune.apply.apply_params` records under :attr:`VllmRouterTarget.state_dir` after
 a verified apply.
 """
@@ -28,10 +28,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from lbtune.apply.lkg import LkgStore
-from lbtune.cluster.state import Endpoints, StatePaths
 from lbtune.errors import ApplyError, LbtuneError
+from lbtune.records.endpoints import Endpoints
+from lbtune.records.statedir import StatePaths
 from lbtune.targets.base import ApplyResult, ParamSet, ParamValue
+from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace
 from lbtune.targets.vllm_router import process as router
 
@@ -140,7 +141,7 @@ class VllmRouterTarget:
         return live
 
     def rollback(self, *, check: bool = False) -> ApplyResult:
-        """Re-apply the last known good (``lbtune.apply.lkg``); ``check``: only the diff."""
+        """Re-apply the last known good (``lbtune.targets.lkg``); ``check``: only the diff."""
         lkg = LkgStore(self.state_dir, self.name).get()
         if lkg is None:
             raise ApplyError(f"No last known good recorded for vllm-router in {self.state_dir}")

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from lbtune import tokens
-from lbtune.runplan import plan_run, read_run_plan, write_run_plan
+from lbtune.run.plan import plan_run
+from lbtune.run.stress import StressOptions
 from lbtune.scenario import build_workload, load_scenario, plan_load, scenario_from_dict
 from lbtune.scenario.loader import trace_ref
+from lbtune.scenario.runplan import read_run_plan, write_run_plan
 from lbtune.scenario.traces.read import read_trace
-from lbtune.stress import StressOptions
 from tests.scenario.traces.conftest import burstgpt_text
 
 
@@ -137,7 +138,7 @@ def test_sharegpt_replays_real_texts_as_sessions(traces: dict[str, Path]) -> Non
 
 def test_a_run_replays_exactly_from_its_requests_parquet(tmp_path: Path) -> None:
     from lbtune.loadgen.recordio import write_parquet
-    from lbtune.loadgen.records import RequestRecord
+    from lbtune.records.requests import RequestRecord
 
     run = tmp_path / "run"
     plan = plan_run(StressOptions(scenario="chat", duration_s=20, rate=2))

@@ -51,7 +51,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def _replay(cluster: Any, trace: Path, out: Path) -> tuple[float, Any]:
-    from lbtune.stress import StressOptions, run_stress
+    from lbtune.run.stress import StressOptions, run_stress
 
     before = _hits(cluster)
     result = run_stress(

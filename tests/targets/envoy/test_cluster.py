@@ -15,13 +15,13 @@ import yaml
 from typer.testing import CliRunner
 
 from lbtune.apply import apply_params
-from lbtune.apply.lkg import LkgStore
 from lbtune.cluster import api
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import ConfigError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets import balancer
 from lbtune.targets.envoy.admin import EnvoyAdmin
 from lbtune.targets.envoy.target import EnvoyTarget
+from lbtune.targets.lkg import LkgStore
 from tests.targets._cluster_fixtures import M8, apply_cli, baseline_target, embedded_cluster
 from tests.targets.envoy.conftest import chat, envoy_missing
 

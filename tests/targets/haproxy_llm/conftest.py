@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from lbtune.cluster.state import Endpoints, ReplicaEndpoint
+from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
 from lbtune.targets.haproxy import config
 from lbtune.targets.haproxy.balancer import servers_missing
 from lbtune.targets.haproxy.files import HaproxyFiles, Site

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lbtune.cluster import supervisor
-from lbtune.cluster.state import StatePaths
-from lbtune.cluster.supervisor import ProcessRecord
+from lbtune.process import supervisor
+from lbtune.process.supervisor import ProcessRecord
+from lbtune.records.statedir import StatePaths
 from lbtune.targets.base import LaunchSpec, ReplicaAddress
 from lbtune.targets.nginx.balancer import BALANCER
 from lbtune.targets.nginx.config import Site

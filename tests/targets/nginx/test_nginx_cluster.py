@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from lbtune.apply import apply_params
 from lbtune.cluster import api
-from lbtune.cluster.state import Endpoints
 from lbtune.errors import ConfigError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets.base import RejectedBeforeApply
 from lbtune.targets.nginx.target import NginxTarget
 from tests.targets._cluster_fixtures import (

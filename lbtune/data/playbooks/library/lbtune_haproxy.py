@@ -45,7 +45,7 @@ def main() -> None:
     from typing import Any
 
     from lbtune.apply.host import ARGUMENT_SPEC, run_module
-    from lbtune.cluster.state import Endpoints
+    from lbtune.records.endpoints import Endpoints
     from lbtune.targets.haproxy.target import HaproxyTarget
 
     def make(ep: Endpoints, options: Mapping[str, Any]) -> HaproxyTarget:

@@ -51,7 +51,7 @@ def main() -> None:
     from typing import Any
 
     from lbtune.apply.host import ARGUMENT_SPEC, run_module
-    from lbtune.cluster.state import Endpoints
+    from lbtune.records.endpoints import Endpoints
     from lbtune.targets.nginx.balancer import site_of
     from lbtune.targets.nginx.target import NginxTarget
 

@@ -1,0 +1,178 @@
+"""The plan of one run, recorded once as ``run.json`` in its run directory.
+
+Everything that defines a run is fixed before it starts and written down: the scenario
+document as run (not its file name: the file may change later), the seed, the load plan
+(mode, users or rate, stages, length), the measurement window, the SLO, the target and
+its parameters where known, and lbtune's version. The generator processes read the
+plan from ``run.json``; reports, ``compare`` and the history read the window from it.
+Nothing downstream re-reads the scenario file::
+
+    plan = plan_run(StressOptions(scenario="chat", duration_s=30))
+    result = run_stress(replace(opts, plan=plan))     # runs exactly that plan
+    read_run_plan(result.report.directory).window_start   # absolute, once it ran
+
+The load plan's send times (open loop) are not stored: they are a pure function of the
+scenario document, the overrides and the seed (:meth:`RunPlan.load_plan`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from lbtune import __version__
+from lbtune.errors import ConfigError, validation_error
+from lbtune.records.slo import Slo
+from lbtune.scenario.models import Scenario
+from lbtune.scenario.plan import LoadPlan, Stage, plan_load
+
+__all__ = [
+    "RUN_PLAN_FILE",
+    "LoadSpec",
+    "RunPlan",
+    "StageSpec",
+    "TargetSpec",
+    "read_run_plan",
+    "write_run_plan",
+]
+
+RUN_PLAN_FILE = "run.json"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StageSpec(_Frozen):
+    """One phase of the load, ``[start_s, end_s)`` (see :class:`lbtune.scenario.plan.Stage`)."""
+
+    start_s: float
+    end_s: float
+    users: int | None = None
+    rate: float | None = None
+    label: str = ""
+    ramp_from: float | None = None
+
+
+class LoadSpec(_Frozen):
+    """The load plan: what the generator offers, over how long."""
+
+    mode: Literal["closed", "open"]
+    duration_s: float = Field(gt=0, description="Planned length (with a hold: its bound).")
+    shape_duration_s: float = Field(gt=0, description="The scenario shape's length.")
+    users: int | None = Field(default=None, description="--users override.")
+    rate: float | None = Field(default=None, description="--rate override.")
+    stages: tuple[StageSpec, ...]
+    warmup_s: float = Field(ge=0)
+    cooldown_s: float = Field(ge=0)
+    arrival: Literal["poisson", "constant", "gamma"] | None = None
+    cv: float | None = None
+    arrivals: int = Field(default=0, ge=0, description="Open loop: requests planned.")
+    until_samples: int | None = Field(
+        default=None, description="Run on until the window holds this many completed requests."
+    )
+
+
+class TargetSpec(_Frozen):
+    """What the load was sent to; ``params`` is the balancer config, where known."""
+
+    name: str | None = None
+    url: str | None = None
+    params: dict[str, Any] | None = None
+
+
+class SloSpec(_Frozen):
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    max_error_rate: float = 0.01
+
+
+class RunPlan(_Frozen):
+    """One run, as planned and (once it ran) as it ran."""
+
+    schema_version: Literal[1] = 1
+    lbtune_version: str = __version__
+    scenario_ref: str = Field(description="The scenario as given: a built-in name or a path.")
+    scenario_name: str
+    scenario: Scenario = Field(description="The scenario document as run.")
+    seed: int
+    tokenizer: str | None = None
+    load: LoadSpec
+    window_start_s: float = Field(ge=0, description="Measurement window, offset from start.")
+    window_end_s: float = Field(gt=0)
+    slo: SloSpec = Field(default_factory=SloSpec)
+    target: TargetSpec = Field(default_factory=TargetSpec)
+    started_at: float | None = Field(default=None, description="Wall clock of the run's start.")
+    window_start: float | None = Field(default=None, description="Absolute, once it ran.")
+    window_end: float | None = Field(default=None, description="Absolute, once it ran.")
+
+    def load_plan(self) -> LoadPlan:
+        """The concrete load plan (with open-loop send times), from the recorded document."""
+        ld = self.load
+        hold = ld.duration_s if ld.duration_s > ld.shape_duration_s else None
+        return plan_load(self.scenario, ld.shape_duration_s, ld.users, ld.rate, self.seed, hold)
+
+    def stages(self) -> tuple[Stage, ...]:
+        """The recorded stages as :class:`~lbtune.scenario.plan.Stage` (what summaries show)."""
+        return tuple(
+            Stage(s.start_s, s.end_s, s.users, s.rate, s.label, s.ramp_from)
+            for s in self.load.stages
+        )
+
+    def slo_value(self) -> Slo:
+        return Slo(self.slo.ttft_s, self.slo.e2e_s, self.slo.max_error_rate)
+
+    def window_at(self, started_at: float) -> tuple[float, float]:
+        """The planned absolute window of a run started at ``started_at``."""
+        return started_at + self.window_start_s, started_at + self.window_end_s
+
+    def with_target(
+        self, name: str | None, url: str | None, params: dict[str, Any] | None = None
+    ) -> RunPlan:
+        """This plan against a target (unset values keep what the plan had)."""
+        t = self.target
+        target = TargetSpec(
+            name=name if name is not None else t.name,
+            url=url if url is not None else t.url,
+            params=params if params is not None else t.params,
+        )
+        return self.model_copy(update={"target": target})
+
+    def as_run(self, started_at: float, window: tuple[float, float]) -> RunPlan:
+        """The plan with the run's start and its absolute measurement window."""
+        return self.model_copy(
+            update={"started_at": started_at, "window_start": window[0], "window_end": window[1]}
+        )
+
+
+_ADAPTER: TypeAdapter[RunPlan] = TypeAdapter(RunPlan)
+
+
+def write_run_plan(run_dir: str | Path, plan: RunPlan) -> Path:
+    """Write ``run_dir/run.json`` (atomically: readers never see half a file)."""
+    d = Path(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / RUN_PLAN_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_bytes(_ADAPTER.dump_json(plan, by_alias=True, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def read_run_plan(run_dir: str | Path) -> RunPlan:
+    """The plan recorded in ``run_dir`` (or a ``run.json`` path); a ConfigError if none."""
+    p = Path(run_dir)
+    path = p if p.suffix == ".json" else p / RUN_PLAN_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"{path.parent}: no {RUN_PLAN_FILE} (a run directory written before lbtune recorded "
+            "its run plan); its measurement window is unknown: re-run the measurement"
+        )
+    try:
+        return _ADAPTER.validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise validation_error(exc, f"{path}: not a valid run plan", RunPlan) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc})") from None

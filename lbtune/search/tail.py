@@ -1,0 +1,72 @@
+"""A trial's tail figures, intermediate and final, from its per-request records.
+
+The real measurement (one ``run_stress`` per trial, :class:`lbtune.tune.harness.
+StressMeasure`) tails the records while the load runs and, every ``window_s`` seconds of
+the measured part (after warm-up), hands :func:`partial_figures` to the study's window
+hook (intermediate values for the pruner).
+
+Intermediate and final figures come from the same samples and the same estimator:
+:func:`lbtune.metrics.censor.censored_samples` over the requests sent in the
+measurement window — a request still running at a checkpoint (or cut off at the
+test's end) counts at the time it has been running, so a configuration cannot look
+good by leaving its slowest requests unfinished — and the P99 of those samples
+(:func:`lbtune.records.quantiles.percentile`) with its bootstrap interval
+(:func:`lbtune.metrics.bootstrap.percentile_interval`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lbtune.metrics.bootstrap import percentile_interval
+from lbtune.metrics.censor import CensoredSamples, censored_samples
+from lbtune.objective import Figures
+from lbtune.records.requests import RequestRecord
+
+__all__ = ["N_BOOT", "TAIL_Q", "partial_figures", "tail_figures"]
+
+TAIL_Q = 99.0
+"""The objective's tail percentile."""
+N_BOOT = 400
+"""Bootstrap resamples per interval (a trial computes a few per window)."""
+
+
+def tail_figures(cs: CensoredSamples) -> Figures | None:
+    """P99 E2E and P99 TTFT of censored samples with their 95 % bootstrap intervals.
+
+    TTFT over the streamed requests; when nothing was streamed, E2E stands in (the
+    whole response is the first token). ``None`` when there is no sample.
+    """
+    if not cs.e2e:
+        return None
+    e2e, e_lo, e_hi = percentile_interval(cs.e2e, TAIL_Q, n_boot=N_BOOT)
+    streamed = cs.streamed_ttft or cs.e2e
+    ttft, t_lo, t_hi = percentile_interval(streamed, TAIL_Q, n_boot=N_BOOT, seed=1)
+    return Figures(
+        p99_e2e_s=e2e,
+        p99_ttft_s=ttft,
+        p99_e2e_ci=(e_lo, e_hi),
+        p99_ttft_ci=(t_lo, t_hi),
+        samples=len(cs.e2e),
+        censored=cs.censored,
+    )
+
+
+def partial_figures(
+    records: list[RequestRecord],
+    start: float,
+    end: float,
+    *,
+    now: float,
+    open_requests: tuple[tuple[float, float | None, bool], ...] = (),
+) -> Figures | None:
+    """Figures at ``now`` of the requests sent in ``[start, end)``: the finished ones, and the
+    ones still open at ``now`` at their elapsed time (censored, like the final figures)."""
+    cs = censored_samples(records, start=start, end=end, now=now, open_requests=open_requests)
+    tail = tail_figures(cs)
+    if tail is None:
+        return None
+    judged = len(cs.e2e) - cs.censored + cs.errors  # ended, cut-off ones excluded
+    return replace(
+        tail, error_rate=cs.errors / judged if judged else 0.0, completed=len(cs.e2e) - cs.censored
+    )

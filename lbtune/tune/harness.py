@@ -1,0 +1,254 @@
+"""The real pieces a study runs against: the target (the embedded cluster or the running
+one), the measurement (one ``run_stress`` per trial), the rollout path
+(``apply_params(via="ansible")``) and the last known good.
+
+:func:`real_harness` wires them into a :class:`lbtune.search.harness.Harness` for
+:func:`lbtune.tune.optimize.run_optimize`; tests pass a harness of fakes instead.
+
+Every trial sees the same traffic (same scenario, seed and duration: the run plan is made
+once). While the load runs, the per-request records are tailed and, every ``window_s``
+seconds of the measured part (after warm-up), the figures so far are handed to the
+study's window hook (intermediate values for the pruner); when the hook asks to stop, the
+load is stopped and the measurement is marked ``stopped``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from lbtune.apply import apply_params
+from lbtune.apply.lease import hold
+from lbtune.cluster import api
+from lbtune.errors import ConfigError
+from lbtune.loadgen.collect import Progress, RecordTail
+from lbtune.loadgen.recordio import read_records
+from lbtune.metrics.censor import censored_samples
+from lbtune.objective import Figures, figures_from_summary
+from lbtune.records.requests import RequestRecord
+from lbtune.run.plan import plan_run
+from lbtune.run.stress import StressOptions, StressResult, run_stress
+from lbtune.run.target import resolve_target
+from lbtune.search.harness import Harness
+from lbtune.search.tail import partial_figures, tail_figures
+from lbtune.search.trial import Measurement, Samples, WindowHook
+from lbtune.targets import get_target
+from lbtune.targets.base import ParamSet
+from lbtune.targets.lkg import LkgStore
+from lbtune.targets.space import ParameterSpace
+
+__all__ = ["HarnessRequest", "StressMeasure", "real_harness"]
+
+log = logging.getLogger(__name__)
+
+
+class HarnessRequest(Protocol):
+    """What :func:`real_harness` reads of a study's options (:class:`lbtune.tune.optimize.
+    OptimizeOptions`, resolved)."""
+
+    @property
+    def scenario(self) -> str | None: ...
+    @property
+    def target(self) -> str | None: ...
+    @property
+    def space(self) -> str | None: ...
+    @property
+    def trial_duration_s(self) -> float | None: ...
+    @property
+    def seed(self) -> int | None: ...
+    @property
+    def slo(self) -> str | None: ...
+    @property
+    def state_dir(self) -> Path | None: ...
+    @property
+    def cluster_config(self) -> str | None: ...
+    @property
+    def inventory(self) -> str | None: ...
+    @property
+    def reports_root(self) -> Path: ...
+    @property
+    def window_s(self) -> float: ...
+
+
+def real_harness(
+    opts: HarnessRequest, runs_dir: Path, stop: threading.Event, say: Callable[[str], None]
+) -> Harness:
+    """The embedded cluster (started if needed) or the running one in ``opts.state_dir``."""
+    assert opts.scenario is not None and opts.target is not None
+    sopts = StressOptions(
+        scenario=opts.scenario,
+        duration_s=opts.trial_duration_s,
+        seed=opts.seed,
+        slo=opts.slo,
+        state_dir=opts.state_dir,
+        cluster_config=opts.cluster_config,
+        reports_root=opts.reports_root,
+        write_report=False,
+    )
+    # Bad input is refused before anything starts: resolving the target may bring the
+    # embedded cluster up, which a typo in the space or scenario file must not leave behind.
+    if opts.space:
+        ParameterSpace.load(opts.space)
+    plan_run(sopts)
+    resolved = resolve_target(sopts, say)
+    if resolved.endpoints is None:
+        raise ConfigError("optimize needs a cluster lbtune manages (lbtune cluster up)")
+    extra: dict[str, Any] = {"space_file": opts.space} if opts.space else {}
+    endpoints = resolved.endpoints
+    target = get_target(opts.target, endpoints, **extra)
+    state_dir = Path(endpoints.state_dir)
+    sopts = replace(sopts, state_dir=state_dir)
+    store = LkgStore(state_dir, target.name)
+    space_file = Path(opts.space) if opts.space else None
+
+    def lkg_get() -> ParamSet | None:
+        found = store.get()
+        return None if found is None else dict(found.params)
+
+    def rollout_apply(params: ParamSet, source: str) -> object:
+        return apply_params(
+            target,
+            params,
+            via="ansible",
+            inventory=opts.inventory,
+            source=source,
+            record=False,
+            progress=say,
+        )
+
+    return Harness(
+        target=target,
+        measure=StressMeasure(sopts, runs_dir, window_s=opts.window_s, interrupt=stop),
+        rollout_apply=rollout_apply,
+        lkg_get=lkg_get,
+        lkg_record=store.record,
+        check_balancer=lambda: api.check_balancer(endpoints),
+        lease=lambda: hold(state_dir, target.name, space_file=space_file),
+    )
+
+
+@dataclass
+class StressMeasure:
+    """A :class:`~lbtune.search.trial.Measure` backed by :func:`lbtune.run.stress.run_stress`."""
+
+    options: StressOptions
+    """Scenario, duration, seed, target; ``out_dir`` is replaced per trial."""
+    runs_dir: Path
+    window_s: float = 5.0
+    interrupt: threading.Event = field(default_factory=threading.Event)
+    """Set by Ctrl-C: stops the running measurement."""
+    _planned: StressOptions | None = field(default=None, init=False, repr=False)
+
+    def plan_options(self) -> StressOptions:
+        """``options`` with the run plan made once (:func:`lbtune.scenario.runplan.plan_run`): every
+        trial runs exactly that plan, and the scenario file is read only the first time."""
+        if self._planned is None:
+            self._planned = replace(self.options, plan=plan_run(self.options))
+        return self._planned
+
+    def __call__(self, label: str, on_window: WindowHook | None = None) -> Measurement:
+        opts = self.plan_options()
+        assert opts.plan is not None
+        out_dir = self.runs_dir / label
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stop = threading.Event()
+        feed = _WindowFeed(
+            out_dir, opts.plan.window_start_s, opts.plan.window_end_s, self.window_s, on_window
+        )
+
+        def on_progress(p: Progress) -> None:
+            if self.interrupt.is_set() or feed(p):
+                stop.set()
+
+        t_start = time.monotonic()
+        res = run_stress(
+            replace(opts, out_dir=out_dir, write_report=False),
+            on_progress=on_progress,
+            stop=stop,
+            say=lambda msg: log.debug("%s: %s", label, msg),
+        )
+        stopped = stop.is_set() or res.load.stopped_early
+        return _measurement(res, stopped, time.monotonic() - t_start)
+
+
+class _WindowFeed:
+    """Every ``window_s`` seconds of the measured part, the figures so far to ``on_window``
+    (from the records, tailed from the first snapshot on); True when it asks to stop."""
+
+    def __init__(
+        self, out_dir: Path, warm: float, end: float, window_s: float, on_window: WindowHook | None
+    ) -> None:
+        self._out_dir, self._warm, self._end = out_dir, warm, end
+        self._window_s, self._on_window = window_s, on_window
+        self._records: list[RequestRecord] = []
+        self._tail: RecordTail | None = None
+        self._step = 1
+
+    def __call__(self, p: Progress) -> bool:
+        if self._on_window is None:
+            return False
+        if self._tail is None:
+            self._tail = RecordTail(self._out_dir, on_record=self._records.append)
+        self._tail.poll()
+        measured = p.elapsed_s - self._warm
+        if measured < self._step * self._window_s or p.elapsed_s >= self._end:
+            return False
+        # The run's start, as the runner counts elapsed time (the generators' start
+        # once they reported it): this snapshot was taken just now.
+        t0 = time.time() - p.elapsed_s
+        fig = partial_figures(
+            self._records,
+            t0 + self._warm,
+            t0 + self._end,
+            now=p.now,
+            open_requests=p.open_requests,
+        )
+        if fig is None:  # nothing sent in the window as of the snapshot: next time
+            return False
+        this, self._step = self._step, self._step + 1
+        return self._on_window(this, fig)
+
+
+def _measurement(res: StressResult, stopped: bool, seconds: float) -> Measurement:
+    """A trial's measurement from its run: the summary's figures with the censored
+    samples' P99s (the one estimator) and the paired samples for the bootstrap."""
+    summary = res.summary
+    window = summary.window
+    cs = censored_samples(read_records(res.records_path), start=window.start, end=window.end)
+    figures: Figures | None
+    try:
+        figures = figures_from_summary(summary)
+    except ValueError:
+        if not stopped:
+            raise
+        figures = None
+    tail_fig = tail_figures(cs)
+    if figures is not None and tail_fig is not None:
+        # The one estimator: the scored P99s are the censored samples' (summary's are
+        # over finished requests only), with their intervals.
+        figures = replace(
+            figures,
+            p99_e2e_s=tail_fig.p99_e2e_s,
+            p99_ttft_s=tail_fig.p99_ttft_s,
+            p99_e2e_ci=tail_fig.p99_e2e_ci,
+            p99_ttft_ci=tail_fig.p99_ttft_ci,
+            samples=tail_fig.samples,
+            censored=tail_fig.censored,
+        )
+    # Paired per request (the bootstrap resamples requests); a non-streamed request
+    # has no TTFT: NaN, left out of the TTFT percentile. Nothing streamed: E2E stands in.
+    samples = Samples.of(
+        cs.ttft if cs.streamed_ttft else cs.e2e, cs.e2e, sent=cs.sent, errors=cs.errors
+    )
+    return Measurement(
+        figures=figures,
+        samples=samples,
+        degraded=tuple(summary.generator.reasons) if summary.generator.degraded else (),
+        stopped=stopped,
+        seconds=seconds,
+    )

@@ -1,0 +1,431 @@
+"""``lbtune optimize`` as a library: tune the live balancer, confirm the winner, roll it out.
+
+::
+
+    from lbtune.tune.optimize import OptimizeOptions, run_optimize
+    result = run_optimize(OptimizeOptions(budget=20, trial_duration_s=25))
+    print(result.confirmation.verdict, result.report_dir)
+
+Steps: resolve the target (the embedded cluster unless told otherwise), make sure a last
+known good exists, open or resume the Optuna study (references enqueued first), run
+the ask/tell loop (:mod:`lbtune.search.study`), re-run the best candidates against the
+baseline (:mod:`lbtune.search.confirm`), roll a confirmed winner out through the
+target's Ansible path and verify it (rolling back when it is worse beyond the noise),
+otherwise put the last known good back, and write the report. ``stop`` (Ctrl-C)
+ends the running trial, restores the last known good and writes the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lbtune.errors import BalancerDown, LbtuneError
+from lbtune.history import add_entry, db_path
+from lbtune.history.index import study_entry
+from lbtune.objective import ObjectiveSpec, pareto_front, pareto_values, pick
+from lbtune.report.study import write_study_report
+from lbtune.search.confirm import Arm, BaselineUnmeasurable, confirm
+from lbtune.search.harness import Harness, rollout
+from lbtune.search.pruning import make_pruner
+from lbtune.search.result import Confirmation, Rollout, StudyResult, TrialResult
+from lbtune.search.study import (
+    LoopEvent,
+    collect,
+    enqueue_references,
+    make_sampler,
+    open_study,
+    recover,
+    reference_trials,
+    run_loop,
+)
+from lbtune.search.trial import TrialRunner
+from lbtune.targets.base import ParamSet
+from lbtune.targets.space import ParameterSpace
+from lbtune.tune.harness import real_harness
+from lbtune.tune.options import STORED, OptimizeOptions, StudyProgress, objective_spec
+from lbtune.tune.options import _name_part as _name_part  # re-exported (tests)
+from lbtune.tune.options import cluster_balancer as cluster_balancer  # re-exported
+from lbtune.tune.options import resolve_options as resolve_options  # re-exported
+
+__all__ = [
+    "OptimizeOptions",
+    "StudyProgress",
+    "cluster_balancer",
+    "record_study",
+    "resolve_options",
+    "run_optimize",
+]
+
+log = logging.getLogger(__name__)
+
+
+def run_optimize(
+    opts: OptimizeOptions,
+    *,
+    on_progress: Callable[[StudyProgress], None] | None = None,
+    say: Callable[[str], None] = log.info,
+    stop: threading.Event | None = None,
+    harness: Harness | None = None,
+    on_result: Callable[[OptimizeOptions, StudyResult], None] | None = None,
+) -> StudyResult:
+    """Run (or resume) a study end to end; see the module docstring.
+
+    ``on_result`` gets the result once the report is written, also when the study then
+    fails for a baseline it could not measure: the CLI indexes the study there
+    (:func:`record_study`)."""
+    opts = resolve_options(opts, harness)
+    assert opts.scenario and opts.target and opts.objective and opts.study and opts.budget
+    stop = stop or threading.Event()
+    spec = objective_spec(opts.objective, opts.slo, opts.weights, opts.scenario)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = opts.out_dir or opts.reports_root / f"{stamp}-optimize-{opts.study}"
+    h = harness or real_harness(opts, out_dir / "runs", stop, say)
+    release_lease = h.lease()  # if this process dies, a guard restores the last known good
+    show = _Progress(StudyProgress(study=opts.study, budget=opts.budget), on_progress, say)
+    t_start = time.monotonic()
+    space = h.target.space()
+    lkg = h.lkg_get()
+    if lkg is None:
+        lkg = h.target.read_live()
+        h.lkg_record(lkg, "baseline (live before the first study)")
+    study = _open(opts, spec, h, space, lkg, show)
+    runner = TrialRunner(h.target, h.measure, check_balancer=h.check_balancer)
+    _seed_progress(show.prog, collect(study, spec))
+    show.phase(f"study {opts.study}: {opts.budget} trials of {opts.trial_duration_s:g} s")
+    try:
+        run_loop(
+            study,
+            space,
+            runner,
+            spec,
+            opts.budget,
+            prune=opts.pruner != "none",
+            stop=stop,
+            on_event=show.on_event,
+            say=say,
+        )
+    except BalancerDown:
+        release_lease()  # nothing left to guard; the study is stored and resumable
+        raise
+    trials = collect(study, spec)
+    best, front = _best(trials, spec)
+    after = _after_search(opts, h, runner, spec, trials, study, lkg, best, front, stop, show)
+    _restore(h, lkg, after, show)
+    release_lease()
+    if stop.is_set():
+        after.notes.append(
+            "interrupted (Ctrl-C): the running trial was stopped; --resume continues"
+        )
+    base = _baseline(trials)
+    result = StudyResult(
+        study=opts.study,
+        storage=opts.storage,
+        target=opts.target,
+        scenario=opts.scenario,
+        sampler=opts.sampler,
+        spec=spec,
+        budget=opts.budget,
+        trials=tuple(trials),
+        best=None if best is None else best.number,
+        baseline=None if base is None else base.number,
+        pareto_front=tuple(front),
+        importances=_importances(study),
+        confirmation=after.confirmation,
+        rollout=after.rollout,
+        interrupted=stop.is_set(),
+        elapsed_s=time.monotonic() - t_start,
+        report_dir=str(out_dir) if opts.write_report else None,
+        notes=tuple(after.notes),
+        started_at=stamp,
+    )
+    if opts.write_report:
+        write_study_report(out_dir, result)
+    if on_result is not None:
+        on_result(opts, result)
+    if after.unmeasurable is not None:
+        where = f" (report: {out_dir})" if opts.write_report else ""
+        raise BaselineUnmeasurable(f"{after.unmeasurable}{where}") from after.unmeasurable
+    show.phase("done")
+    return result
+
+
+class _Progress:
+    """The progress snapshot (:class:`StudyProgress`), updated from the study's events
+    and handed to ``on_progress``; :meth:`phase` also says what the study does now."""
+
+    def __init__(
+        self,
+        prog: StudyProgress,
+        on_progress: Callable[[StudyProgress], None] | None,
+        say: Callable[[str], None],
+    ) -> None:
+        self.prog, self.say = prog, say
+        self._notify = on_progress or (lambda p: None)
+
+    def phase(self, text: str) -> None:
+        self.prog.phase, self.prog.message = text, text
+        self.say(text)
+        self._notify(self.prog)
+
+    def on_event(self, e: LoopEvent) -> None:
+        prog = self.prog
+        prog.done, prog.trial, prog.role, prog.params = e.done, e.number, e.role, dict(e.params)
+        if e.kind == "start":
+            prog.phase, prog.trial_started_at, prog.last_value = "trial", time.monotonic(), None
+        elif e.kind == "window":
+            prog.last_value = e.value
+        else:
+            prog.pruned += e.state == "PRUNED"
+            prog.failed += e.state == "FAIL"
+            if e.state == "COMPLETE" and e.value is not None:
+                prog.last_value = e.value
+                if e.role == "live" and prog.baseline is None:
+                    prog.baseline = e.value
+                if prog.best is None or e.value < prog.best:
+                    prog.best, prog.best_trial = e.value, e.number
+        self._notify(prog)
+
+
+def _open(
+    opts: OptimizeOptions,
+    spec: ObjectiveSpec,
+    h: Harness,
+    space: ParameterSpace,
+    lkg: ParamSet,
+    show: _Progress,
+) -> Any:
+    """The Optuna study: resumed (the balancer back on the last known good, trials a dead
+    process left running marked FAIL), or new with the reference trials enqueued."""
+    assert opts.study is not None
+    refs = reference_trials(space, h.target.read_live())
+    sampler = make_sampler(opts.sampler, opts.seed, n_startup=len(refs) + 5)
+    pruner = make_pruner(
+        opts.pruner, n_references=len(refs), multi_objective=spec.kind != "composite"
+    )
+    study = open_study(opts.study, opts.storage, spec, sampler, pruner, resume=opts.resume)
+    if opts.resume:
+        show.phase("resuming: putting the balancer back on the last known good")
+        h.target.apply(lkg)
+        lost = recover(study)
+        if lost:
+            lost_s = ", ".join(map(str, lost))
+            show.say(f"trials {lost_s} were left running by a dead process: marked FAIL")
+    else:
+        study.set_user_attr("options", {k: getattr(opts, k) for k in STORED})
+        study.set_user_attr("lkg_params", dict(lkg))
+        enqueue_references(study, refs)
+    return study
+
+
+@dataclass
+class _AfterSearch:
+    """What the confirmation and the rollout came to."""
+
+    confirmation: Confirmation | None = None
+    rollout: Rollout | None = None
+    unmeasurable: BaselineUnmeasurable | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _after_search(
+    opts: OptimizeOptions,
+    h: Harness,
+    runner: TrialRunner,
+    spec: ObjectiveSpec,
+    trials: list[TrialResult],
+    study: Any,
+    lkg: ParamSet,
+    best: TrialResult | None,
+    front: list[int],
+    stop: threading.Event,
+    show: _Progress,
+) -> _AfterSearch:
+    """Confirm the best candidates against the live config, then roll a confirmed winner
+    out (unless ``--no-apply`` or stopped); every skip is a note."""
+    assert opts.study is not None
+    out = _AfterSearch()
+    live_no, live_params = _live(trials, study, lkg)
+    try:
+        if not stop.is_set():
+            out.confirmation = _confirm(
+                opts, runner, spec, trials, live_no, live_params, best, front, stop, show.phase
+            )
+            if out.confirmation.note:
+                out.notes.append(out.confirmation.note)
+        conf = out.confirmation
+        if conf is not None and conf.winner is not None and opts.apply and not stop.is_set():
+            show.phase(f"rolling out trial {conf.winner} through {h.rollout_via}")
+            winner = next(t for t in trials if t.number == conf.winner)
+            out.rollout = rollout(h, winner.params, lkg, conf, spec, opts.study, show.say)
+        elif conf is not None and conf.winner is not None:
+            out.notes.append("--no-apply: the confirmed winner was not applied")
+        elif conf is not None and not stop.is_set():
+            why = f"rollout skipped: {conf.verdict}; the last known good stays live"
+            show.say(why)
+            out.notes.append(why)
+    except BaselineUnmeasurable as exc:
+        out.unmeasurable = exc
+        out.confirmation = Confirmation("not run", live_no, note=str(exc))
+        out.notes.append(str(exc))
+        show.say(str(exc))
+    except LbtuneError as exc:
+        out.notes.append(f"stopped after the search: {exc}")
+        show.say(f"error after the search: {exc}")
+    return out
+
+
+def _restore(h: Harness, lkg: ParamSet, after: _AfterSearch, show: _Progress) -> None:
+    """Unless a winner was rolled out and kept, put the last known good back."""
+    ro = after.rollout
+    if ro is None or not ro.applied or ro.rolled_back:
+        show.phase("restoring the last known good")
+        try:
+            h.target.apply(h.lkg_get() or lkg)
+        except LbtuneError as exc:
+            after.notes.append(f"could not restore the last known good: {exc}")
+
+
+def _seed_progress(prog: StudyProgress, trials: list[TrialResult]) -> None:
+    """On resume: counts and best so far from the trials already in the study."""
+    for t in trials:
+        prog.pruned += t.state == "PRUNED"
+        prog.failed += t.state == "FAIL"
+        if t.state == "COMPLETE" and t.objective is not None:
+            if t.role == "live" and prog.baseline is None:
+                prog.baseline = t.objective
+            if prog.best is None or t.objective < prog.best:
+                prog.best, prog.best_trial = t.objective, t.number
+    prog.done = sum(t.state in ("COMPLETE", "PRUNED", "FAIL") for t in trials)
+
+
+def _baseline(trials: list[TrialResult]) -> TrialResult | None:
+    done = [t for t in trials if t.state == "COMPLETE" and t.figures is not None]
+    for role in ("live", "round-robin"):
+        found = next((t for t in done if t.role == role), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _best(trials: list[TrialResult], spec: ObjectiveSpec) -> tuple[TrialResult | None, list[int]]:
+    done = [t for t in trials if t.state == "COMPLETE" and t.figures is not None]
+    figs = [t.figures for t in done if t.figures is not None]
+    i = pick(figs, spec)
+    front: list[int] = []
+    if spec.kind == "pareto":
+        ok = [t for t in done if t.feasible]
+        front = [
+            ok[j].number for j in pareto_front([pareto_values(t.figures) for t in ok if t.figures])
+        ]
+    return (None if i is None else done[i]), front
+
+
+def _candidates(
+    trials: list[TrialResult], spec: ObjectiveSpec, live: ParamSet, front: list[int], k: int
+) -> list[TrialResult]:
+    pool = [t for t in trials if t.state == "COMPLETE" and t.feasible and t.objective is not None]
+    if spec.kind == "pareto":
+        pool = [t for t in pool if t.number in front]
+    pool.sort(key=lambda t: t.objective if t.objective is not None else float("inf"))
+    out: list[TrialResult] = []
+    for t in pool:
+        if t.params != live and all(t.params != c.params for c in out):
+            out.append(t)
+    return out[:k]
+
+
+def _live(trials: list[TrialResult], study: Any, lkg: ParamSet) -> tuple[int | None, ParamSet]:
+    """The live configuration's trial number (whatever its state) and parameters.
+
+    The baseline of the confirmation is the live configuration re-measured, never its
+    search run: a failed trial 0 still names what to measure. Without a live trial
+    (a study from before roles), the parameters recorded when the study began.
+    """
+    live = next((t for t in trials if t.role == "live"), None)
+    if live is not None and live.params:
+        return live.number, dict(live.params)
+    stored = study.user_attrs.get("lkg_params")
+    return None, dict(stored) if isinstance(stored, dict) else dict(lkg)
+
+
+def _confirm(
+    opts: OptimizeOptions,
+    runner: Any,
+    spec: ObjectiveSpec,
+    trials: list[TrialResult],
+    live_no: int | None,
+    live: ParamSet,
+    best: TrialResult | None,
+    front: list[int],
+    stop: threading.Event,
+    phase: Callable[[str], None],
+) -> Confirmation:
+    """Confirm the best candidates against the live config; every skip says why."""
+
+    def skipped(verdict: Any, why: str) -> Confirmation:
+        phase(f"confirmation skipped: {why}")
+        return Confirmation(verdict, live_no, note=f"confirmation skipped: {why}")
+
+    if best is None:
+        return skipped("not run", "no feasible completed trial to confirm; nothing applied")
+    if best.params == live:
+        return skipped("baseline is best", f"the best trial ({best.number}) is the live config")
+    cands = _candidates(trials, spec, live, front, opts.confirm_top)
+    if not cands:
+        return skipped("baseline is best", "no feasible candidate differs from the live config")
+    if opts.confirm_runs == 0:
+        return skipped("not run", "--confirm-runs 0; nothing applied")
+    arms = [Arm(f"B{i + 1}", t.number, t.params) for i, t in enumerate(cands)]
+    phase(
+        f"confirmation: {len(arms)} candidate(s) against the live config, at least "
+        f"{opts.confirm_runs} round(s), up to {opts.confirm_max_rounds} for enough samples"
+    )
+    return confirm(
+        runner,
+        Arm("A", live_no, live),
+        arms,
+        spec,
+        runs=opts.confirm_runs,
+        max_rounds=opts.confirm_max_rounds,
+        max_s=opts.confirm_max_s,
+        seed=opts.seed or 0,
+        stop=stop,
+        say=phase,
+    )
+
+
+def _importances(study: Any) -> dict[str, float]:
+    """PED-ANOVA importances of the composite score (fast, no scikit-learn); {} if too few."""
+    import optuna
+
+    done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    if len(done) < 4:
+        return {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            found = optuna.importance.get_param_importances(
+                study,
+                evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                target=lambda t: float(t.user_attrs.get("objective", float("nan"))),
+            )
+        return {k: float(v) for k, v in found.items()}
+    except (ValueError, RuntimeError, ZeroDivisionError) as exc:
+        log.debug("importances not computed: %s", exc)
+        return {}
+
+
+def record_study(opts: OptimizeOptions, result: StudyResult) -> None:
+    """Index a study in the history (a failure is a warning): the callers of
+    :func:`run_optimize` that keep a history (the CLI) pass it as ``on_result``."""
+    add_entry(
+        db_path(opts.storage, opts.reports_root),
+        lambda: study_entry(result, opts.trial_duration_s, opts.seed),
+        f"study {result.study}",
+    )
