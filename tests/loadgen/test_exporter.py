@@ -7,7 +7,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
-from tests.loadgen.test_records import rec
+from tests.records.test_requests import rec
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
