@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from lbtune.apply import apply_params
 from lbtune.apply.runner import run_playbook
 from lbtune.cluster import api
 from lbtune.cluster.config import load_config
+from lbtune.records.quantiles import percentile
 from lbtune.targets.haproxy.target import HaproxyTarget
 
 PLAYS = {
@@ -47,7 +47,7 @@ def median_s(fn: Callable[[int], object], repeats: int) -> float:
         t0 = time.perf_counter()
         fn(i)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return percentile(times, 50)
 
 
 def envoy_rows(n: int) -> dict[str, float]:

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from lbtune.records.quantiles import percentile
 from lbtune.search.pruning import INTERVAL_ATTR, make_pruner
 from lbtune.search.study import make_sampler
 from lbtune.targets.haproxy.target import SPACE_FILE
@@ -156,10 +157,10 @@ def main() -> None:
     for m in methods:
         reached = sum(n <= a.budget for n in need[m])
         print(
-            f"{m:8} {statistics.median(need[m]):21.1f} {statistics.mean(need[m]):6.1f} "
+            f"{m:8} {percentile(need[m], 50):21.1f} {statistics.mean(need[m]):6.1f} "
             f"{reached:5d}/{a.seeds} {statistics.mean(finals[m]):9.1%}"
         )
-    ratio = statistics.median(need["random"]) / statistics.median(need["tpe"])
+    ratio = percentile(need["random"], 50) / percentile(need["tpe"], 50)
     print(f"random / TPE trials-to-5 % ratio: {ratio:.2f} (aim: >= 2)")
     if a.pruning:
         spent, kept, saved = [], 0, []

@@ -25,12 +25,12 @@ signed-rank test to ever reach significance (n = 3 gives p >= 0.25), and Optuna'
 from __future__ import annotations
 
 import functools
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from lbtune.errors import ConfigError
 from lbtune.objective import Figures, ObjectiveSpec, composite, composite_interval
+from lbtune.records.quantiles import percentile
 
 if TYPE_CHECKING:
     import optuna
@@ -46,7 +46,7 @@ INTERVAL_ATTR = "intermediate_interval"
 def should_prune(low: float, others: Sequence[float]) -> bool:
     """True when ``low`` (the trial's score interval's low end) is above the median of
     ``others`` (the completed trials' scores at the same window)."""
-    return bool(others) and low > statistics.median(others)
+    return bool(others) and low > percentile(others, 50)
 
 
 def make_pruner(
