@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lbtune.errors import ClusterError, ConfigError, LbtuneError, TargetError
+from lbtune.errors import ClusterError, ConfigError, LbtuneError
 from lbtune.process.supervisor import read_record
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import StatePaths
@@ -18,26 +18,25 @@ from lbtune.targets.base import (
     BalancerLaunch,
     ClusterShape,
     LaunchSpec,
-    LiveWeights,
     ReplicaRow,
     ScrapeJob,
     Supervisor,
 )
 from lbtune.targets.space import ParameterSpace
+from lbtune.targets.targetbase import BalancerBase
 from lbtune.targets.vllm_router import process
 from lbtune.targets.vllm_router.target import SPACE_FILE, VllmRouterTarget
 
 __all__ = ["BALANCER", "VllmRouterBalancer"]
 
 
-class VllmRouterBalancer:
-    """vllm-router (PyPI, Rust): flags only, so every change is a restart."""
+class VllmRouterBalancer(BalancerBase):
+    """vllm-router (PyPI, Rust): flags only, so every change is a restart (and no live
+    weights); it sets no replica header."""
 
     name = "vllm-router"
-    replica_header: str | None = None
-    live_weights = False
+    replica_header = None
     ansible_module = "lbtune_vllm_router"
-    extra_ports: tuple[str, ...] = ()
     test_preset = "mini2-router"
 
     def check_cluster(self, shape: ClusterShape) -> str | None:
@@ -103,9 +102,6 @@ class VllmRouterBalancer:
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> VllmRouterTarget:
         return VllmRouterTarget(endpoints, space_file=space_file)
-
-    def weights(self, endpoints: Endpoints) -> LiveWeights:
-        raise TargetError("vllm-router takes no per-replica weights (no live weights API)")
 
 
 BALANCER = VllmRouterBalancer()

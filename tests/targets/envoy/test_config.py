@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from lbtune.errors import ConfigError, DependencyError
-from lbtune.targets.base import ParamSet, ReplicaAddress
-from lbtune.targets.envoy import binary, config, deploy, readback
+from lbtune.targets.base import ParamSet, ReplicaAddress, pool_names
+from lbtune.targets.envoy import binary, bootstrap, config, deploy, readback
 from lbtune.targets.envoy.balancer import BALANCER
 from lbtune.targets.envoy.config import Layout
 from lbtune.targets.envoy.target import SPACE_FILE
@@ -107,7 +107,7 @@ def test_the_bootstrap_passes_envoy_validate(tmp_path: Path) -> None:
     files = config.render(lay, full({}))
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    (tmp_path / "bootstrap.json").write_text(config.dump(config.bootstrap(lay)))
+    (tmp_path / "bootstrap.json").write_text(config.dump(bootstrap.bootstrap(lay)))
     assert binary.validate_file(tmp_path / "bootstrap.json") is None
 
 
@@ -131,7 +131,7 @@ def test_a_cluster_per_model_holds_only_the_replicas_serving_it(tmp_path: Path) 
 
 
 def test_model_names_become_unique_cluster_names() -> None:
-    assert config.cluster_names(["a/b", "a_b", "all"]) == {
+    assert pool_names(["a/b", "a_b", "all"]) == {
         "a/b": "model_a_b",
         "a_b": "model_a_b_2",
         "all": "model_all",
