@@ -180,3 +180,14 @@ def test_newer_schema_is_refused() -> None:
     del data["schema_version"]
     with pytest.raises(ConfigError):
         RunSummary.from_dict(data)
+
+
+def test_a_version_1_summary_still_reads_without_its_haproxy_sections() -> None:
+    data = _summary().to_dict()
+    data["schema_version"] = 1
+    del data["server"]["balancer"]
+    data["server"]["haproxy_queues"] = [{"proxy": "llm", "avg": 1.0, "max": 2.0}]
+    data["server"]["haproxy_servers"] = []
+    back, now = RunSummary.from_dict(data).server, _summary().server
+    assert back is not None and now is not None
+    assert back.balancer is None and back.replicas == now.replicas
