@@ -24,6 +24,7 @@ from lbtune.apply.lock import apply_lock
 from lbtune.apply.runner import LOCAL_INVENTORY, HostResult, check_inventory, run_playbook
 from lbtune.apply.serving import cluster_endpoints, probe_models, refuse_unservable
 from lbtune.errors import ApplyError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets import balancer
 from lbtune.targets.base import ApplyResult, ParamSet, RejectedBeforeApply
 from lbtune.targets.lkg import Lkg, LkgStore, params_hash
@@ -119,6 +120,18 @@ def _touched(h: HostResult) -> bool:
     return h.status == "failed" and not h.msg.startswith(_UNTOUCHED)
 
 
+def _verify(target: TargetBase, expected: ParamSet | None, ep: Endpoints | None) -> None:
+    """After an apply: read back what ``expected`` holds (where lbtune can read it) and
+    send one real request per served model (on a local cluster); ApplyError otherwise."""
+    if expected is not None:
+        bad = target.mismatches(expected, target.read_live())
+        if bad:
+            shown = "; ".join(bad[:4])
+            raise ApplyError(f"Read-back after the apply does not match: {shown}")
+    if ep is not None:
+        probe_models(ep)
+
+
 def apply_params(
     target: TargetBase,
     params: Mapping[str, object],
@@ -165,13 +178,8 @@ def apply_params(
                 inventory=inventory,
                 extravars=extravars,
             )
-            if not check and expected is not None:
-                bad = target.mismatches(expected, target.read_live())
-                if bad:
-                    shown = "; ".join(bad[:4])
-                    raise ApplyError(f"Read-back after the apply does not match: {shown}")
-            if not check and ep is not None:
-                probe_models(ep)
+            if not check:
+                _verify(target, expected, ep)
         except RejectedBeforeApply:
             raise
         except ApplyError as exc:
