@@ -272,6 +272,14 @@ def test_haproxy_series_are_the_queries_the_summary_always_sent(tmp_path: Path) 
     )
 
 
+def test_vllm_router_names_its_workers_as_replicas(tmp_path: Path) -> None:
+    ep = fake_endpoints(tmp_path)
+    series = balancer("vllm-router").series(ep)
+    assert series.sessions == "vllm_router_running_requests" and series.server_label == "worker"
+    assert dict(series.server_names) == {r.url.rstrip("/"): r.name for r in ep.replicas}
+    assert series.queue is None and series.responses is None
+
+
 # --- pool names ---------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lbtune.errors import ClusterError, ConfigError, LbtuneError
+from lbtune.metrics.promql import BalancerSeries
 from lbtune.process.supervisor import read_record
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import StatePaths
@@ -102,6 +103,16 @@ class VllmRouterBalancer(BalancerBase):
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> VllmRouterTarget:
         return VllmRouterTarget(endpoints, space_file=space_file)
+
+    def series(self, endpoints: Endpoints) -> BalancerSeries:
+        """The requests running on each worker (labelled by its URL: named here as its
+        replica); the router has no queue of its own and no responses by code."""
+        return BalancerSeries(
+            self.name,
+            sessions="vllm_router_running_requests",
+            server_label="worker",
+            server_names={r.url.rstrip("/"): r.name for r in endpoints.replicas},
+        )
 
 
 BALANCER = VllmRouterBalancer()
