@@ -19,7 +19,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lbtune.errors import ConfigError, validation_error, validation_message
-from lbtune.records.endpoints import Endpoints
 from lbtune.safeyaml import load_yaml_file
 
 __all__ = [
@@ -213,8 +212,10 @@ def write_agent_file(path: str | Path, settings: Mapping[str, Any]) -> None:
     os.replace(tmp, target)
 
 
-def owns_weights(ep: Endpoints) -> bool:
-    """Whether the cluster's agent sets the per-server weights (it runs, not observe-only)."""
-    if ep.agent_config is None:
+def owns_weights(settings: str | Path | None) -> bool:
+    """Whether the agent of this settings file (a cluster's ``Endpoints.agent_config``;
+    ``None``: the cluster runs no agent) sets the per-server weights: it runs and is not
+    observe-only."""
+    if settings is None:
         return False
-    return bool(read_agent_file(ep.agent_config).get("enabled", True))
+    return bool(read_agent_file(settings).get("enabled", True))

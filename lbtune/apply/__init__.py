@@ -5,9 +5,11 @@ The optimizer's per-trial path is ``target.apply(params)`` (direct, ~ms, no LKG 
 ``apply_params(target, params, via="direct", record=False)`` (adds the lock and the
 automatic rollback); ``lbtune apply`` uses ``via="ansible"``:
 ``lbtune/data/playbooks/target-apply.yml``
-with the target's own module (:attr:`~lbtune.targets.base.Balancer.ansible_module`), the
-same for every balancer. A rollback (``lbtune rollback``, or after a failed apply) is
-:meth:`Target.rollback` — directly, or through the same playbook with ``lbtune_rollback``.
+with the target's own module
+(:attr:`~lbtune.targets.targetbase.BalancerBase.ansible_module`), the same for every
+balancer. A rollback (``lbtune rollback``, or after a failed apply) is
+:meth:`~lbtune.targets.targetbase.TargetBase.rollback` — directly, or through the same
+playbook with ``lbtune_rollback``.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from lbtune.apply.lock import apply_lock
 from lbtune.apply.runner import LOCAL_INVENTORY, HostResult, check_inventory, run_playbook
 from lbtune.apply.serving import cluster_endpoints, probe_models, refuse_unservable
 from lbtune.errors import ApplyError
+from lbtune.records.endpoints import Endpoints
 from lbtune.targets import balancer
-from lbtune.targets.base import ApplyResult, ParamSet, RejectedBeforeApply, Target
+from lbtune.targets.base import ApplyResult, ParamSet, RejectedBeforeApply
 from lbtune.targets.lkg import Lkg, LkgStore, params_hash
+from lbtune.targets.targetbase import TargetBase
 
 __all__ = ["ApplyOutcome", "HostResult", "apply_params", "rollback"]
 
@@ -48,7 +52,7 @@ def _is_local(inventory: str | Path | None) -> bool:
 
 
 def _run(
-    target: Target,
+    target: TargetBase,
     params: ParamSet,
     *,
     via: Via,
@@ -116,8 +120,20 @@ def _touched(h: HostResult) -> bool:
     return h.status == "failed" and not h.msg.startswith(_UNTOUCHED)
 
 
+def _verify(target: TargetBase, expected: ParamSet | None, ep: Endpoints | None) -> None:
+    """After an apply: read back what ``expected`` holds (where lbtune can read it) and
+    send one real request per served model (on a local cluster); ApplyError otherwise."""
+    if expected is not None:
+        bad = target.mismatches(expected, target.read_live())
+        if bad:
+            shown = "; ".join(bad[:4])
+            raise ApplyError(f"Read-back after the apply does not match: {shown}")
+    if ep is not None:
+        probe_models(ep)
+
+
 def apply_params(
-    target: Target,
+    target: TargetBase,
     params: Mapping[str, object],
     *,
     via: Via = "ansible",
@@ -162,17 +178,8 @@ def apply_params(
                 inventory=inventory,
                 extravars=extravars,
             )
-            if not check and expected is not None:
-                live = target.read_live()
-                others = target.owned_elsewhere()
-                bad = [k for k, v in expected.items() if live.get(k) != v and k not in others]
-                if bad:
-                    shown = ", ".join(
-                        f"{k}={live.get(k)!r} (wanted {expected[k]!r})" for k in bad[:4]
-                    )
-                    raise ApplyError(f"Read-back after the apply does not match: {shown}")
-            if not check and ep is not None:
-                probe_models(ep)
+            if not check:
+                _verify(target, expected, ep)
         except RejectedBeforeApply:
             raise
         except ApplyError as exc:
@@ -208,13 +215,13 @@ def apply_params(
 
 
 def rollback(
-    target: Target,
+    target: TargetBase,
     *,
     via: Via = "ansible",
     inventory: str | Path | None = None,
     check: bool = False,
 ) -> ApplyOutcome:
-    """:meth:`Target.rollback` on every host (ApplyError when no last known good was
+    """:meth:`TargetBase.rollback` on every host (ApplyError when no last known good was
     recorded); ``check``: only the diff."""
     with apply_lock(target.state_dir):
         lkg = LkgStore(target.state_dir, target.name).get()

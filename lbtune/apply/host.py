@@ -1,14 +1,14 @@
-"""What an lbtune Ansible module runs on a balancer host: the same Target hooks as the
+"""What an lbtune Ansible module runs on a balancer host: the same target hooks as the
 direct path, for any registered target.
 
 Every target's module (``lbtune/data/playbooks/library/lbtune_<name>.py``) is a few lines that call
 :func:`run_module`; ``lbtune/data/playbooks/target-apply.yml`` runs whichever module the target's
-:attr:`~lbtune.targets.base.Balancer.ansible_module` names. One shape for every balancer:
+:attr:`~lbtune.targets.targetbase.BalancerBase.ansible_module` names. One shape for every balancer:
 
 * ``apply(params)``, verified by read-back on the host;
 * check mode (``--check``) calls ``apply(params, check=True)``: nothing is touched and the
   diff comes back (``--diff`` shows it as before/after YAML);
-* ``rollback: true`` calls ``Target.rollback()``. ``params`` then carries the controller's
+* ``rollback: true`` calls ``TargetBase.rollback()``. ``params`` then carries the controller's
   last known good, which first becomes the host's own (a remote host has no other record
   of it; on the controller's own host it is the same file and nothing changes).
 
@@ -29,12 +29,13 @@ from lbtune.errors import ConfigError, LbtuneError, TargetError
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import StatePaths, read_endpoints
 from lbtune.targets import get_target
-from lbtune.targets.base import ApplyResult, Target
+from lbtune.targets.base import ApplyResult
 from lbtune.targets.lkg import LkgStore, params_hash
+from lbtune.targets.targetbase import TargetBase
 
 __all__ = ["ARGUMENT_SPEC", "HostRequest", "Module", "module_result", "run_module", "run_on_host"]
 
-MakeTarget = Callable[[Endpoints, Mapping[str, Any]], Target]
+MakeTarget = Callable[[Endpoints, Mapping[str, Any]], TargetBase]
 """Builds a target from the host's endpoints and the module's ``options``."""
 
 

@@ -4,7 +4,7 @@ parameters) and after it (by a real request per model through the balancer)?
 The rule lives here once, for every target: the cluster's model -> replicas map comes
 from ``endpoints.json`` in the target's state dir; what "cannot take traffic" means for a
 balancer's knobs (weight 0, drained, ...) is the target's own
-:meth:`~lbtune.targets.base.Target.replicas_out`.
+:meth:`~lbtune.targets.targetbase.TargetBase.replicas_out`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import urllib.request
 from lbtune.errors import ApplyError, ConfigError
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import StatePaths, read_endpoints
-from lbtune.targets.base import ParamSet, Target
+from lbtune.targets.base import ParamSet
+from lbtune.targets.targetbase import TargetBase
 
 __all__ = ["PROBE_TIMEOUT_S", "cluster_endpoints", "probe_models", "refuse_unservable"]
 
@@ -26,7 +27,7 @@ PROBE_TIMEOUT_S = 60.0
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def cluster_endpoints(target: Target) -> Endpoints | None:
+def cluster_endpoints(target: TargetBase) -> Endpoints | None:
     """The cluster of the target's state dir (``None`` when it has none: a remote host)."""
     return read_endpoints(StatePaths(target.state_dir))
 
@@ -42,7 +43,7 @@ def models_without_replica(
     return {m: names for m, names in sorted(by_model.items()) if set(names) <= out}
 
 
-def refuse_unservable(target: Target, full: ParamSet, ep: Endpoints) -> None:
+def refuse_unservable(target: TargetBase, full: ParamSet, ep: Endpoints) -> None:
     """ConfigError when the full parameter set ``full`` leaves a served model with no
     replica able to take traffic; touches nothing."""
     out = target.replicas_out(full)

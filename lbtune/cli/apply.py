@@ -15,7 +15,7 @@ import typer
 
 if TYPE_CHECKING:
     from lbtune.apply import ApplyOutcome
-    from lbtune.targets.base import Target
+    from lbtune.targets.targetbase import TargetBase
 
 __all__ = ["apply_command", "rollback_command"]
 
@@ -47,7 +47,7 @@ DirectOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output only.")]
 
 
-def _target(name: str | None, state_dir: Path | None, space: Path | None = None) -> Target:
+def _target(name: str | None, state_dir: Path | None, space: Path | None = None) -> TargetBase:
     from lbtune.cluster.api import find_state_dir
     from lbtune.errors import ConfigError, TargetError
     from lbtune.records.statedir import StatePaths, read_endpoints

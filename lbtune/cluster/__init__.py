@@ -2,7 +2,7 @@
 
 The balancer is the cluster YAML's ``balancer:`` (a name of :data:`lbtune.targets.TARGETS`,
 HAProxy by default); its registry entry launches, watches and scrapes it
-(:class:`lbtune.targets.base.Balancer`). Nothing here names a balancer.
+(:class:`lbtune.targets.targetbase.BalancerBase`). Nothing here names a balancer.
 
 * :mod:`lbtune.cluster.config` — the cluster YAML (pydantic models, loader, presets, ports).
 * :mod:`lbtune.cluster.render` — Prometheus and sim-host configs; the shared template renderer.

@@ -3,7 +3,7 @@
 The CLI (``lbtune cluster ...``) and the ``stress``/``optimize`` commands call these.
 ``up`` starts the sim host and Prometheus, waits until every replica is healthy, asks
 the cluster YAML's balancer (``balancer:``, a name of :data:`lbtune.targets.TARGETS`) to
-launch itself (:meth:`~lbtune.targets.base.Balancer.launch`: render, validate, start
+launch itself (:meth:`~lbtune.targets.targetbase.BalancerBase.launch`: render, validate, start
 under the supervisor, wait healthy), waits until Prometheus scrapes every replica and
 the balancer's jobs, writes ``endpoints.json`` and then, when the cluster YAML enables
 it, starts the feedback agent (:mod:`lbtune.cluster.agent`). If any step fails,
@@ -49,7 +49,8 @@ from lbtune.records.statedir import (
     write_endpoints,
     write_json_atomic,
 )
-from lbtune.targets.base import Balancer, BalancerLaunch, LaunchSpec, ReplicaAddress
+from lbtune.targets.base import BalancerLaunch, LaunchSpec, ReplicaAddress
+from lbtune.targets.targetbase import BalancerBase
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def _load(config: str | Path | ClusterConfig | None) -> tuple[ClusterConfig, str
     return cfg, str(path.resolve())
 
 
-def launch_spec(cluster: ResolvedCluster, paths: StatePaths, entry: Balancer) -> LaunchSpec:
+def launch_spec(cluster: ResolvedCluster, paths: StatePaths, entry: BalancerBase) -> LaunchSpec:
     """What the balancer is told at launch (its extra ports picked free now)."""
     taken = {cluster.ports.balancer, cluster.ports.stats, *(r.port for r in cluster.replicas)}
     extra: dict[str, int] = {}
@@ -153,7 +154,7 @@ def _endpoints(
     cluster: ResolvedCluster,
     paths: StatePaths,
     source: str,
-    entry: Balancer,
+    entry: BalancerBase,
     spec: LaunchSpec,
     launched: BalancerLaunch,
 ) -> Endpoints:
@@ -274,7 +275,7 @@ def _check_ports(cluster: ResolvedCluster, source: str) -> None:
 
 
 def _write_configs(
-    cluster: ResolvedCluster, paths: StatePaths, entry: Balancer, spec: LaunchSpec
+    cluster: ResolvedCluster, paths: StatePaths, entry: BalancerBase, spec: LaunchSpec
 ) -> None:
     write_json_atomic(paths.config, cluster.config.model_dump_json(indent=2) + "\n")
     jobs = entry.scrape_jobs(spec)
@@ -297,7 +298,7 @@ def _start_all(
     cluster: ResolvedCluster,
     paths: StatePaths,
     source: str,
-    entry: Balancer,
+    entry: BalancerBase,
     spec: LaunchSpec,
     prometheus: str,
     started: list[ProcessRecord],

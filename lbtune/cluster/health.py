@@ -105,8 +105,9 @@ def problems(
     balancer_problems: Callable[[Endpoints], list[str]],
 ) -> list[str]:
     """What is wrong with a running cluster (empty when healthy): every process it should
-    run, the replicas, the balancer (its own :meth:`~lbtune.targets.base.Balancer.problems`),
-    Prometheus' scrapes and the agent."""
+    run, the replicas, the balancer (its own
+    :meth:`~lbtune.targets.targetbase.BalancerBase.problems`), Prometheus' scrapes and the
+    agent."""
     simulated = any(not r.external for r in ep.replicas)
     expected = [*([SIM] if simulated else []), PROMETHEUS, *ep.balancer_components]
     if ep.agent_config is not None:

@@ -1,8 +1,8 @@
 """Config files for the cluster's own processes: Prometheus (Jinja2), the sim host (JSON).
 
-The balancer's config is its target's business (:meth:`lbtune.targets.base.Balancer.launch`);
-templates are rendered by :func:`lbtune.resources.render_template` (the Ansible playbooks
-render the same files).
+The balancer's config is its target's business
+(:meth:`lbtune.targets.targetbase.BalancerBase.launch`); templates are rendered by
+:func:`lbtune.resources.render_template` (the Ansible playbooks render the same files).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def prometheus_context(
     cluster: ResolvedCluster, balancer_jobs: Sequence[ScrapeJob] = ()
 ) -> dict[str, Any]:
     """Template variables for ``prometheus.yml.j2`` (``balancer_jobs``: the balancer's
-    own jobs, from its :meth:`~lbtune.targets.base.Balancer.scrape_jobs`)."""
+    own jobs, from its :meth:`~lbtune.targets.targetbase.BalancerBase.scrape_jobs`)."""
     return {
         "prometheus_replicas": [
             {"name": r.name, "address": r.host, "port": r.port, "gpu": r.gpu}

@@ -3,11 +3,15 @@
 Every query is an *instant* query evaluated at the window's end ``t1`` with a
 range selector ``[W]`` covering the window (``W = t1 - t0``), so that each figure
 covers exactly the measurement window. Per-replica figures group by the
-``replica`` target label that the cluster's scrape config sets; HAProxy figures
-group by its own ``proxy`` / ``server`` labels.
+``replica`` target label that the cluster's scrape config sets; the balancer's own
+figures group by the labels of its exporter, which its registry entry names
+(:class:`BalancerSeries`: metrics knows no balancer by name).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 REPLICA = "replica"
 
@@ -23,9 +27,6 @@ SERVED_REASONS = '{finished_reason=~"stop|length|repetition"}'
 VLLM_TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 DCGM_SM_ACTIVE = "DCGM_FI_PROF_SM_ACTIVE"
-HAPROXY_BACKEND_QUEUE = "haproxy_backend_current_queue"
-HAPROXY_SERVER_SESSIONS = "haproxy_server_current_sessions"
-HAPROXY_SERVER_RESPONSES = "haproxy_server_http_responses_total"
 LBTUNE_REQUESTS = "lbtune_requests_total"
 LBTUNE_TTFT_BUCKET = "lbtune_ttft_seconds_bucket"
 LBTUNE_E2E_BUCKET = "lbtune_e2e_seconds_bucket"
@@ -79,10 +80,57 @@ def busy_fraction(window_s: float, step_s: float = 1.0) -> str:
     )
 
 
+@dataclass(frozen=True)
+class BalancerSeries:
+    """Which of a balancer's own Prometheus series give the run summary's ``balancer``
+    section (:class:`lbtune.metrics.summary.BalancerSide`). A balancer's registry entry
+    says (``BalancerBase.series``); a series it does not have is ``None`` and its figures
+    stay empty."""
+
+    balancer: str
+    """The balancer's registry name."""
+    queue: str | None = None
+    """A gauge: requests waiting for a server, per pool (per-model backend or cluster)."""
+    pool_label: str = "pool"
+    """The label naming the pool on :attr:`queue`."""
+    sessions: str | None = None
+    """A gauge: requests open to each server."""
+    responses: str | None = None
+    """A counter: responses from each server, by code class."""
+    server_label: str = "server"
+    """The label naming the server on :attr:`sessions` and :attr:`responses`."""
+    code_label: str = "code"
+    """The label holding the code class (``2xx``...) on :attr:`responses`."""
+    server_names: Mapping[str, str] = field(default_factory=dict)
+    """Server label value -> replica name, where the balancer labels a server otherwise
+    (e.g. by its URL); values not in it are kept as they are."""
+
+
+def balancer_queries(series: BalancerSeries, window_s: float) -> dict[str, str]:
+    """The queries of the balancer's own series (those it has), by key."""
+    w = window_s
+    out: dict[str, str] = {}
+    if series.queue is not None:
+        out["balancer_queue_avg"] = avg_by(series.queue, w, by=series.pool_label)
+        out["balancer_queue_max"] = max_by(series.queue, w, by=series.pool_label)
+    if series.sessions is not None:
+        out["balancer_sessions_avg"] = avg_by(series.sessions, w, by=series.server_label)
+        out["balancer_sessions_max"] = max_by(series.sessions, w, by=series.server_label)
+    if series.responses is not None:
+        by = f"{series.server_label}, {series.code_label}"
+        out["balancer_responses"] = increase_by(series.responses, w, by)
+    return out
+
+
 def server_side_queries(
-    window_s: float, *, job: str = "lbtune", step_s: float = 1.0
+    window_s: float,
+    *,
+    job: str = "lbtune",
+    step_s: float = 1.0,
+    balancer: BalancerSeries | None = None,
 ) -> dict[str, str]:
-    """Every query :func:`lbtune.metrics.serverside.collect` sends, by key, in order."""
+    """Every query :func:`lbtune.metrics.serverside.collect` sends, by key, in order
+    (``balancer``: the balancer's own series, last)."""
     sel = f'{{job="{job}"}}'
     w = window_s
     return {
@@ -116,10 +164,6 @@ def server_side_queries(
         "gpu_util": avg_by(DCGM_GPU_UTIL, w, agg="avg"),
         "sm_active": avg_by(DCGM_SM_ACTIVE, w, agg="avg"),
         "busy_fraction": busy_fraction(w, step_s),
-        # HAProxy.
-        "haproxy_queue_avg": avg_by(HAPROXY_BACKEND_QUEUE, w, by="proxy"),
-        "haproxy_queue_max": max_by(HAPROXY_BACKEND_QUEUE, w, by="proxy"),
-        "haproxy_sessions_avg": avg_by(HAPROXY_SERVER_SESSIONS, w, by="server"),
-        "haproxy_sessions_max": max_by(HAPROXY_SERVER_SESSIONS, w, by="server"),
-        "haproxy_responses": increase_by(HAPROXY_SERVER_RESPONSES, w, "server, code"),
+        # The balancer's own exporter.
+        **(balancer_queries(balancer, w) if balancer is not None else {}),
     }

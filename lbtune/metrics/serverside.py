@@ -1,9 +1,11 @@
-"""Collect the server side (vLLM, GPUs, HAProxy) and lbtune's exporter over a window.
+"""Collect the server side (vLLM, GPUs, the balancer) and lbtune's exporter over a window.
 
 :func:`collect` sends the queries of :func:`lbtune.metrics.promql.server_side_queries`
-one by one at the window's end. A query that fails is recorded as missing and the
-collection goes on; when Prometheus stops answering, the collection stops, keeps
-what it has and marks the result incomplete — a report is still written.
+one by one at the window's end; the balancer's own series are the ones its registry entry
+names (:class:`~lbtune.metrics.promql.BalancerSeries`, handed in by the caller). A query
+that fails is recorded as missing and the collection goes on; when Prometheus stops
+answering, the collection stops, keeps what it has and marks the result incomplete — a
+report is still written.
 
 Call it at least one scrape interval after the window's end, so that the last
 samples of the window have been scraped.
@@ -16,14 +18,17 @@ import math
 import statistics
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from lbtune.errors import TargetError
 from lbtune.metrics import promql
 from lbtune.metrics.prom import PrometheusUnreachable, Querier, Sample
+from lbtune.metrics.promql import BalancerSeries
 from lbtune.metrics.summary import (
+    BalancerQueue,
+    BalancerServer,
+    BalancerSide,
     BalanceSource,
-    HaproxyQueue,
-    HaproxyServer,
     PromClientSide,
     ReplicaServerSide,
     ServerSide,
@@ -49,11 +54,39 @@ _REPLICA_FIELDS = (
 )
 
 
+@dataclass(frozen=True)
+class Answers:
+    """What Prometheus answered to one collection's queries."""
+
+    results: Results
+    """Key -> the samples of its query (keys that failed are absent)."""
+    queries: Mapping[str, str]
+    """Key -> PromQL, every query of the collection."""
+    missing: tuple[str, ...] = ()
+    incomplete: bool = False
+    notes: tuple[str, ...] = ()
+
+
 def collect(
-    prom: Querier, window: Window, *, job: str = "lbtune", scrape_interval_s: float = 1.0
+    prom: Querier,
+    window: Window,
+    *,
+    job: str = "lbtune",
+    scrape_interval_s: float = 1.0,
+    balancer: BalancerSeries | None = None,
 ) -> ServerSide:
-    """Every server-side figure over ``window``; tolerates Prometheus dying mid-way."""
-    queries = promql.server_side_queries(window.duration, job=job, step_s=scrape_interval_s)
+    """Every server-side figure over ``window``; tolerates Prometheus dying mid-way.
+    ``balancer``: which of the balancer's own series to read (``None``: the balancer is
+    unknown, its section stays out)."""
+    queries = promql.server_side_queries(
+        window.duration, job=job, step_s=scrape_interval_s, balancer=balancer
+    )
+    return assemble(ask(prom, queries, window.end), window, balancer)
+
+
+def ask(prom: Querier, queries: Mapping[str, str], at: float) -> Answers:
+    """Send ``queries`` one by one, evaluated at ``at``: a query that fails is missing and
+    the others go on; once Prometheus stops answering, the rest are missing."""
     results: dict[str, list[Sample]] = {}
     missing: list[str] = []
     notes: list[str] = []
@@ -62,7 +95,7 @@ def collect(
     keys = list(queries)
     for i, key in enumerate(keys):
         try:
-            results[key] = prom.query(queries[key], at=window.end)
+            results[key] = prom.query(queries[key], at=at)
         except PrometheusUnreachable as exc:
             missing.extend(keys[i:])
             incomplete = True
@@ -78,31 +111,19 @@ def collect(
             incomplete = True
             notes.append(f"query {key!r} failed: {exc}")
             log.warning("%s", notes[-1])
-    return assemble(
-        results,
-        window=window,
-        queries=queries,
-        missing=tuple(missing),
-        incomplete=incomplete,
-        notes=tuple(notes),
-    )
+    return Answers(results, dict(queries), tuple(missing), incomplete, tuple(notes))
 
 
 def assemble(
-    results: Results,
-    *,
-    window: Window,
-    queries: Mapping[str, str],
-    missing: tuple[str, ...] = (),
-    incomplete: bool = False,
-    notes: tuple[str, ...] = (),
+    answers: Answers, window: Window, balancer: BalancerSeries | None = None
 ) -> ServerSide:
     """Turn raw query results into a :class:`ServerSide` (pure)."""
+    results = answers.results
     by_replica = {key: _by_label(results.get(key, []), promql.REPLICA) for key in results}
     names: set[str] = set()
     for key in (*_REPLICA_FIELDS, "gpu_util", "sm_active", "busy_fraction"):
         names.update(by_replica.get(key, {}))
-    all_notes = list(notes)
+    all_notes = list(answers.notes)
     replicas = []
     for name in sorted(names):
         figures = {k: by_replica.get(k, {}).get(name) for k in _REPLICA_FIELDS}
@@ -124,12 +145,11 @@ def assemble(
         replica_balance=balance,
         balance_source=source,
         prefix_cache_hit_rate=hit_all[0].value if hit_all else None,
-        haproxy_queues=_haproxy_queues(results),
-        haproxy_servers=_haproxy_servers(results),
+        balancer=None if balancer is None else _balancer(results, balancer),
         client=_client(results),
-        queries=dict(queries),
-        missing=missing,
-        incomplete=incomplete,
+        queries=dict(answers.queries),
+        missing=answers.missing,
+        incomplete=answers.incomplete,
         notes=tuple(all_notes),
     )
 
@@ -184,32 +204,36 @@ def _single(results: Results, key: str) -> float | None:
     return samples[0].value if samples else None
 
 
-def _haproxy_queues(results: Results) -> tuple[HaproxyQueue, ...]:
-    avg = _by_label(results.get("haproxy_queue_avg", []), "proxy")
-    mx = _by_label(results.get("haproxy_queue_max", []), "proxy")
-    return tuple(
-        HaproxyQueue(proxy=p, avg=avg.get(p), max=mx.get(p)) for p in sorted(set(avg) | set(mx))
+def _balancer(results: Results, series: BalancerSeries) -> BalancerSide:
+    """The balancer's section: its queue per pool, its open requests and responses per
+    server (server label values renamed to replicas by ``series.server_names``)."""
+    avg = _by_label(results.get("balancer_queue_avg", []), series.pool_label)
+    mx = _by_label(results.get("balancer_queue_max", []), series.pool_label)
+    queues = tuple(
+        BalancerQueue(pool=p, avg=avg.get(p), max=mx.get(p)) for p in sorted(set(avg) | set(mx))
     )
-
-
-def _haproxy_servers(results: Results) -> tuple[HaproxyServer, ...]:
-    avg = _by_label(results.get("haproxy_sessions_avg", []), "server")
-    mx = _by_label(results.get("haproxy_sessions_max", []), "server")
+    label, names = series.server_label, series.server_names
+    s_avg = _renamed(_by_label(results.get("balancer_sessions_avg", []), label), names)
+    s_max = _renamed(_by_label(results.get("balancer_sessions_max", []), label), names)
     responses: dict[str, dict[str, float]] = {}
-    for s in results.get("haproxy_responses", []):
-        server, code = s.labels.get("server"), s.labels.get("code")
+    for s in results.get("balancer_responses", []):
+        server, code = s.labels.get(label), s.labels.get(series.code_label)
         if server is not None and code is not None and s.value is not None:
-            responses.setdefault(server, {})[code] = s.value
-    names = sorted(set(avg) | set(mx) | set(responses))
-    return tuple(
-        HaproxyServer(
+            responses.setdefault(names.get(server, server), {})[code] = s.value
+    servers = tuple(
+        BalancerServer(
             server=n,
-            sessions_avg=avg.get(n),
-            sessions_max=mx.get(n),
+            sessions_avg=s_avg.get(n),
+            sessions_max=s_max.get(n),
             responses=dict(sorted(responses.get(n, {}).items())),
         )
-        for n in names
+        for n in sorted(set(s_avg) | set(s_max) | set(responses))
     )
+    return BalancerSide(name=series.balancer, queues=queues, servers=servers)
+
+
+def _renamed(values: dict[str, float | None], names: Mapping[str, str]) -> dict[str, float | None]:
+    return {names.get(k, k): v for k, v in values.items()}
 
 
 def _bounds(samples: list[Sample]) -> tuple[float, ...]:

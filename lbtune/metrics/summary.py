@@ -19,8 +19,9 @@ from lbtune.errors import ConfigError
 from lbtune.records.quantiles import LatencyStats
 from lbtune.records.slo import Slo
 
-SCHEMA_VERSION = 1
-"""Bumped on any incompatible change of the JSON form (a renamed or removed field)."""
+SCHEMA_VERSION = 2
+"""Bumped on any incompatible change of the JSON form (a renamed or removed field).
+2: ``server.haproxy_queues``/``haproxy_servers`` became ``server.balancer``."""
 
 
 @dataclass(frozen=True)
@@ -183,19 +184,38 @@ class ReplicaServerSide:
 
 
 @dataclass(frozen=True)
-class HaproxyServer:
+class BalancerServer:
+    """One server (replica) as the balancer's own exporter counts it over the window."""
+
     server: str
+    """The balancer's name for it: the replica's name."""
     sessions_avg: float | None = None
+    """Requests open through the balancer to it, averaged over the window."""
     sessions_max: float | None = None
     responses: Mapping[str, float] = field(default_factory=dict)
     """Responses by HTTP code class (``"2xx"``, ``"5xx"``, ...) in the window."""
 
 
 @dataclass(frozen=True)
-class HaproxyQueue:
-    proxy: str
+class BalancerQueue:
+    """One pool's queue in the balancer (requests waiting for a server)."""
+
+    pool: str
+    """The pool as the balancer names it (HAProxy backend, Envoy cluster: ``model_<model>``,
+    ``all``)."""
     avg: float | None = None
     max: float | None = None
+
+
+@dataclass(frozen=True)
+class BalancerSide:
+    """The balancer's own figures over the window: what its exporter has of them (a
+    balancer whose exporter has none leaves the lists empty)."""
+
+    name: str
+    """The balancer's registry name (``haproxy``, ``envoy``...)."""
+    queues: tuple[BalancerQueue, ...] = ()
+    servers: tuple[BalancerServer, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -230,8 +250,9 @@ class ServerSide:
     """What the balance is the std-dev of: ``sm_active``; or busy fractions from ``gpu_util``,
     the running-request fallback (``busy``) or both (``mixed``)."""
     prefix_cache_hit_rate: float | None = None
-    haproxy_queues: tuple[HaproxyQueue, ...] = ()
-    haproxy_servers: tuple[HaproxyServer, ...] = ()
+    balancer: BalancerSide | None = None
+    """The balancer's own figures; ``None`` when the run did not know its balancer (a
+    target URL given without its cluster)."""
     client: PromClientSide | None = None
     queries: Mapping[str, str] = field(default_factory=dict)
     """The PromQL behind every figure, by key (evaluated at ``window.end``)."""

@@ -21,6 +21,7 @@ from lbtune.run.samples import after_run_hint
 from lbtune.run.target import ResolvedTarget
 from lbtune.scenario.plan import Stage
 from lbtune.scenario.runplan import RunPlan
+from lbtune.targets import balancer
 
 __all__ = [
     "STORM_ERROR_SHARE",
@@ -71,7 +72,8 @@ def summarize_run(
     if prom is not None:
         # Let the last scrape of the window land before asking for it.
         time.sleep(min(2.0, max(0.0, window.end + 1.5 - time.time())))
-        server = collect(prom, window)
+        ep = target.endpoints  # its balancer names its own series; unknown without it
+        server = collect(prom, window, balancer=balancer(ep.balancer).series(ep) if ep else None)
     elif target.endpoints is None:
         notes.append("no Prometheus given (--prometheus): server-side figures not collected")
     return summarize(

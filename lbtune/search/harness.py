@@ -17,14 +17,15 @@ from lbtune.objective import ObjectiveSpec, feasible
 from lbtune.search.confirm import bootstrap_diff
 from lbtune.search.result import Confirmation, Rollout
 from lbtune.search.trial import Measure
-from lbtune.targets.base import ParamSet, Target
+from lbtune.targets.base import ParamSet
+from lbtune.targets.targetbase import TargetBase
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Harness:
-    target: Target
+    target: TargetBase
     measure: Measure
     rollout_apply: Callable[[ParamSet, str], object]
     """Apply a parameter set through the rollout path (Ansible), without recording LKG."""

@@ -22,7 +22,8 @@ from lbtune.errors import LbtuneError, TrialFailed
 from lbtune.objective import Figures
 
 if TYPE_CHECKING:
-    from lbtune.targets.base import ParamSet, Target
+    from lbtune.targets.base import ParamSet
+    from lbtune.targets.targetbase import TargetBase
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ ApplyFn = Callable[["ParamSet"], object]
 class TrialRunner:
     """Apply → measure → check, for the study loop, the confirmation and the verification."""
 
-    target: Target
+    target: TargetBase
     measure: Measure
     apply: ApplyFn | None = None
     """How parameters become balancer state; default ``target.apply`` (the direct path)."""

@@ -1,7 +1,7 @@
-"""Balancer targets: one subpackage per balancer, one line each in :data:`TARGETS`.
+"""BalancerBase targets: one subpackage per balancer, one line each in :data:`TARGETS`.
 
 :data:`TARGETS` maps a name to ``"module:attribute"``, the attribute being an object
-implementing :class:`~lbtune.targets.base.Balancer`. The module is imported only when
+implementing :class:`~lbtune.targets.targetbase.BalancerBase`. The module is imported only when
 the balancer is asked for, so ``import lbtune.targets`` stays light (the cluster YAML's
 ``balancer:`` is checked against the names without importing anything).
 
@@ -25,7 +25,7 @@ from lbtune.errors import ConfigError
 
 if TYPE_CHECKING:
     from lbtune.records.endpoints import Endpoints
-    from lbtune.targets.base import Balancer, Target
+    from lbtune.targets.targetbase import BalancerBase, TargetBase
 
 __all__ = ["TARGETS", "balancer", "get_target", "names", "unknown"]
 
@@ -47,17 +47,19 @@ def unknown(name: str, what: str = "target") -> ConfigError:
     return ConfigError(f"Unknown {what} {name!r}. Available: {', '.join(TARGETS)}")
 
 
-def balancer(name: str) -> Balancer:
+def balancer(name: str) -> BalancerBase:
     """The registry entry ``name`` (its module imported now); ConfigError listing the names."""
     spec = TARGETS.get(name)
     if spec is None:
         raise unknown(name)
     module, _, attr = spec.partition(":")
-    found: Balancer = getattr(importlib.import_module(module), attr)
+    found: BalancerBase = getattr(importlib.import_module(module), attr)
     return found
 
 
-def get_target(name: str, endpoints: Endpoints, *, space_file: str | Path | None = None) -> Target:
+def get_target(
+    name: str, endpoints: Endpoints, *, space_file: str | Path | None = None
+) -> TargetBase:
     """Target ``name`` of the running cluster ``endpoints`` (``space_file``: the user's
     own space file instead of the packaged one)."""
     return balancer(name).target(endpoints, space_file=Path(space_file) if space_file else None)

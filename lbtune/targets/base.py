@@ -1,56 +1,59 @@
-"""The target contract: every hook lbtune's core calls on a balancer, and nothing else.
+"""What crosses the hooks of a balancer, and the small rules every balancer shares.
 
 A balancer is one subpackage ``lbtune/targets/<name>/`` and one line in
-:data:`lbtune.targets.TARGETS`. The registry entry is a :class:`Balancer`: what the
-embedded cluster needs to launch, watch and scrape the balancer, and a factory of
-:class:`Target` — what the optimizer, ``lbtune apply`` and the agent need to tune it.
-The core (``lbtune.cluster``, ``lbtune.apply``, ``lbtune.agent``, ``lbtune.tune.optimize``)
-only ever calls what is declared here, and never names a balancer.
+:data:`lbtune.targets.TARGETS`. It subclasses two bases (:mod:`lbtune.targets.targetbase`),
+which are the contract:
 
-Two protocols, because they live at different times:
+* :class:`~lbtune.targets.targetbase.BalancerBase`, the registry entry, exists before a
+  cluster does (``lbtune cluster up`` asks it to check the cluster YAML, render and start
+  the balancer, and name its Prometheus jobs);
+* :class:`~lbtune.targets.targetbase.TargetBase` is one running balancer (made by
+  ``BalancerBase.target`` from the running cluster's
+  :class:`~lbtune.records.endpoints.Endpoints`): its knobs, validation, apply, read-back
+  and rollback.
 
-* :class:`Balancer` exists before a cluster does (``lbtune cluster up`` asks it to check
-  the cluster YAML, render and start the balancer, and name its Prometheus jobs);
-* :class:`Target` is one running balancer (made by :meth:`Balancer.target` from the
-  running cluster's :class:`~lbtune.records.statedir.Endpoints`): its knobs, validation,
-  apply, read-back and rollback.
-
-Everything that crosses a hook is a frozen dataclass defined in this module (or a
-:data:`ParamSet`), so a new balancer needs nothing but this file to be written.
+The core (``lbtune.cluster``, ``lbtune.apply``, ``lbtune.agent``, ``lbtune.tune``) only
+ever calls what the bases declare, and never names a balancer. Everything that crosses a
+hook is a frozen dataclass defined in this module (or a :data:`ParamSet`); the rules every
+balancer shares (:func:`pool_names`, :func:`zero_weight_replicas`, :func:`mismatches`,
+:class:`Plan`) live here too.
 
 Checklist for a new balancer ``foo`` (``docs/targets.md`` has a worked example):
 
 1. ``lbtune/targets/foo/space.yaml`` — its knobs (:mod:`lbtune.targets.space`).
-2. ``lbtune/targets/foo/balancer.py`` — a class implementing :class:`Balancer`, an
-   instance of it named ``BALANCER``; its :meth:`Balancer.target` returns an object
-   implementing :class:`Target`.
-3. ``"foo": "lbtune.targets.foo.balancer:BALANCER"`` in :data:`lbtune.targets.TARGETS`.
-4. ``lbtune/data/playbooks/library/lbtune_foo.py`` — the Ansible module (check mode, ``--diff``);
-   the generic ``lbtune/data/playbooks/target-apply.yml`` runs it (see ``docs/targets.md``).
-5. ``lbtune/data/clusters/mini2-foo.yaml`` — a tiny cluster with ``balancer: foo`` and
-   ``ports: auto``, named by :attr:`Balancer.test_preset`: the contract suite
+2. ``lbtune/targets/foo/target.py`` — a :class:`~lbtune.targets.targetbase.TargetBase`
+   subclass: ``replica_names``, ``read_live`` and ``apply`` (with :class:`Plan`); the
+   rollback, the feedback agent's ownership of the weights, ``replicas_out`` and the
+   read-back come with the base.
+3. ``lbtune/targets/foo/balancer.py`` — a
+   :class:`~lbtune.targets.targetbase.BalancerBase` subclass, an instance of it named
+   ``BALANCER``: ``launch``, ``scrape_jobs``, ``problems``, ``target``; ``weights`` only
+   with ``live_weights = True``; ``series`` where its exporter has per-pool queues or
+   per-server figures (the run summary's ``balancer`` section).
+4. ``"foo": "lbtune.targets.foo.balancer:BALANCER"`` in :data:`lbtune.targets.TARGETS`.
+5. ``lbtune/data/playbooks/library/lbtune_foo.py`` — the Ansible module (check mode,
+   ``--diff``); the generic ``lbtune/data/playbooks/target-apply.yml`` runs it.
+6. ``lbtune/data/clusters/mini2-foo.yaml`` — a tiny cluster with ``balancer: foo`` and
+   ``ports: auto``, named by ``BalancerBase.test_preset``: the contract suite
    ``tests/targets/test_contract.py`` then runs against ``foo`` with no edit.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol
 
 from lbtune.errors import ApplyError
 from lbtune.records.endpoints import ReplicaAddress
 from lbtune.targets.params import ParamSet, ParamValue
 
-if TYPE_CHECKING:
-    from lbtune.records.endpoints import Endpoints
-    from lbtune.targets.space import ParameterSpace
-
 __all__ = [
     "DEFAULT_REPLICA_HEADER",
     "ApplyResult",
-    "Balancer",
     "BalancerLaunch",
     "ClusterShape",
     "Diff",
@@ -58,12 +61,15 @@ __all__ = [
     "LiveWeights",
     "ParamSet",
     "ParamValue",
+    "Plan",
     "RejectedBeforeApply",
     "ReplicaAddress",
     "ReplicaRow",
     "ScrapeJob",
     "Supervisor",
-    "Target",
+    "diff",
+    "mismatches",
+    "pool_names",
     "zero_weight_replicas",
 ]
 
@@ -76,12 +82,12 @@ reads it into ``RequestRecord.replica``)."""
 
 
 # ---------------------------------------------------------------------------------------
-# Tuning: what crosses Target's hooks.
+# Tuning: what crosses TargetBase's hooks.
 
 
 @dataclass(frozen=True)
 class ApplyResult:
-    """What :meth:`Target.apply` (and :meth:`Target.rollback`) did, or would do."""
+    """What ``TargetBase.apply`` (and ``rollback``) did, or would do."""
 
     changed: bool
     """False when the live state already equalled the requested parameters."""
@@ -103,76 +109,73 @@ class RejectedBeforeApply(ApplyError):
     rejected the rendered config): the previous state is still live, nothing to roll back."""
 
 
-@runtime_checkable
-class Target(Protocol):
-    """One running balancer, as something lbtune can tune.
+def diff(live: Mapping[str, ParamValue], desired: Mapping[str, ParamValue]) -> Diff:
+    """knob -> (live, desired) for every knob of ``desired`` that ``live`` does not hold."""
+    return {k: (live.get(k), v) for k, v in desired.items() if live.get(k) != v}
 
-    Made by :meth:`Balancer.target`. Every method may be called from any process (the
-    optimizer, ``lbtune apply``, the Ansible module on the balancer's host): whatever a
-    method needs to know lives in the Endpoints it was made from or in ``state_dir``.
 
-    Errors: a value the user can fix (unknown knob, out of range) is a
-    :class:`~lbtune.errors.ConfigError`; a balancer that refused a new state before
-    anything changed is :class:`RejectedBeforeApply`; a failure after the balancer was
-    touched is :class:`~lbtune.errors.ApplyError` (``lbtune.apply`` then calls
-    :meth:`rollback`); an unreachable balancer is :class:`~lbtune.errors.TargetError`.
+def mismatches(
+    desired: Mapping[str, ParamValue],
+    live: Mapping[str, ParamValue],
+    skip: frozenset[str] = frozenset(),
+) -> list[str]:
+    """One line per knob of ``desired`` (but ``skip``) that ``live`` does not hold: what a
+    read-back names."""
+    return [
+        f"{k}: wanted {v!r}, live {live.get(k)!r}"
+        for k, v in desired.items()
+        if live.get(k) != v and k not in skip
+    ]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An apply worked out before anything is touched: what is live, what will be, how.
+
+    Every ``apply`` ends in one of its two results: :meth:`untouched` (check mode, or
+    nothing to change) or :meth:`done` (after the balancer took the change).
     """
 
-    name: str
-    """The registry name (``TARGETS`` key)."""
-    state_dir: Path
-    """Where the target keeps its files; ``lbtune.apply`` puts the lock, the last known
-    good (``lkg/<name>.json``) and its logs there."""
+    live: ParamSet
+    desired: ParamSet
+    """The full set to make live (the request completed with what is live)."""
+    reload: bool
+    """The change is structural: it needs a reload or a restart."""
+    began: float
+    """``time.perf_counter()`` when the apply began."""
+    drift: bool = False
+    """Something beside the knobs differs: the balancer's files are not what ``desired``
+    renders (a change even with an empty diff)."""
 
-    def space(self) -> ParameterSpace:
-        """The knobs, their ranges, conditions and untuned baseline values (for this
-        cluster's replicas: ``per_server`` knobs are expanded)."""
-        ...
+    @property
+    def diff(self) -> Diff:
+        return diff(self.live, self.desired)
 
-    def validate(self, params: Mapping[str, object]) -> ParamSet:
-        """Check ``params`` against the space and the balancer's own rules, touching
-        nothing; return them typed. Out-of-range or unknown knobs: ConfigError; a set the
-        balancer would refuse (e.g. knobs another controller owns): RejectedBeforeApply.
-        :meth:`apply` calls it first; ``lbtune apply`` calls it before taking the lock."""
-        ...
+    @property
+    def changed(self) -> bool:
+        return bool(self.diff) or self.drift
 
-    def read_live(self) -> ParamSet:
-        """Every knob of the space as it is live now (read from the balancer itself where
-        it can say, else from the target's record of what it last applied), in the format
-        :meth:`apply` accepts. ``apply(read_live())`` is a no-op."""
-        ...
+    def untouched(self, *, check: bool) -> ApplyResult:
+        """The result when nothing is touched: in check mode, what would change (and the
+        full set that would be live); else, with nothing to change, what is live."""
+        return ApplyResult(
+            changed=self.changed,
+            applied=self.desired if check else self.live,
+            diff=self.diff,
+            reloaded=self.reload and self.changed and check,
+            check=check,
+            seconds=time.perf_counter() - self.began,
+        )
 
-    def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
-        """Make ``params`` live (knobs not given keep their live value) and verify by
-        read-back; raise ApplyError when the read-back differs.
-
-        Validates first (:meth:`validate`): a refused set touches nothing. Knobs the
-        balancer can change live go through its live API; structural ones reload or
-        restart it without dropping requests where the balancer allows
-        (``ApplyResult.reloaded``). With nothing to change it touches nothing and returns
-        ``changed=False``. With ``check=True`` it touches nothing and returns the diff it
-        would apply (``check=True``, ``reloaded`` = would reload).
-        """
-        ...
-
-    def rollback(self, *, check: bool = False) -> ApplyResult:
-        """Re-apply the last known good (:class:`lbtune.targets.lkg.LkgStore` in
-        ``state_dir`` under :attr:`name`); ApplyError when none was recorded.
-        ``lbtune rollback`` and the failed-apply path of ``lbtune.apply`` call this."""
-        ...
-
-    def owned_elsewhere(self) -> frozenset[str]:
-        """Knobs another controller sets right now (e.g. the weights while the feedback
-        agent runs): their live value may move under lbtune, so ``lbtune.apply`` does not
-        hold them to a value in its read-back. Usually ``frozenset()``."""
-        ...
-
-    def replicas_out(self, params: ParamSet) -> frozenset[str]:
-        """The replicas that the full parameter set ``params`` leaves unable to take a new
-        request (weight 0, drained, ...), by :attr:`ReplicaAddress.name`. ``lbtune.apply``
-        refuses a set that leaves a served model with none (:mod:`lbtune.apply.serving`);
-        :func:`zero_weight_replicas` is the usual answer."""
-        ...
+    def done(self, applied: ParamSet) -> ApplyResult:
+        """The result once the balancer took the change (``applied``: the read-back)."""
+        return ApplyResult(
+            changed=True,
+            applied=applied,
+            diff=self.diff,
+            reloaded=self.reload,
+            seconds=time.perf_counter() - self.began,
+        )
 
 
 def zero_weight_replicas(params: Mapping[str, object], knob: str = "weight") -> frozenset[str]:
@@ -186,18 +189,34 @@ def zero_weight_replicas(params: Mapping[str, object], knob: str = "weight") -> 
     )
 
 
+def pool_names(models: Sequence[str]) -> dict[str, str]:
+    """Model -> the name of the balancer's pool of its replicas (HAProxy backend, Envoy
+    cluster, nginx upstream): ``model_<model>`` with every character but ``A-Za-z0-9_.-``
+    replaced by ``_``, and ``_2``, ``_3``... where two models would share a name. Never a
+    balancer's catch-all pool (``all``): every name starts with ``model_``."""
+    out: dict[str, str] = {}
+    for model in models:
+        base = "model_" + re.sub(r"[^A-Za-z0-9_.-]", "_", model)
+        name, i = base, 1
+        while name in out.values():
+            i += 1
+            name = f"{base}_{i}"
+        out[model] = name
+    return out
+
+
 # ---------------------------------------------------------------------------------------
 # The embedded cluster: what crosses Balancer's hooks.
 
 
 @dataclass(frozen=True)
 class ClusterShape:
-    """What :meth:`Balancer.check_cluster` may object to in a cluster YAML."""
+    """What ``BalancerBase.check_cluster`` may object to in a cluster YAML."""
 
     replica_models: tuple[tuple[str, ...], ...]
     """The models of each replica, in order."""
     agent: bool
-    """The YAML enables the feedback agent (it needs :attr:`Balancer.live_weights`)."""
+    """The YAML enables the feedback agent (it needs ``BalancerBase.live_weights``)."""
     params: Mapping[str, object]
     """The YAML's ``params:`` (initial knob values for this balancer)."""
 
@@ -217,7 +236,7 @@ class LaunchSpec:
     metrics_port: int
     """The balancer's own stats/metrics/admin page (``ports.stats``)."""
     extra_ports: Mapping[str, int]
-    """One free port per name in :attr:`Balancer.extra_ports`."""
+    """One free port per name in ``BalancerBase.extra_ports``."""
     replicas: tuple[ReplicaAddress, ...]
     models: tuple[str, ...]
     """Every model served, sorted."""
@@ -232,9 +251,9 @@ class LaunchSpec:
 
 @dataclass(frozen=True)
 class BalancerLaunch:
-    """What :meth:`Balancer.launch` returns once the balancer is up and healthy.
+    """What ``BalancerBase.launch`` returns once the balancer is up and healthy.
 
-    Recorded in ``endpoints.json``; :meth:`Balancer.target` gets it back through
+    Recorded in ``endpoints.json``; ``BalancerBase.target`` gets it back through
     ``Endpoints.balancer_details``.
     """
 
@@ -281,7 +300,7 @@ class ReplicaRow:
 
 
 class Supervisor(Protocol):
-    """The cluster's process supervisor, as :meth:`Balancer.launch` sees it.
+    """The cluster's process supervisor, as ``BalancerBase.launch`` sees it.
 
     Processes run in their own session, log to ``<state>/logs/<name>.log`` and have a PID
     file ``<state>/<name>.pid``; they are only ever signalled after an identity check.
@@ -315,74 +334,4 @@ class LiveWeights(Protocol):
     def set_weights(self, weights: Mapping[str, int]) -> None:
         """Set these replicas' weights now (others keep theirs); TargetError when the
         balancer refuses."""
-        ...
-
-
-@runtime_checkable
-class Balancer(Protocol):
-    """A registry entry (:data:`lbtune.targets.TARGETS`): a balancer lbtune knows.
-
-    Cheap to construct and stateless: every hook gets what it needs as arguments.
-    """
-
-    name: str
-    """The registry name, also the cluster YAML's ``balancer:`` value."""
-    replica_header: str | None
-    """The response header that names the replica which served a request (usually
-    :data:`DEFAULT_REPLICA_HEADER`), set by the balancer on every proxied response;
-    ``None`` when this balancer cannot set one."""
-    live_weights: bool
-    """Whether :meth:`weights` works: the balancer takes per-replica weights live (the
-    feedback agent needs this; ``agent.enabled`` is refused otherwise)."""
-    ansible_module: str
-    """The Ansible module in ``lbtune/data/playbooks/library/`` that applies this target on a host
-    (``lbtune_<name>``, underscores); ``lbtune/data/playbooks/target-apply.yml`` runs it."""
-    extra_ports: tuple[str, ...]
-    """Names of loopback ports it needs besides ``port`` and ``metrics_port`` (an admin
-    API, an exporter); the cluster picks free ones (:attr:`LaunchSpec.extra_ports`)."""
-    test_preset: str
-    """A cluster preset (``lbtune/data/clusters/<preset>.yaml``, ``ports: auto``, two replicas) with
-    this balancer: what the contract suite starts."""
-
-    def check_cluster(self, shape: ClusterShape) -> str | None:
-        """Why this balancer cannot front that cluster (e.g. it does not route by model
-        and the replicas serve different models), or ``None``. Called while the cluster
-        YAML is validated: the message is shown with the file's name."""
-        ...
-
-    def launch(self, spec: LaunchSpec, supervisor: Supervisor) -> BalancerLaunch:
-        """Render the balancer's config from ``spec.replicas`` (with the space's
-        baseline overlaid by ``spec.params``), check it with the balancer's own
-        validator, start it (and any sidecar such as an exporter) through
-        ``supervisor``, and wait until it is healthy: every replica reachable through it
-        and its ``/health`` (proxied to a replica) answering 200. Raise ClusterError
-        (or DependencyError for a missing binary) otherwise; the cluster then stops
-        whatever was started."""
-        ...
-
-    def scrape_jobs(self, spec: LaunchSpec) -> tuple[ScrapeJob, ...]:
-        """The Prometheus jobs that scrape the balancer (the cluster adds the replicas',
-        lbtune's and the agent's). The cluster waits until each is up."""
-        ...
-
-    def problems(self, endpoints: Endpoints) -> list[str]:
-        """What is wrong with the running balancer, one short line each (empty when
-        healthy): ``lbtune cluster status`` and ``up`` (on an already running cluster)
-        show these. Never raises."""
-        ...
-
-    def replica_rows(self, endpoints: Endpoints) -> list[ReplicaRow]:
-        """Each replica as the running balancer sees it (status, weight, open requests),
-        for ``lbtune cluster status``; empty when the balancer cannot be asked. Never
-        raises."""
-        ...
-
-    def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> Target:
-        """The running balancer of ``endpoints`` as a :class:`Target` (``space_file``: the
-        user's own space instead of the packaged one)."""
-        ...
-
-    def weights(self, endpoints: Endpoints) -> LiveWeights:
-        """The live-weights interface of the running balancer (the feedback agent's
-        actuator); TargetError when :attr:`live_weights` is False."""
         ...

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lbtune.targets.base import ParamSet
+from lbtune.targets.params import ParamSet
 
 __all__ = ["Lkg", "LkgStore", "params_hash"]
 

@@ -1,5 +1,5 @@
 """A balancer's parameter values: what a :class:`~lbtune.targets.space.ParameterSpace`
-validates and a :class:`~lbtune.targets.base.Target` applies (both re-export them)."""
+validates and a :class:`~lbtune.targets.targetbase.TargetBase` applies (both re-export them)."""
 
 from __future__ import annotations
 

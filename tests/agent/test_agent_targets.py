@@ -1,7 +1,7 @@
 """The agent against every registered balancer that takes live weights, through the registry.
 
 Each entry's own test cluster (``test_preset``) runs; the agent gets its actuator from
-``Balancer.weights(endpoints)`` — exactly what ``lbtune agent run`` does — and a fake
+``BalancerBase.weights(endpoints)`` — exactly what ``lbtune agent run`` does — and a fake
 input source that makes one replica look overloaded. A new balancer with ``live_weights``
 is covered without an edit here.
 """
@@ -19,7 +19,7 @@ from lbtune.cluster import api
 from lbtune.errors import DependencyError, TargetError
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets import balancer, names
-from lbtune.targets.base import Balancer
+from lbtune.targets.targetbase import BalancerBase
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -40,7 +40,7 @@ class FixedSource:
 @pytest.fixture(scope="module", params=LIVE)
 def deployed(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Balancer, Endpoints]]:
+) -> Iterator[tuple[BalancerBase, Endpoints]]:
     entry = balancer(request.param)
     state = tmp_path_factory.mktemp(request.param)
     try:
@@ -54,7 +54,7 @@ def deployed(
 
 
 def test_the_agent_moves_an_overloaded_replicas_weight_on_every_live_balancer(
-    deployed: tuple[Balancer, Endpoints],
+    deployed: tuple[BalancerBase, Endpoints],
 ) -> None:
     entry, ep = deployed
     weights = entry.weights(ep)

@@ -11,9 +11,10 @@ from lbtune.apply.host import HostRequest, MakeTarget, module_result, run_on_hos
 from lbtune.errors import ConfigError, TargetError
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import StatePaths, write_endpoints
-from lbtune.targets.base import ApplyResult, ParamSet, zero_weight_replicas
+from lbtune.targets.base import ApplyResult, ParamSet
 from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace, SpaceFile
+from lbtune.targets.targetbase import TargetBase
 from tests.targets.test_haproxy_target import fake_endpoints
 
 SPACE = SpaceFile.model_validate(
@@ -32,30 +33,28 @@ SPACE = SpaceFile.model_validate(
 )
 
 
-class FakeTarget:
-    """A :class:`~lbtune.targets.base.Target` that records its calls and touches nothing."""
+class FakeTarget(TargetBase):
+    """A :class:`~lbtune.targets.targetbase.TargetBase` that records its calls and touches
+    nothing (its ``replicas_out`` and ``owned_elsewhere`` are the base's)."""
 
     name = "haproxy"
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.calls: list[str] = []
-        self._space = ParameterSpace.from_file(SPACE, ["h100-0", "a100-0", "l4-0"])
+        self.fake_space = ParameterSpace.from_file(SPACE, self.replica_names())
+
+    def replica_names(self) -> list[str]:
+        return ["h100-0", "a100-0", "l4-0"]
 
     def validate(self, params: Mapping[str, object]) -> ParamSet:
         return {k: v for k, v in params.items() if isinstance(v, int | float | str | bool)}
 
     def space(self) -> ParameterSpace:
-        return self._space
+        return self.fake_space
 
     def read_live(self) -> ParamSet:
         return {}
-
-    def replicas_out(self, params: ParamSet) -> frozenset[str]:
-        return zero_weight_replicas(params)
-
-    def owned_elsewhere(self) -> frozenset[str]:
-        return frozenset()
 
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
         self.calls.append(f"apply check={check}")

@@ -13,8 +13,9 @@ from lbtune.cluster.config import load_config, resolve
 from lbtune.cluster.render import render_prometheus, sim_spec
 from lbtune.records.statedir import StatePaths
 from lbtune.targets import balancer
+from lbtune.targets.base import pool_names
 from lbtune.targets.haproxy.config import render_untuned
-from lbtune.targets.haproxy.files import HaproxyFiles, Site, backend_names, config_alerts
+from lbtune.targets.haproxy.files import HaproxyFiles, Site, config_alerts
 
 needs_haproxy = pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy missing")
 
@@ -93,7 +94,7 @@ def test_promtool_accepts_the_prometheus_config(hetero4: tuple[str, str, StatePa
 
 
 def test_backend_names_are_safe_and_unique() -> None:
-    names = backend_names(["org/m:1", "org_m_1", "all"])
+    names = pool_names(["org/m:1", "org_m_1", "all"])
     assert names == {"org/m:1": "model_org_m_1", "org_m_1": "model_org_m_1_2", "all": "model_all"}
 
 

@@ -31,6 +31,7 @@ from lbtune.errors import TargetError
 from lbtune.metrics.prom import PromClient
 from lbtune.metrics.serverside import collect
 from lbtune.metrics.summary import Window
+from lbtune.targets.haproxy.balancer import SERIES as HAPROXY
 
 pytestmark = pytest.mark.integration
 
@@ -200,7 +201,7 @@ def test_collect_reads_known_values(prometheus_url: str) -> None:
     prom = PromClient(prometheus_url)
     prom.check()
     now = time.time()
-    side = collect(prom, Window(now - 1.5, now), scrape_interval_s=SCRAPE_S)
+    side = collect(prom, Window(now - 1.5, now), scrape_interval_s=SCRAPE_S, balancer=HAPROXY)
     assert not side.incomplete and side.missing == (), side.notes
     r = {x.replica: x for x in side.replicas}
     assert sorted(r) == ["r0", "r1"]
@@ -220,8 +221,9 @@ def test_collect_reads_known_values(prometheus_url: str) -> None:
     assert r["r0"].gpu_util == pytest.approx(0.8) and r["r1"].busy_fraction == pytest.approx(0.2)
     assert r["r0"].sm_active == pytest.approx(0.6) and r["r1"].sm_active == pytest.approx(0.2)
     assert side.replica_balance == pytest.approx(0.2) and side.balance_source == "sm_active"
-    assert side.haproxy_queues[0].proxy == "llm" and side.haproxy_queues[0].avg == 2.0
-    servers = {s.server: s for s in side.haproxy_servers}
+    assert side.balancer is not None and side.balancer.name == "haproxy"
+    assert side.balancer.queues[0].pool == "llm" and side.balancer.queues[0].avg == 2.0
+    servers = {s.server: s for s in side.balancer.servers}
     assert servers["r0"].sessions_max == 4.0 and servers["r0"].responses["2xx"] > 0
     assert side.client is not None
     assert side.client.ttft_buckets == (0.025, 0.05, 0.1, 0.25)

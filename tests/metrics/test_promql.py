@@ -15,8 +15,19 @@ def test_durations() -> None:
         promql.duration(0)
 
 
+LB = promql.BalancerSeries(
+    "lb",
+    queue="lb_queue",
+    pool_label="proxy",
+    sessions="lb_sessions",
+    responses="lb_responses_total",
+    server_label="server",
+    code_label="code",
+)
+
+
 def test_server_side_queries_are_exact() -> None:
-    q = promql.server_side_queries(30, job="lbtune", step_s=1)
+    q = promql.server_side_queries(30, job="lbtune", step_s=1, balancer=LB)
     assert q["running_avg"] == "sum by (replica) (avg_over_time(vllm:num_requests_running[30s]))"
     assert q["running_max"] == "max by (replica) (max_over_time(vllm:num_requests_running[30s]))"
     assert q["waiting_avg"] == "sum by (replica) (avg_over_time(vllm:num_requests_waiting[30s]))"
@@ -40,15 +51,9 @@ def test_server_side_queries_are_exact() -> None:
     assert q["busy_fraction"] == (
         "avg_over_time((sum by (replica) (vllm:num_requests_running) > bool 0)[30s:1s])"
     )
-    assert q["haproxy_queue_avg"] == (
-        "sum by (proxy) (avg_over_time(haproxy_backend_current_queue[30s]))"
-    )
-    assert q["haproxy_sessions_max"] == (
-        "max by (server) (max_over_time(haproxy_server_current_sessions[30s]))"
-    )
-    assert q["haproxy_responses"] == (
-        "sum by (server, code) (increase(haproxy_server_http_responses_total[30s]))"
-    )
+    assert q["balancer_queue_avg"] == "sum by (proxy) (avg_over_time(lb_queue[30s]))"
+    assert q["balancer_sessions_max"] == "max by (server) (max_over_time(lb_sessions[30s]))"
+    assert q["balancer_responses"] == ("sum by (server, code) (increase(lb_responses_total[30s]))")
     assert q["client_requests_by_outcome"] == (
         'sum by (outcome) (increase(lbtune_requests_total{job="lbtune"}[30s]))'
     )
@@ -62,6 +67,18 @@ def test_server_side_queries_are_exact() -> None:
     assert q["client_output_tokens"] == (
         'sum(increase(lbtune_output_tokens_total{job="lbtune"}[30s]))'
     )
+
+
+def test_only_the_balancer_series_it_names_are_queried() -> None:
+    assert not any(k.startswith("balancer_") for k in promql.server_side_queries(30))
+    queue_only = promql.BalancerSeries("q", queue="q_pending", pool_label="cluster")
+    q = promql.server_side_queries(30, balancer=queue_only)
+    assert sorted(k for k in q if k.startswith("balancer_")) == [
+        "balancer_queue_avg",
+        "balancer_queue_max",
+    ]
+    assert q["balancer_queue_max"] == "max by (cluster) (max_over_time(q_pending[30s]))"
+    assert list(q)[-2:] == ["balancer_queue_avg", "balancer_queue_max"]  # last
 
 
 def test_fractional_window_and_job() -> None:

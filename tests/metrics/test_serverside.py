@@ -9,21 +9,32 @@ import pytest
 from lbtune.errors import ConfigError, TargetError
 from lbtune.metrics import promql
 from lbtune.metrics.prom import PrometheusUnreachable, Sample
+from lbtune.metrics.promql import BalancerSeries
 from lbtune.metrics.serverside import collect
 from lbtune.metrics.stats import summarize
-from lbtune.metrics.summary import GeneratorHealth, RunSummary, Window
+from lbtune.metrics.summary import BalancerSide, GeneratorHealth, RunSummary, Window
 from lbtune.records.slo import Slo
 from tests.metrics.records import rec
 
 T0 = 4_000_000.0
 WINDOW = Window(T0, T0 + 30)
+LB = BalancerSeries(
+    "lb",
+    queue="lb_queue",
+    pool_label="proxy",
+    sessions="lb_sessions",
+    responses="lb_responses_total",
+    server_names={"http://127.0.0.1:9001": "r1"},
+)
+"""A balancer's series as its registry entry would name them (metrics knows none)."""
 
 
 class Scripted:
     """Answers each query by its key; dies (unreachable) after ``die_after`` queries."""
 
     def __init__(self, answers: dict[str, list[Sample]], die_after: int | None = None) -> None:
-        self.by_query = {q: answers.get(k, []) for k, q in promql.server_side_queries(30).items()}
+        queries = promql.server_side_queries(30, balancer=LB)
+        self.by_query = {q: answers.get(k, []) for k, q in queries.items()}
         self.die_after = die_after
         self.calls: list[tuple[str, float | None]] = []
 
@@ -48,8 +59,9 @@ ANSWERS = {
     "gpu_util": [s(80.0, replica="r0"), s(20.0, replica="r1")],
     "sm_active": [s(0.6, replica="r0"), s(0.2, replica="r1")],
     "busy_fraction": [s(1.0, replica="r0"), s(0.5, replica="r1")],
-    "haproxy_queue_max": [s(4.0, proxy="llm")],
-    "haproxy_responses": [s(10.0, server="r0", code="2xx"), s(1.0, server="r0", code="5xx")],
+    "balancer_queue_max": [s(4.0, proxy="llm")],
+    "balancer_responses": [s(10.0, server="r0", code="2xx"), s(1.0, server="r0", code="5xx")],
+    "balancer_sessions_avg": [s(2.0, server="http://127.0.0.1:9001")],
     "client_requests_by_outcome": [s(100.0, outcome="ok")],
     "client_ttft_p50": [s(0.06)],
     "client_ttft_buckets": [s(1.0, le="0.05"), s(2.0, le="0.1"), s(2.0, le="+Inf")],
@@ -58,7 +70,7 @@ ANSWERS = {
 
 def test_collect_assembles_per_replica_figures() -> None:
     querier = Scripted(ANSWERS)
-    side = collect(querier, WINDOW)
+    side = collect(querier, WINDOW, balancer=LB)
     assert all(at == WINDOW.end for _, at in querier.calls)
     r0, r1 = side.replicas
     assert (r0.replica, r0.running_avg, r0.kv_usage_max) == ("r0", 3.0, 0.5)
@@ -68,8 +80,13 @@ def test_collect_assembles_per_replica_figures() -> None:
     # Balance: population std-dev of the SM activities (0.6, 0.2) = 0.2.
     assert side.replica_balance == pytest.approx(0.2) and side.balance_source == "sm_active"
     assert side.prefix_cache_hit_rate == 0.4
-    assert side.haproxy_queues[0].max == 4.0 and side.haproxy_queues[0].avg is None
-    assert dict(side.haproxy_servers[0].responses) == {"2xx": 10.0, "5xx": 1.0}
+    assert side.balancer is not None and side.balancer.name == "lb"
+    queue = side.balancer.queues[0]
+    assert (queue.pool, queue.max, queue.avg) == ("llm", 4.0, None)
+    r0_lb, r1_lb = side.balancer.servers
+    assert r0_lb.server == "r0" and dict(r0_lb.responses) == {"2xx": 10.0, "5xx": 1.0}
+    # A server the balancer labels by its URL is named as its replica.
+    assert (r1_lb.server, r1_lb.sessions_avg, r1_lb.responses) == ("r1", 2.0, {})
     assert side.client is not None and side.client.ttft_buckets == (0.05, 0.1)
     # The query that failed is missing and noted; the others went on.
     assert side.missing == ("preemptions",) and side.incomplete
@@ -107,11 +124,25 @@ def test_sm_activity_of_some_replicas_only_is_not_mixed_with_busy_fractions() ->
     assert any("no DCGM_FI_PROF_SM_ACTIVE for r1" in n for n in side.notes)
 
 
+def test_an_unknown_balancer_is_neither_queried_nor_reported() -> None:
+    querier = Scripted(ANSWERS)
+    side = collect(querier, WINDOW)
+    assert side.balancer is None
+    assert not any(k.startswith("balancer_") for k in side.queries)
+    assert not any("lb_" in q for q, _ in querier.calls)
+
+
+def test_a_balancer_without_such_series_has_an_empty_section() -> None:
+    side = collect(Scripted(ANSWERS), WINDOW, balancer=BalancerSeries("nginx"))
+    assert side.balancer == BalancerSide(name="nginx")
+    assert not any(k.startswith("balancer_") for k in side.queries)
+
+
 def test_prometheus_dying_mid_collection_keeps_what_it_got() -> None:
-    side = collect(Scripted(ANSWERS, die_after=3), WINDOW)
+    side = collect(Scripted(ANSWERS, die_after=3), WINDOW, balancer=LB)
     assert side.incomplete
     assert side.client is not None and dict(side.client.requests_by_outcome) == {"ok": 100.0}
-    assert len(side.missing) == len(promql.server_side_queries(30)) - 3
+    assert len(side.missing) == len(promql.server_side_queries(30, balancer=LB)) - 3
     assert side.notes[0].startswith("Prometheus unreachable after 0 s (3 of ")
     assert side.replicas == ()
 
@@ -126,7 +157,7 @@ def _summary() -> RunSummary:
         scenario="chat",
         target="http://127.0.0.1:8000",
         slo=Slo(ttft_s=0.35, e2e_s=0.8),
-        server=collect(Scripted(ANSWERS), WINDOW),
+        server=collect(Scripted(ANSWERS), WINDOW, balancer=LB),
         generator=GeneratorHealth(lateness_p99_s=0.002, degraded=True, reasons=("CPU 95 %",)),
     )
 
@@ -149,3 +180,14 @@ def test_newer_schema_is_refused() -> None:
     del data["schema_version"]
     with pytest.raises(ConfigError):
         RunSummary.from_dict(data)
+
+
+def test_a_version_1_summary_still_reads_without_its_haproxy_sections() -> None:
+    data = _summary().to_dict()
+    data["schema_version"] = 1
+    del data["server"]["balancer"]
+    data["server"]["haproxy_queues"] = [{"proxy": "llm", "avg": 1.0, "max": 2.0}]
+    data["server"]["haproxy_servers"] = []
+    back, now = RunSummary.from_dict(data).server, _summary().server
+    assert back is not None and now is not None
+    assert back.balancer is None and back.replicas == now.replicas

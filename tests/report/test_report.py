@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lbtune.errors import ConfigError
-from lbtune.metrics.summary import GeneratorHealth, RunSummary
+from lbtune.metrics.summary import SCHEMA_VERSION, GeneratorHealth, RunSummary
 from lbtune.metrics.summary_file import read_summary
 from lbtune.report import write_report
 from lbtune.report.markdown import fmt
@@ -33,7 +33,7 @@ def test_summary_json_round_trips(written: tuple[RunSummary, Path]) -> None:
     summary, out = written
     assert read_summary(out / "summary.json") == summary
     raw = json.loads((out / "summary.json").read_text())
-    assert raw["schema_version"] == 1 and raw["incomplete"] is True
+    assert raw["schema_version"] == SCHEMA_VERSION and raw["incomplete"] is True
     assert raw["latency"]["ttft"]["p99"] == pytest.approx(summary.latency.ttft.p99)
     assert raw["outcomes"]["counts"]["http_error"] == 3
 

@@ -30,8 +30,9 @@ from lbtune.process.probes import http_get
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import StatePaths, read_endpoints, write_endpoints
 from lbtune.targets import balancer, get_target, names
-from lbtune.targets.base import Target, zero_weight_replicas
+from lbtune.targets.base import zero_weight_replicas
 from lbtune.targets.lkg import LkgStore
+from lbtune.targets.targetbase import TargetBase
 from tests.robustness.conftest import run_cli
 
 # --- pure: the rule and the messages ------------------------------------------------------
@@ -120,16 +121,16 @@ def deployed(
         api.down(state)
 
 
-def _target(ep: Endpoints) -> Target:
+def _target(ep: Endpoints) -> TargetBase:
     return get_target(ep.balancer, ep)
 
 
-def _snapshot(t: Target) -> tuple[Any, Any]:
+def _snapshot(t: TargetBase) -> tuple[Any, Any]:
     lkg = LkgStore(t.state_dir, t.name).get()
     return t.read_live(), None if lkg is None else lkg.sha256
 
 
-def _all_out(t: Target) -> dict[str, object]:
+def _all_out(t: TargetBase) -> dict[str, object]:
     """Every per-replica knob of the space at the value that takes its replica out."""
     out = {k: 0 for k in t.space().params if k.startswith("weight.")}
     if not out or not t.replicas_out(t.space().complete(out, t.read_live())):

@@ -33,8 +33,9 @@ from lbtune.cluster import api
 from lbtune.errors import DependencyError
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets import get_target
-from lbtune.targets.base import ParamSet, Target
+from lbtune.targets.base import ParamSet
 from lbtune.targets.lkg import LkgStore
+from lbtune.targets.targetbase import TargetBase
 from tests.robustness.conftest import LBTUNE
 
 pytestmark = pytest.mark.integration
@@ -53,11 +54,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
         api.down(state)
 
 
-def _target(ep: Endpoints) -> Target:
+def _target(ep: Endpoints) -> TargetBase:
     return get_target(ep.balancer, ep)
 
 
-def _lkg(t: Target) -> ParamSet:
+def _lkg(t: TargetBase) -> ParamSet:
     apply_params(t, {}, via="direct")  # records the baseline on a fresh cluster
     lkg = LkgStore(t.state_dir, t.name).get()
     assert lkg is not None
@@ -73,7 +74,7 @@ def _wait(cond: Callable[[], bool], timeout_s: float) -> bool:
     return cond()
 
 
-def _differs(t: Target, good: ParamSet) -> bool:
+def _differs(t: TargetBase, good: ParamSet) -> bool:
     live = t.read_live()
     return any(live.get(k) != v for k, v in good.items())
 

@@ -263,9 +263,9 @@ def _free_port(host: str) -> int:
 
 def _served(h: Host) -> int:
     """Requests lb2's HAProxy sent to a replica (per-server session totals, 8B backend)."""
-    from lbtune.targets.haproxy.files import backend_names
+    from lbtune.targets.base import pool_names
 
-    backend = backend_names([M8])[M8]
+    backend = pool_names([M8])[M8]
     return sum(s.stot for s in h.runtime.stat() if s.backend == backend)
 
 

@@ -91,6 +91,12 @@ def test_json_output_holds_every_figure(run: dict[str, Any]) -> None:
     assert summary["outcomes"]["sent"] == sum(summary["outcomes"]["counts"].values())
     assert {r["replica"] for r in summary["replicas"]} == {"h100-0", "l4-0"}
     assert summary["server"] is not None and summary["server"]["replicas"]
+    # The balancer's own section, from the series its registry entry names (HAProxy here).
+    lb = summary["server"]["balancer"]
+    assert lb["name"] == "haproxy" and lb["queues"], lb
+    servers = {s["server"]: s for s in lb["servers"]}
+    assert set(servers) == {"h100-0", "l4-0"}
+    assert sum(s["responses"].get("2xx", 0) for s in servers.values()) > 0
     assert summary["generator"]["processes"] >= 1
     assert "throughput_decay" in summary and "slo_checks" in summary
 

@@ -3,7 +3,7 @@
 Why fakes: the study loop, pruning, confirmation and rollout logic must be tested in
 milliseconds and without a cluster; the real target and ``run_stress`` are covered by
 ``tests/tune/test_optimize_e2e.py``. The fake target implements the
-:class:`lbtune.targets.base.Target` protocol (space, read_live, apply, rollback) over a
+:class:`lbtune.targets.targetbase.TargetBase` contract (space, read_live, apply, rollback) over a
 real :class:`~lbtune.targets.space.ParameterSpace`, so validation is the real one.
 """
 
@@ -22,8 +22,9 @@ from lbtune.objective import Figures
 from lbtune.records.quantiles import percentile
 from lbtune.search.harness import Harness
 from lbtune.search.trial import Measure, Measurement, Samples, WindowHook
-from lbtune.targets.base import ApplyResult, ParamSet, zero_weight_replicas
+from lbtune.targets.base import ApplyResult, ParamSet
 from lbtune.targets.space import ParameterSpace, SpaceFile
+from lbtune.targets.targetbase import TargetBase
 from lbtune.tune.optimize import OptimizeOptions
 
 SPACE = {
@@ -41,22 +42,22 @@ SPACE = {
 }
 
 
-class FakeTarget:
+class FakeTarget(TargetBase):
     name = "fake"
     state_dir = Path("/nonexistent/fake-target")
 
     def __init__(self, fail_when: Callable[[ParamSet], bool] | None = None) -> None:
-        self._space = ParameterSpace.from_file(SpaceFile.model_validate(SPACE), ["a", "b"])
-        self.live: ParamSet = self._space.baseline()
+        self.fake_space = ParameterSpace.from_file(SpaceFile.model_validate(SPACE), ["a", "b"])
+        self.live: ParamSet = self.fake_space.baseline()
         self.lkg: ParamSet = dict(self.live)
         self.applied: list[ParamSet] = []
         self.fail_when = fail_when
 
-    def space(self) -> ParameterSpace:
-        return self._space
+    def replica_names(self) -> list[str]:
+        return ["a", "b"]
 
-    def validate(self, params: Mapping[str, object]) -> ParamSet:
-        return self._space.validate(params)
+    def space(self) -> ParameterSpace:
+        return self.fake_space
 
     def read_live(self) -> ParamSet:
         return dict(self.live)
@@ -65,18 +66,12 @@ class FakeTarget:
         checked = self.validate(params)
         if self.fail_when is not None and self.fail_when(checked):
             raise ApplyError("fake balancer refused the config")
-        self.live = self._space.complete(checked, self.live)
+        self.live = self.fake_space.complete(checked, self.live)
         self.applied.append(dict(self.live))
         return ApplyResult(changed=True, applied=dict(self.live))
 
     def rollback(self, *, check: bool = False) -> ApplyResult:
         return self.apply(self.lkg)
-
-    def owned_elsewhere(self) -> frozenset[str]:
-        return frozenset()
-
-    def replicas_out(self, params: ParamSet) -> frozenset[str]:
-        return zero_weight_replicas(params)
 
 
 def quality(p: ParamSet) -> float:

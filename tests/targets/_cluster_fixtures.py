@@ -24,12 +24,13 @@ from lbtune.cluster.config import free_port as free_port
 from lbtune.cluster.config import load_config
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets import get_target
-from lbtune.targets.base import ReplicaAddress, Target
+from lbtune.targets.base import ReplicaAddress
+from lbtune.targets.targetbase import TargetBase
 
 M8 = "llama-3.1-8b-instruct"
 M70 = "llama-3.1-70b-instruct-awq"
 SIM_START_S = 30.0
-T = TypeVar("T", bound=Target)
+T = TypeVar("T", bound=TargetBase)
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:

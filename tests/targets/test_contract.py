@@ -1,7 +1,7 @@
 """The target contract, run against every entry of the registry (Optuna-style).
 
 Nothing here names a balancer: each entry brings its own tiny cluster
-(:attr:`~lbtune.targets.base.Balancer.test_preset`, two replicas on free loopback ports),
+(:attr:`~lbtune.targets.targetbase.BalancerBase.test_preset`, two replicas on free loopback ports),
 so a new target passes or fails this suite as soon as it is registered. A target whose
 binary is missing on this machine is skipped with the DependencyError's words.
 
@@ -26,9 +26,10 @@ from lbtune.cluster.config import load_config
 from lbtune.errors import ConfigError, DependencyError
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets import TARGETS, balancer, get_target, names
-from lbtune.targets.base import Balancer, ParamSet, Target
+from lbtune.targets.base import ParamSet
 from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace
+from lbtune.targets.targetbase import BalancerBase, TargetBase
 
 # --- the registry entry (no processes) ---------------------------------------------------
 
@@ -36,7 +37,7 @@ from lbtune.targets.space import ParameterSpace
 @pytest.mark.parametrize("name", names())
 def test_the_entry_is_a_balancer_named_as_registered(name: str) -> None:
     entry = balancer(name)
-    assert isinstance(entry, Balancer)
+    assert isinstance(entry, BalancerBase)
     assert entry.name == name
     assert (PLAYBOOKS_DIR / "library" / f"{entry.ansible_module}.py").is_file()
     preset, _ = load_config(entry.test_preset)
@@ -57,7 +58,7 @@ def test_an_unknown_name_lists_the_registered_ones() -> None:
 @pytest.fixture(scope="module", params=names())
 def deployed(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Balancer, Endpoints]]:
+) -> Iterator[tuple[BalancerBase, Endpoints]]:
     entry = balancer(request.param)
     state = tmp_path_factory.mktemp(request.param)
     try:
@@ -71,11 +72,11 @@ def deployed(
 
 
 @pytest.fixture
-def target(deployed: tuple[Balancer, Endpoints]) -> Target:
+def target(deployed: tuple[BalancerBase, Endpoints]) -> TargetBase:
     """A fresh instance each test (nothing cached between tests but the balancer itself)."""
     entry, ep = deployed
     made = get_target(entry.name, ep)
-    assert isinstance(made, Target)
+    assert isinstance(made, TargetBase)
     return made
 
 
@@ -110,13 +111,13 @@ def mistyped(space: ParameterSpace) -> ParamSet:
     return {next(iter(space.params)): [1, 2]}  # type: ignore[dict-item]
 
 
-def live_subset(target: Target, keys: ParamSet) -> ParamSet:
+def live_subset(target: TargetBase, keys: ParamSet) -> ParamSet:
     live = target.read_live()
     return {k: live[k] for k in keys}
 
 
 @pytest.mark.integration
-def test_space_loads_and_its_baseline_validates(target: Target) -> None:
+def test_space_loads_and_its_baseline_validates(target: TargetBase) -> None:
     space = target.space()
     assert space.names
     base = space.baseline()
@@ -128,7 +129,7 @@ def test_space_loads_and_its_baseline_validates(target: Target) -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize("make_bad", [out_of_range, mistyped, lambda s: {"no_such_knob": 1}])
 def test_validate_and_apply_refuse_bad_values_before_touching_anything(
-    target: Target, make_bad: object
+    target: TargetBase, make_bad: object
 ) -> None:
     assert callable(make_bad)
     bad: ParamSet = make_bad(target.space())
@@ -144,7 +145,7 @@ def test_validate_and_apply_refuse_bad_values_before_touching_anything(
 
 
 @pytest.mark.integration
-def test_apply_round_trips_through_read_live_and_a_repeat_is_no_change(target: Target) -> None:
+def test_apply_round_trips_through_read_live_and_a_repeat_is_no_change(target: TargetBase) -> None:
     params = other_params(target.space())
     first = target.apply(params)
     assert first.changed and first.diff and not first.check
@@ -156,7 +157,7 @@ def test_apply_round_trips_through_read_live_and_a_repeat_is_no_change(target: T
 
 
 @pytest.mark.integration
-def test_check_mode_reports_the_diff_and_touches_nothing(target: Target) -> None:
+def test_check_mode_reports_the_diff_and_touches_nothing(target: TargetBase) -> None:
     before = target.read_live()
     wanted = {k: v for k, v in other_params(target.space(), seed=11).items() if before[k] != v}
     assert wanted, "the sampled set equals what is live"
@@ -169,7 +170,7 @@ def test_check_mode_reports_the_diff_and_touches_nothing(target: Target) -> None
 
 
 @pytest.mark.integration
-def test_rollback_restores_the_last_known_good(target: Target) -> None:
+def test_rollback_restores_the_last_known_good(target: TargetBase) -> None:
     base = target.space().baseline()
     target.apply(base)
     LkgStore(target.state_dir, target.name).record(target.read_live(), "contract test")
@@ -185,7 +186,7 @@ def test_rollback_restores_the_last_known_good(target: Target) -> None:
 
 @pytest.mark.integration
 def test_a_request_after_an_apply_is_served_and_names_its_replica(
-    deployed: tuple[Balancer, Endpoints], target: Target
+    deployed: tuple[BalancerBase, Endpoints], target: TargetBase
 ) -> None:
     entry, ep = deployed
     target.apply(other_params(target.space(), seed=5))
@@ -204,7 +205,7 @@ def test_a_request_after_an_apply_is_served_and_names_its_replica(
 
 
 def test_replica_rows_name_every_replica_and_cluster_status_shows_them(
-    deployed: tuple[Balancer, Endpoints],
+    deployed: tuple[BalancerBase, Endpoints],
 ) -> None:
     import json
 

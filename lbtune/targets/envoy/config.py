@@ -1,11 +1,9 @@
-"""Envoy knobs → Envoy config: a static bootstrap and three kinds of file-based xDS.
+"""Envoy knobs → Envoy's file-based xDS: the clusters, their endpoints and the routes.
 
-Files in the config dir (``<state>/envoy/``), each a ``DiscoveryResponse`` Envoy watches
-and re-reads when it is replaced by rename:
+Files in the config dir (``<state>/envoy/``) beside the static ``bootstrap.json``
+(:mod:`lbtune.targets.envoy.bootstrap`), each a ``DiscoveryResponse`` Envoy watches and
+re-reads when it is replaced by rename:
 
-- ``bootstrap.json`` — static: admin on loopback, the listener (OpenAI routes through a
-  Lua filter that reads the body's ``model``), ``dynamic_resources`` pointing at CDS;
-  never changes while Envoy runs;
 - ``cds.json`` — one cluster per model (``model_<name>``: the replicas serving it) and
   ``all`` (every replica: ``/health`` and anything that is not a generate call); the
   structural knobs of the clusters (lb policy, circuit breakers, outlier detection,
@@ -26,27 +24,31 @@ Everything here is pure: params in, dicts out (:func:`render`).
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lbtune.targets.base import ParamValue, ReplicaAddress
+from lbtune.targets.base import ParamValue, ReplicaAddress, pool_names
 
 __all__ = [
     "ALL_CLUSTER",
     "GENERATE_PATHS",
+    "LUA_FILTER",
     "MODEL_HEADER",
     "PREFIX_HEADER",
     "REPLICA_HEADER",
+    "ROUTE_CONFIG",
+    "ROUTE_TIMEOUT",
     "SESSION_HEADER",
     "Layout",
-    "cluster_names",
+    "address",
     "dump",
     "members",
+    "path_source",
     "render",
-    "validation_bootstrap",
+    "route_config",
+    "static_clusters",
     "weights_of",
 ]
 
@@ -66,35 +68,6 @@ _TYPES = {
     "endpoints": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
     "routes": "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
 }
-
-LUA = """\
--- lbtune: model affinity and the consistent-hash key, from the request body.
-function envoy_on_request(h)
-  local headers = h:headers()
-  headers:remove("x-lbtune-model")
-  headers:remove("x-lbtune-prefix")
-  if headers:get(":method") ~= "POST" then return end
-  local body = h:body()
-  if body == nil or body:length() == 0 then return end
-  local text = body:getBytes(0, body:length())
-  headers = h:headers()  -- a handle taken before body() is out of scope after it
-  local model = string.match(text, '"model"%s*:%s*"([^"]*)"')
-  if model ~= nil then headers:replace("x-lbtune-model", model) end
-  local n = h:metadata():get("hash_bytes")
-  if n ~= nil then
-    local key = nil
-    if headers:get(":path") == "/v1/completions" then
-      key = string.match(text, '"prompt"%s*:%s*"(.-)"')
-    end
-    if key == nil then key = string.match(text, '"content"%s*:%s*"(.-)"') end
-    if key ~= nil then
-      key = string.gsub(string.sub(key, 1, n), "[^%w]", "_")
-      headers:replace("x-lbtune-prefix", key)
-    end
-  end
-  h:clearRouteCache()
-end
-"""
 
 
 @dataclass(frozen=True)
@@ -127,23 +100,10 @@ class Layout:
         return self.config_dir / name
 
 
-def cluster_names(models: Sequence[str]) -> dict[str, str]:
-    """Model → its Envoy cluster (``model_<name>``, unsafe characters replaced, unique)."""
-    out: dict[str, str] = {}
-    for model in models:
-        base = "model_" + re.sub(r"[^A-Za-z0-9_.-]", "_", model)
-        name, i = base, 1
-        while name in out.values() or name == ALL_CLUSTER:
-            i += 1
-            name = f"{base}_{i}"
-        out[model] = name
-    return out
-
-
 def members(layout: Layout) -> dict[str, list[ReplicaAddress]]:
     """Cluster name → its replicas (``all`` first)."""
     out = {ALL_CLUSTER: list(layout.replicas)}
-    for model, cluster in cluster_names(layout.models).items():
+    for model, cluster in pool_names(layout.models).items():
         out[cluster] = [r for r in layout.replicas if model in r.models]
     return out
 
@@ -158,7 +118,7 @@ def _seconds(value: float) -> str:
     return f"{value:.9f}".rstrip("0").rstrip(".") + "s"
 
 
-def _address(host: str, port: int) -> dict[str, Any]:
+def address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
@@ -166,71 +126,8 @@ def _response(kind: str, resources: list[dict[str, Any]]) -> dict[str, Any]:
     return {"resources": [{"@type": _TYPES[kind], **r} for r in resources]}
 
 
-def _path_source(path: Path) -> dict[str, Any]:
+def path_source(path: Path) -> dict[str, Any]:
     return {"resource_api_version": "V3", "path_config_source": {"path": str(path)}}
-
-
-# ---------------------------------------------------------------------------------------
-# Bootstrap (static).
-
-
-def _listener(layout: Layout, route_config: dict[str, Any] | None) -> dict[str, Any]:
-    """The API listener; ``route_config`` inline (validation) or from RDS (live)."""
-    hcm: dict[str, Any] = {
-        "@type": "type.googleapis.com/envoy.extensions.filters.network."
-        "http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "api",
-        "stream_idle_timeout": ROUTE_TIMEOUT,
-        "http_filters": [
-            {
-                "name": LUA_FILTER,
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
-                    "default_source_code": {"inline_string": LUA},
-                },
-            },
-            {
-                "name": "envoy.filters.http.router",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
-                },
-            },
-        ],
-    }
-    if route_config is None:
-        hcm["rds"] = {
-            "route_config_name": ROUTE_CONFIG,
-            "config_source": _path_source(layout.path("rds.json")),
-        }
-    else:
-        hcm["route_config"] = route_config
-    return {
-        "name": "api",
-        "address": _address(layout.host, layout.port),
-        "filter_chains": [
-            {
-                "filters": [
-                    {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
-                ]
-            }
-        ],
-    }
-
-
-def _base_bootstrap(layout: Layout) -> dict[str, Any]:
-    return {
-        "node": {"id": "lbtune", "cluster": "lbtune"},
-        "admin": {"address": _address(layout.host, layout.admin_port)},
-        "layered_runtime": {"layers": [{"name": "static", "static_layer": {}}]},
-    }
-
-
-def bootstrap(layout: Layout) -> dict[str, Any]:
-    """The bootstrap Envoy starts with: CDS and RDS from files in the config dir."""
-    doc = _base_bootstrap(layout)
-    doc["dynamic_resources"] = {"cds_config": _path_source(layout.path("cds.json"))}
-    doc["static_resources"] = {"listeners": [_listener(layout, None)]}
-    return doc
 
 
 # ---------------------------------------------------------------------------------------
@@ -252,7 +149,7 @@ def _cluster(name: str, layout: Layout, p: Mapping[str, ParamValue]) -> dict[str
         "type": "EDS",
         "connect_timeout": "5s",
         "lb_policy": policy,
-        "eds_cluster_config": {"eds_config": _path_source(layout.path(f"eds-{name}.json"))},
+        "eds_cluster_config": {"eds_config": path_source(layout.path(f"eds-{name}.json"))},
         "health_checks": [
             {
                 "timeout": "2s",
@@ -313,7 +210,7 @@ def _assignment(name: str, reps: list[ReplicaAddress], weights: dict[str, int]) 
     for r in reps:
         w = weights.get(r.name, 100)
         ep: dict[str, Any] = {
-            "endpoint": {"address": _address(r.host, r.port), "hostname": r.name},
+            "endpoint": {"address": address(r.host, r.port), "hostname": r.name},
             "metadata": {"filter_metadata": {METADATA_NS: {"replica": r.name}}},
             # Envoy's weights are >= 1: weight 0 is "no new requests", i.e. draining.
             "load_balancing_weight": max(w, 1),
@@ -377,7 +274,7 @@ def _route(
 
 def route_config(layout: Layout, p: Mapping[str, ParamValue]) -> dict[str, Any]:
     models = layout.models
-    clusters = cluster_names(models)
+    clusters = pool_names(models)
     routes: list[dict[str, Any]] = [
         {
             # Every replica lists only its own models: answer the union here.
@@ -462,24 +359,18 @@ def render(layout: Layout, params: Mapping[str, ParamValue]) -> dict[str, str]:
     return files
 
 
-def validation_bootstrap(layout: Layout, params: Mapping[str, ParamValue]) -> dict[str, Any]:
-    """One static bootstrap holding what :func:`render` splits over files (clusters with
-    their endpoints inline, the routes inline): ``envoy --mode validate`` checks it all."""
-    pools = members(layout)
+def static_clusters(layout: Layout, params: Mapping[str, ParamValue]) -> list[dict[str, Any]]:
+    """Every cluster with its endpoints inline (what :func:`render` splits over CDS and EDS
+    files), for a static bootstrap."""
     weights = weights_of(params, layout)
     clusters = []
-    for name, reps in pools.items():
+    for name, reps in members(layout).items():
         c = _cluster(name, layout, params)
         del c["eds_cluster_config"]
         c["type"] = "STATIC"
         c["load_assignment"] = _assignment(name, reps, weights)
         clusters.append(c)
-    doc = _base_bootstrap(layout)
-    doc["static_resources"] = {
-        "listeners": [_listener(layout, route_config(layout, params))],
-        "clusters": clusters,
-    }
-    return doc
+    return clusters
 
 
 def dump(doc: Mapping[str, Any]) -> str:

@@ -22,7 +22,7 @@ from pydantic import TypeAdapter
 
 from lbtune.errors import ConfigError, TargetError
 from lbtune.targets.base import ParamSet, ParamValue, RejectedBeforeApply
-from lbtune.targets.envoy import binary, config
+from lbtune.targets.envoy import binary, bootstrap, config
 from lbtune.targets.envoy.admin import EnvoyAdmin
 from lbtune.targets.envoy.config import Layout
 
@@ -129,7 +129,7 @@ def validate(layout: Layout, params: Mapping[str, ParamValue]) -> None:
     """``envoy --mode validate`` on one static config holding everything ``params`` renders;
     RejectedBeforeApply (nothing touched) with Envoy's reason."""
     side = layout.path("validate.json")
-    write_atomic(side, config.dump(config.validation_bootstrap(layout, params)))
+    write_atomic(side, config.dump(bootstrap.validation_bootstrap(layout, params)))
     problem = binary.validate_file(side)
     if problem is not None:
         raise RejectedBeforeApply(

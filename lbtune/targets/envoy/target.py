@@ -20,7 +20,8 @@ An apply:
    cluster and route knobs from ``/config_dump``, no cluster still warming.
 
 Weight 0 renders as ``health_status: DRAINING`` (Envoy's weights are >= 1): no new
-requests, streams in flight finish.
+requests, streams in flight finish. While the cluster's feedback agent pushes the weights,
+they are its own (:class:`~lbtune.targets.targetbase.TargetBase`'s policy).
 """
 
 from __future__ import annotations
@@ -31,33 +32,25 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from lbtune.errors import ApplyError
-from lbtune.targets.base import (
-    ApplyResult,
-    Diff,
-    ParamSet,
-    RejectedBeforeApply,
-    zero_weight_replicas,
-)
+from lbtune.targets.base import ApplyResult, ParamSet, Plan, RejectedBeforeApply, mismatches
 from lbtune.targets.envoy import config, deploy, readback
 from lbtune.targets.envoy.admin import EnvoyAdmin
 from lbtune.targets.envoy.config import Layout
-from lbtune.targets.lkg import LkgStore
-from lbtune.targets.space import ParameterSpace
+from lbtune.targets.targetbase import WEIGHT_PREFIX, TargetBase
 
 __all__ = ["SPACE_FILE", "EnvoyTarget"]
 
 log = logging.getLogger(__name__)
 
 SPACE_FILE = Path(__file__).with_name("space.yaml")
-WEIGHT_PREFIX = "weight."
 SETTLE_TIMEOUT_S = 15.0
 
 
-class EnvoyTarget:
+class EnvoyTarget(TargetBase):
     """``EnvoyTarget(layout, state_dir=...)``: a running Envoy launched by lbtune.
 
-    ``weights_owned``: the feedback agent sets the weights (``weight.*`` are then fixed
-    in the space and ignored in a larger set; a set of weights alone is refused).
+    ``agent_settings``: the cluster's feedback agent settings (``Endpoints.agent_config``)
+    when it runs one; while that agent pushes the weights they are its own.
     """
 
     name = "envoy"
@@ -70,58 +63,23 @@ class EnvoyTarget:
         *,
         state_dir: str | Path,
         space_file: str | Path | None = None,
-        weights_owned: bool = False,
+        agent_settings: str | Path | None = None,
         settle_timeout_s: float = SETTLE_TIMEOUT_S,
     ) -> None:
         self.layout = layout
         self.state_dir = Path(state_dir)
         self.space_file = Path(space_file) if space_file else SPACE_FILE
-        self.weights_owned = weights_owned
+        self.agent_settings = Path(agent_settings) if agent_settings else None
         self.settle_timeout_s = settle_timeout_s
         self.admin = EnvoyAdmin(layout.admin_url)
-        self._space: ParameterSpace | None = None
 
     def __repr__(self) -> str:
         return f"EnvoyTarget({self.layout.config_dir})"
 
     # -- space & read-back -------------------------------------------------------------
 
-    def space(self) -> ParameterSpace:
-        if self._space is None:
-            space = ParameterSpace.load(
-                self.space_file, replicas=[r.name for r in self.layout.replicas]
-            )
-            if self.weights_owned:
-                fixed = {
-                    n: s.model_copy(update={"fixed": True}) if n.startswith(WEIGHT_PREFIX) else s
-                    for n, s in space.params.items()
-                }
-                space = ParameterSpace(space.target, fixed, space.source)
-            self._space = space
-        return self._space
-
-    def owned_elsewhere(self) -> frozenset[str]:
-        if not self.weights_owned:
-            return frozenset()
-        return frozenset(n for n in self.space().params if n.startswith(WEIGHT_PREFIX))
-
-    def replicas_out(self, params: ParamSet) -> frozenset[str]:
-        """Weight 0 renders health_status DRAINING: no new request."""
-        return frozenset() if self.weights_owned else zero_weight_replicas(params)
-
-    def validate(self, params: Mapping[str, object]) -> ParamSet:
-        checked = self.space().validate(params)
-        if not self.weights_owned:
-            return checked
-        weights = [k for k in checked if k.startswith(WEIGHT_PREFIX)]
-        if weights and len(weights) == len(checked):
-            raise RejectedBeforeApply(
-                f"{', '.join(weights)}: the feedback agent owns the per-endpoint weights of "
-                "this cluster; tune the other knobs, or run the cluster without the agent"
-            )
-        if weights:
-            log.warning("ignoring %s: the feedback agent owns the weights", ", ".join(weights))
-        return {k: v for k, v in checked.items() if not k.startswith(WEIGHT_PREFIX)}
+    def replica_names(self) -> list[str]:
+        return [r.name for r in self.layout.replicas]
 
     def live_state(self) -> tuple[ParamSet, list[str]]:
         """(every knob as live now, what is not settled: clusters still warming or
@@ -150,36 +108,22 @@ class EnvoyTarget:
     # -- apply ---------------------------------------------------------------------------
 
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
-        t0 = time.perf_counter()
+        began = time.perf_counter()
         checked = self.validate(params)
         live = self.read_live()
         desired = self.space().complete(checked, live)
-        diff: Diff = {k: (live.get(k), v) for k, v in desired.items() if live.get(k) != v}
         files = config.render(self.layout, desired)
         on_disk = deploy.current_files(self.layout, list(files))
         differ = [n for n in files if files[n] != on_disk[n]]
         structural = any(n in deploy.STRUCTURAL_FILES for n in differ)
-        if check or not (diff or differ):
-            return ApplyResult(
-                changed=bool(diff or differ),
-                applied=desired if check else live,
-                diff=diff,
-                reloaded=structural and check,
-                check=check,
-                seconds=time.perf_counter() - t0,
-            )
+        plan = Plan(live, desired, reload=structural, began=began, drift=bool(differ))
+        if check or not plan.changed:
+            return plan.untouched(check=check)
         if structural:
             deploy.validate(self.layout, desired)
         deploy.write_record(self.layout, desired, files)
         deploy.write_files(self.layout, files)
-        applied = self.settle(desired)
-        return ApplyResult(
-            changed=True,
-            applied=applied,
-            diff=diff,
-            reloaded=structural,
-            seconds=time.perf_counter() - t0,
-        )
+        return plan.done(self.settle(desired))
 
     def settle(self, desired: ParamSet) -> ParamSet:
         """Wait until Envoy reports ``desired``; ApplyError naming what differs if it does
@@ -188,11 +132,7 @@ class EnvoyTarget:
         deadline = time.monotonic() + self.settle_timeout_s
         while True:
             live, unsettled = self.live_state()
-            bad = unsettled + [
-                f"{k}: wanted {v!r}, live {live.get(k)!r}"
-                for k, v in desired.items()
-                if live.get(k) != v and k not in owned
-            ]
+            bad = unsettled + mismatches(desired, live, skip=owned)
             if not bad:
                 return live
             if time.monotonic() > deadline:
@@ -201,13 +141,6 @@ class EnvoyTarget:
                     + "; ".join(bad[:5])
                 )
             time.sleep(0.005)
-
-    def rollback(self, *, check: bool = False) -> ApplyResult:
-        """Re-apply the last known good (``lbtune.targets.lkg``)."""
-        lkg = LkgStore(self.state_dir, self.name).get()
-        if lkg is None:
-            raise ApplyError(f"No last known good recorded for envoy in {self.state_dir}")
-        return self.apply(lkg.params, check=check)
 
     # -- live weights (the feedback agent's actuator) ------------------------------------
 

@@ -31,8 +31,9 @@ from lbtune.agent.config import AgentConfig
 from lbtune.agent.loop import AgentThread
 from lbtune.errors import TargetError
 from lbtune.records.endpoints import Endpoints
+from lbtune.targets.base import pool_names
 from lbtune.targets.haproxy.balancer import HaproxyWeights
-from lbtune.targets.haproxy.files import HaproxyFiles, backend_names
+from lbtune.targets.haproxy.files import HaproxyFiles
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
 
 __all__ = ["SlowdownReport", "slowdown_check"]
@@ -155,7 +156,7 @@ def slowdown_check(
         if not shared:
             raise TargetError("slowdown_check needs a model served by two replicas or more")
         model = shared[0]
-    backend = backend_names(ep.models)[model]
+    backend = pool_names(ep.models)[model]
     members = [r for r in ep.replicas if model in r.models]
     target = next((r for r in members if r.name == (replica or members[-1].name)), None)
     if target is None:

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from lbtune.errors import ClusterError, TargetError
+from lbtune.metrics.promql import BalancerSeries
 from lbtune.process import probes
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets.base import (
-    DEFAULT_REPLICA_HEADER,
     BalancerLaunch,
     ClusterShape,
     LaunchSpec,
@@ -27,11 +27,23 @@ from lbtune.targets.haproxy import config, llm
 from lbtune.targets.haproxy.files import ALL_BACKEND, HaproxyFiles, Site, config_alerts, require
 from lbtune.targets.haproxy.runtime import MAX_WEIGHT, HaproxyRuntime
 from lbtune.targets.haproxy.target import HaproxyTarget
+from lbtune.targets.targetbase import BalancerBase
 
 __all__ = ["BALANCER", "COMPONENT", "HaproxyBalancer", "HaproxyWeights"]
 
 COMPONENT = "haproxy"
 START_TIMEOUT = 15.0
+SERIES = BalancerSeries(
+    "haproxy",
+    queue="haproxy_backend_current_queue",
+    pool_label="proxy",
+    sessions="haproxy_server_current_sessions",
+    responses="haproxy_server_http_responses_total",
+    server_label="server",
+    code_label="code",
+)
+"""HAProxy's exporter: the queue of each backend (``proxy``), the sessions and the
+responses by code class of each server (named as its replica)."""
 
 
 def servers_missing(runtime: HaproxyRuntime, replicas: list[str], balancer_url: str) -> str | None:
@@ -79,14 +91,12 @@ class HaproxyWeights:
         )
 
 
-class HaproxyBalancer:
+class HaproxyBalancer(BalancerBase):
     """HAProxy 2.6 (master-worker, runtime API, hitless reloads)."""
 
     name = "haproxy"
-    replica_header: str | None = DEFAULT_REPLICA_HEADER
     live_weights = True
     ansible_module = "lbtune_haproxy"
-    extra_ports: tuple[str, ...] = ()
     test_preset = "mini2"
 
     def check_cluster(self, shape: ClusterShape) -> str | None:
@@ -156,6 +166,9 @@ class HaproxyBalancer:
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> HaproxyTarget:
         return HaproxyTarget(endpoints, space_file=space_file)
+
+    def series(self, endpoints: Endpoints) -> BalancerSeries:
+        return SERIES
 
     def weights(self, endpoints: Endpoints) -> HaproxyWeights:
         return HaproxyWeights(HaproxyRuntime(HaproxyFiles.of(endpoints).runtime_socket))

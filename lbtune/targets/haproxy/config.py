@@ -19,9 +19,9 @@ from typing import Any
 
 from lbtune.resources import render_template
 from lbtune.sim.profiles import GPU_PROFILES
-from lbtune.targets.base import ParamValue
+from lbtune.targets.base import ParamValue, pool_names
 from lbtune.targets.haproxy import llm
-from lbtune.targets.haproxy.files import Site, backend_names
+from lbtune.targets.haproxy.files import Site
 
 __all__ = [
     "DYNAMIC_ALGORITHMS",
@@ -117,7 +117,7 @@ def template_context(
         ctx["haproxy_long_servers"] = long_set
         ctx["haproxy_long_models"] = [
             m
-            for m in backend_names(site.models)
+            for m in pool_names(site.models)
             if any(m in r.models for r in site.replicas if r.name in long_set)
         ]
     ctx.update(overrides or {})

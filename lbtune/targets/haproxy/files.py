@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 
 from lbtune.errors import ClusterError, DependencyError
 from lbtune.records.endpoints import Endpoints
-from lbtune.targets.base import LaunchSpec, ReplicaAddress
+from lbtune.targets.base import LaunchSpec, ReplicaAddress, pool_names
 
-__all__ = ["ALL_BACKEND", "HaproxyFiles", "Site", "backend_names", "config_alerts", "require"]
+__all__ = ["ALL_BACKEND", "HaproxyFiles", "Site", "config_alerts", "require"]
 
 ALL_BACKEND = "all"
 """The backend with every replica (``/v1/models``, ``/health``...)."""
@@ -32,19 +32,6 @@ def require(binary: str = "haproxy") -> str:
     if found is None:
         raise DependencyError(f"`{binary}` not found on PATH; {INSTALL_HINT}")
     return found
-
-
-def backend_names(models: list[str]) -> dict[str, str]:
-    """Model name → HAProxy backend name (``model_<name>`` with unsafe characters replaced)."""
-    out: dict[str, str] = {}
-    for model in models:
-        base = "model_" + re.sub(r"[^A-Za-z0-9_.-]", "_", model)
-        name, i = base, 1
-        while name in out.values() or name == ALL_BACKEND:
-            i += 1
-            name = f"{base}_{i}"
-        out[model] = name
-    return out
 
 
 @dataclass(frozen=True)
@@ -125,7 +112,7 @@ class Site:
 
     def context(self) -> dict[str, object]:
         """``haproxy.cfg.j2`` variables with every knob left to the template's default."""
-        backends = backend_names(self.models)
+        backends = pool_names(self.models)
         return {
             "haproxy_state_dir": self.state_dir,
             "haproxy_bind_address": self.host,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from lbtune.errors import ApplyError
 from lbtune.sim.profiles import GPU_PROFILES, MODEL_PROFILES
-from lbtune.targets.base import ParamValue
-from lbtune.targets.haproxy.files import ALL_BACKEND, Site, backend_names
+from lbtune.targets.base import ParamValue, pool_names
+from lbtune.targets.haproxy.files import ALL_BACKEND, Site
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
 from lbtune.targets.space import ParamSpec
 
@@ -99,7 +99,7 @@ def facts(site: Site, long_servers: list[str]) -> dict[str, str]:
     model backend, long-context servers. Unknown GPUs or models leave the key out; the Lua
     then filters on KV usage alone."""
     out: dict[str, str] = {"all_backend": ALL_BACKEND, "fault": "none"}
-    backends = backend_names(site.models)
+    backends = pool_names(site.models)
     for model, be in backends.items():
         if model in MODEL_PROFILES:
             out[f"kvbpt.{be}"] = str(MODEL_PROFILES[model].kv_bytes_per_token)

@@ -20,7 +20,8 @@ While the cluster runs the feedback agent (``agent.enabled`` in its YAML; endpoi
 ``agent_config``) the agent owns the per-server weights: the space marks ``weight.*``
 fixed, a parameter set holding nothing but weights is refused (RejectedBeforeApply,
 nothing touched), weights inside a larger set are ignored (a warning names them), and
-read-back reports the agent's weights (``owned_elsewhere`` tells ``lbtune.apply``).
+read-back reports the agent's weights: the policy of
+:class:`~lbtune.targets.targetbase.TargetBase`, which also gives the rollback.
 """
 
 from __future__ import annotations
@@ -36,23 +37,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lbtune.agent.config import AgentConfig, owns_weights, read_agent_file, write_agent_file
+from lbtune.agent.config import AgentConfig, read_agent_file, write_agent_file
 from lbtune.errors import ApplyError, ConfigError
 from lbtune.process import supervisor
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import AGENT, StatePaths
-from lbtune.targets.base import (
-    ApplyResult,
-    ParamSet,
-    ParamValue,
-    RejectedBeforeApply,
-    zero_weight_replicas,
-)
+from lbtune.targets.base import ApplyResult, ParamSet, Plan, RejectedBeforeApply
 from lbtune.targets.haproxy import config, llm, master
 from lbtune.targets.haproxy.files import ALL_BACKEND, HaproxyFiles, Site, config_alerts
 from lbtune.targets.haproxy.runtime import HaproxyRuntime
-from lbtune.targets.lkg import LkgStore
-from lbtune.targets.space import ParameterSpace
+from lbtune.targets.targetbase import TargetBase
 
 __all__ = ["SPACE_FILE", "HaproxyTarget"]
 
@@ -61,7 +55,6 @@ log = logging.getLogger(__name__)
 SPACE_FILE = Path(__file__).with_name("space.yaml")
 RECORD_NAME = "haproxy-params.json"
 AGENT_FILE = "agent.yaml"
-WEIGHT_PREFIX = "weight."
 
 
 def _sha(text: str) -> str:
@@ -78,7 +71,7 @@ _BACKEND_RE = re.compile(r"^backend\s+(\S+)", re.MULTILINE)
 _OLD_WORKER_REPLIES = ("Proxy is disabled", "No such backend", "No such server")
 
 
-class HaproxyTarget:
+class HaproxyTarget(TargetBase):
     """``HaproxyTarget(endpoints)``: the embedded (or any local) HAProxy as a tunable target.
 
     ``template_overrides`` replaces template variables after the knobs are mapped (a test
@@ -103,51 +96,23 @@ class HaproxyTarget:
         self.runtime = HaproxyRuntime(self.files.runtime_socket)
         self.cfg_path = self.files.cfg
         self.record_path = self.state_dir / RECORD_NAME
-        self.agent_path = Path(endpoints.agent_config or self.state_dir / AGENT_FILE)
-        self._space: ParameterSpace | None = None
-        self._warned_weights = False
+        self.agent_settings = Path(endpoints.agent_config) if endpoints.agent_config else None
+        self.agent_path = self.agent_settings or self.state_dir / AGENT_FILE
 
     def __repr__(self) -> str:
         return f"HaproxyTarget({self.state_dir})"
 
     # -- space & read-back -------------------------------------------------------------
 
-    def agent_owns_weights(self) -> bool:
-        """The cluster's feedback agent sets the weights (then ``weight.*`` are fixed)."""
-        return owns_weights(self.endpoints)
+    def replica_names(self) -> list[str]:
+        return [r.name for r in self.endpoints.replicas]
 
-    def owned_elsewhere(self) -> frozenset[str]:
-        """Knobs another controller sets (the agent's weights): ``lbtune.apply`` does not
-        hold them to a value in its read-back."""
-        if not self.agent_owns_weights():
-            return frozenset()
-        return frozenset(n for n in self.space().params if n.startswith(WEIGHT_PREFIX))
-
-    def replicas_out(self, params: ParamSet) -> frozenset[str]:
-        """Weight 0 takes no new request (maxconn 0 is unlimited); the agent's weights are
-        its own to set."""
-        return frozenset() if self.agent_owns_weights() else zero_weight_replicas(params)
-
-    def space(self) -> ParameterSpace:
-        if self._space is None:
-            space = ParameterSpace.load(
-                self.space_file, replicas=[r.name for r in self.endpoints.replicas]
-            )
-            # Knobs nobody acts on are fixed, so a study does not search noise: the
-            # weights while the agent sets them, the agent's knobs while no agent runs.
-            idle: tuple[str, ...] = ()
-            if self.agent_owns_weights():
-                idle = (WEIGHT_PREFIX,)
-            elif self.endpoints.agent_config is None:
-                idle = (config.AGENT_PREFIX,)
-            if idle:
-                fixed = {
-                    n: s.model_copy(update={"fixed": True}) if n.startswith(idle) else s
-                    for n, s in space.params.items()
-                }
-                space = ParameterSpace(space.target, fixed, space.source)
-            self._space = space
-        return self._space
+    def idle_knobs(self) -> tuple[str, ...]:
+        """The weights while the agent sets them; the agent's knobs while no agent runs."""
+        owned = super().idle_knobs()
+        if not owned and self.endpoints.agent_config is None:
+            return (config.AGENT_PREFIX,)
+        return owned
 
     def _record(self) -> dict[str, Any] | None:
         """What lbtune last applied, if haproxy.cfg is still the file it wrote."""
@@ -196,21 +161,12 @@ class HaproxyTarget:
 
     # -- apply ---------------------------------------------------------------------------
 
-    def validate(self, params: Mapping[str, object]) -> ParamSet:
-        """The space's checks; while the agent owns the weights, a set of nothing but
-        weights is refused and weights in a larger set are dropped."""
-        checked = self.space().validate(params)
-        return self._without_weights(checked) if self.agent_owns_weights() else checked
-
-    def plan(self, params: Mapping[str, object]) -> tuple[ParamSet, ParamSet, str, bool, bool]:
-        """(desired, live, desired config text, reload needed, config file differs)."""
-        space = self.space()
+    def plan(self, params: Mapping[str, object]) -> tuple[Plan, str]:
+        """What the apply would do, and the config text ``desired`` renders."""
+        began = time.perf_counter()
         checked = self.validate(params)
-        owned = self.agent_owns_weights()
         live = self.read_live()
-        if owned:
-            self._warn_ignored_weights(params, live)
-        desired = space.complete(checked, live)
+        desired = self.space().complete(checked, live)
         text = config.render_config(self.site, desired, self.template_overrides)
         try:
             current = self.cfg_path.read_text(encoding="utf-8")
@@ -221,90 +177,48 @@ class HaproxyTarget:
             config.kind_of(k, desired) == "structural" for k in changed
         )
         # The agent's weights drift from the file's between applies: not a change of ours.
-        differs = config.structure(text) != config.structure(current) if owned else text != current
-        return desired, live, text, needs_reload, differs
-
-    def _without_weights(self, checked: ParamSet) -> ParamSet:
-        weights = [k for k in checked if k.startswith(WEIGHT_PREFIX)]
-        if weights and len(weights) == len(checked):
-            raise RejectedBeforeApply(
-                f"{', '.join(weights)}: the feedback agent owns the per-server weights of this "
-                f"cluster (agent.enabled in its cluster YAML; settings {self.agent_path}); tune "
-                "its agent.* knobs instead, or run the cluster without the agent"
-            )
-        return {k: v for k, v in checked.items() if not k.startswith(WEIGHT_PREFIX)}
-
-    def _warn_ignored_weights(self, params: Mapping[str, object], live: ParamSet) -> None:
-        ignored = sorted(
-            k for k, v in params.items() if k.startswith(WEIGHT_PREFIX) and live.get(k) != v
-        )
-        if ignored and not self._warned_weights:
-            self._warned_weights = True
-            log.warning(
-                "ignoring %s: the feedback agent owns the per-server weights of this cluster",
-                ", ".join(ignored),
-            )
+        if self.agent_owns_weights():
+            differs = config.structure(text) != config.structure(current)
+        else:
+            differs = text != current
+        return Plan(live, desired, reload=needs_reload, began=began, drift=differs), text
 
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
-        t0 = time.perf_counter()
-        desired, live, text, needs_reload, file_differs = self.plan(params)
-        diff: dict[str, tuple[ParamValue | None, ParamValue | None]] = {
-            k: (live.get(k), v) for k, v in desired.items() if live.get(k) != v
-        }
-        if check or not (diff or file_differs):
-            return ApplyResult(
-                changed=bool(diff or file_differs),
-                applied=desired if check else live,
-                diff=diff,
-                reloaded=needs_reload and check,
-                check=check,
-                seconds=time.perf_counter() - t0,
-            )
+        plan, text = self.plan(params)
+        if check or not plan.changed:
+            return plan.untouched(check=check)
+        desired = plan.desired
         agent_doc = (
             self._agent_doc(desired)
-            if any(k.startswith(config.AGENT_PREFIX) for k in diff) or not self.agent_path.exists()
+            if any(k.startswith(config.AGENT_PREFIX) for k in plan.diff)
+            or not self.agent_path.exists()
             else None
         )
         llm_files = llm.prepare(self.site, desired, config.long_context_servers(self.site))
-        if needs_reload:
+        if plan.reload:
             self._validate(text)
             self._reload_with(text)
         self._set_runtime(desired, text)
         if llm_files is not None:
             llm.set_live(self.runtime, llm_files, desired)  # the scheduler's knobs, no reload
-        if not needs_reload:
+        if not plan.reload:
             _write_atomic(self.cfg_path, text)  # weights/maxconn only: no reload needed
         if agent_doc is not None:
             self._write_agent(agent_doc)
         self._write_record(desired, text)
-        applied = self.verify(desired, text)
-        return ApplyResult(
-            changed=True,
-            applied=applied,
-            diff=diff,
-            reloaded=needs_reload,
-            seconds=time.perf_counter() - t0,
-        )
-
-    def rollback(self, *, check: bool = False) -> ApplyResult:
-        """Re-apply the last known good (``lbtune.targets.lkg``)."""
-        lkg = LkgStore(self.state_dir, self.name).get()
-        if lkg is None:
-            raise ApplyError(f"No last known good recorded for haproxy in {self.state_dir}")
-        return self.apply(lkg.params, check=check)
+        return plan.done(self.verify(desired, text))
 
     def verify(self, desired: ParamSet, text: str) -> ParamSet:
-        """Read back; raise ApplyError naming every knob that is not what was applied."""
-        live = self.read_live()
-        owned = self.agent_owns_weights()  # then the agent may have moved them since
-        bad = [
-            f"{k}: wanted {v!r}, live {live.get(k)!r}"
-            for k, v in desired.items()
-            if live.get(k) != v and not (owned and k.startswith(WEIGHT_PREFIX))
-        ]
+        """Read back (:meth:`read_back`), also each server's weight in every backend it
+        is in and the config file's hash."""
+        return self.read_back(desired, also=lambda: self._backend_mismatches(desired, text))
+
+    def _backend_mismatches(self, desired: ParamSet, text: str) -> list[str]:
+        bad = []
         _, _, rows = self._runtime_values()
         states = {(s.backend, s.server): s.weight for s in self.runtime.servers_state()}
-        for server, backends in {} if owned else rows.items():
+        # While the agent owns the weights it may have moved them since.
+        for server, backends in {} if self.agent_owns_weights() else rows.items():
             want = desired.get(f"weight.{server}")
             for be in backends:
                 if want is not None and states.get((be, server)) != want:
@@ -313,9 +227,7 @@ class HaproxyTarget:
                     )
         if _sha(self.cfg_path.read_text(encoding="utf-8")) != _sha(text):
             bad.append(f"{self.cfg_path} is not the rendered config")
-        if bad:
-            raise ApplyError("Read-back does not match what was applied: " + "; ".join(bad[:5]))
-        return live
+        return bad
 
     # -- steps ---------------------------------------------------------------------------
 

@@ -19,9 +19,7 @@ from lbtune.records.endpoints import Endpoints
 from lbtune.targets.base import (
     DEFAULT_REPLICA_HEADER,
     BalancerLaunch,
-    ClusterShape,
     LaunchSpec,
-    LiveWeights,
     ReplicaAddress,
     ReplicaRow,
     ScrapeJob,
@@ -31,6 +29,7 @@ from lbtune.targets.nginx import process
 from lbtune.targets.nginx.config import Site, render_config
 from lbtune.targets.nginx.target import SPACE_FILE, NginxTarget
 from lbtune.targets.space import ParameterSpace
+from lbtune.targets.targetbase import BalancerBase
 
 __all__ = ["BALANCER", "NGINX", "NGINX_EXPORTER", "NginxBalancer", "site_of"]
 
@@ -86,18 +85,13 @@ def site_of(endpoints: Endpoints) -> Site:
     )
 
 
-class NginxBalancer:
-    """Open-source nginx 1.22 (no live API: every change is a graceful reload)."""
+class NginxBalancer(BalancerBase):
+    """Open-source nginx 1.22 (no live API: every change is a graceful reload, so no live
+    weights: the feedback agent is refused); routes by model, so any mix of models works."""
 
     name = "nginx"
-    replica_header: str | None = DEFAULT_REPLICA_HEADER
-    live_weights = False
     ansible_module = "lbtune_nginx"
-    extra_ports: tuple[str, ...] = ()
     test_preset = "mini2-nginx"
-
-    def check_cluster(self, shape: ClusterShape) -> str | None:
-        return None  # routes by model; the agent is refused by live_weights = False
 
     def launch(self, spec: LaunchSpec, supervisor: Supervisor) -> BalancerLaunch:
         site = Site(spec.state_dir, spec.host, spec.port, spec.replicas, spec.models)
@@ -166,12 +160,6 @@ class NginxBalancer:
 
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> NginxTarget:
         return NginxTarget(site_of(endpoints), space_file=space_file)
-
-    def weights(self, endpoints: Endpoints) -> LiveWeights:
-        raise TargetError(
-            "nginx (open source) has no live weights: every weight change is a reload "
-            "(`lbtune apply --target nginx`); the feedback agent needs `balancer: haproxy`"
-        )
 
 
 BALANCER = NginxBalancer()

@@ -21,7 +21,7 @@ from typing import Any
 import jinja2
 
 from lbtune.errors import ConfigError
-from lbtune.targets.base import DEFAULT_REPLICA_HEADER, ParamValue, ReplicaAddress
+from lbtune.targets.base import DEFAULT_REPLICA_HEADER, ParamValue, ReplicaAddress, pool_names
 
 __all__ = [
     "ALGORITHMS",
@@ -31,7 +31,6 @@ __all__ = [
     "next_upstream",
     "render_config",
     "template_context",
-    "upstream_names",
 ]
 
 ALL_UPSTREAM = "all"
@@ -94,19 +93,6 @@ class Site:
         (self.prefix / "tmp").mkdir(parents=True, exist_ok=True)
 
 
-def upstream_names(models: tuple[str, ...] | list[str]) -> dict[str, str]:
-    """Model name → nginx upstream name (``model_<name>``, unsafe characters replaced)."""
-    out: dict[str, str] = {}
-    for model in models:
-        base = "model_" + re.sub(r"[^A-Za-z0-9_.-]", "_", model)
-        name, i = base, 1
-        while name in out.values():
-            i += 1
-            name = f"{base}_{i}"
-        out[model] = name
-    return out
-
-
 def balance_directive(params: Mapping[str, ParamValue]) -> str:
     algorithm = str(params.get("algorithm", "round_robin"))
     if algorithm not in ALGORITHMS:  # pragma: no cover - the space refuses it first
@@ -151,7 +137,7 @@ def template_context(
     site: Site, params: Mapping[str, ParamValue], overrides: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Variables for ``nginx.conf.j2`` from a full parameter set."""
-    names = upstream_names(site.models)
+    names = pool_names(site.models)
     servers: list[dict[str, Any]] = [
         {
             "name": r.name,

@@ -26,17 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from lbtune.errors import ApplyError, TargetError
-from lbtune.targets.base import (
-    ApplyResult,
-    Diff,
-    ParamSet,
-    RejectedBeforeApply,
-    zero_weight_replicas,
-)
-from lbtune.targets.lkg import LkgStore
+from lbtune.targets.base import ApplyResult, ParamSet, Plan, RejectedBeforeApply
 from lbtune.targets.nginx import process, readback
 from lbtune.targets.nginx.config import Site, render_config
-from lbtune.targets.space import ParameterSpace
+from lbtune.targets.targetbase import TargetBase
 
 __all__ = ["SPACE_FILE", "NginxTarget"]
 
@@ -49,7 +42,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-class NginxTarget:
+class NginxTarget(TargetBase):
     """``NginxTarget(site)``: an nginx lbtune started (see :mod:`.balancer`) as a target.
 
     ``template_overrides`` replaces template variables after the knobs are mapped (a test
@@ -69,28 +62,14 @@ class NginxTarget:
         self.state_dir = site.state_dir
         self.space_file = Path(space_file) if space_file else SPACE_FILE
         self.template_overrides = dict(template_overrides or {})
-        self._space: ParameterSpace | None = None
 
     def __repr__(self) -> str:
         return f"NginxTarget({self.site.prefix})"
 
     # -- space & read-back -------------------------------------------------------------
 
-    def space(self) -> ParameterSpace:
-        if self._space is None:
-            self._space = ParameterSpace.load(
-                self.space_file, replicas=[r.name for r in self.site.replicas]
-            )
-        return self._space
-
-    def owned_elsewhere(self) -> frozenset[str]:
-        return frozenset()  # no feedback agent: nginx has no live weights
-
-    def replicas_out(self, params: ParamSet) -> frozenset[str]:
-        return zero_weight_replicas(params)  # weight 0 renders `down`
-
-    def validate(self, params: Mapping[str, object]) -> ParamSet:
-        return self.space().validate(params)
+    def replica_names(self) -> list[str]:
+        return [r.name for r in self.site.replicas]
 
     def live_text(self) -> str:
         """The config the running master loaded (TargetError when no master runs)."""
@@ -114,53 +93,20 @@ class NginxTarget:
     # -- apply ---------------------------------------------------------------------------
 
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
-        t0 = time.perf_counter()
+        """Every change is a reload (no runtime API); one apply at a time per nginx."""
+        began = time.perf_counter()
         checked = self.validate(params)
         with self._locked():
             current = self.live_text()
             live = self.read_live()
             desired = self.space().complete(checked, live)
             text = self.render(desired)
-            diff: Diff = {k: (live.get(k), v) for k, v in desired.items() if live.get(k) != v}
-            changed = bool(diff) or text != current
-            if check or not changed:
-                return ApplyResult(
-                    changed=changed,
-                    applied=desired if check else live,
-                    diff=diff,
-                    reloaded=changed and check,
-                    check=check,
-                    seconds=time.perf_counter() - t0,
-                )
+            plan = Plan(live, desired, reload=True, began=began, drift=text != current)
+            if check or not plan.changed:
+                return plan.untouched(check=check)
             self._validate(text)
             self._reload_with(text, current)
-            applied = self.verify(desired)
-        return ApplyResult(
-            changed=True,
-            applied=applied,
-            diff=diff,
-            reloaded=True,
-            seconds=time.perf_counter() - t0,
-        )
-
-    def rollback(self, *, check: bool = False) -> ApplyResult:
-        """Re-apply the last known good (``lbtune.targets.lkg``)."""
-        lkg = LkgStore(self.state_dir, self.name).get()
-        if lkg is None:
-            raise ApplyError(f"No last known good recorded for nginx in {self.state_dir}")
-        return self.apply(lkg.params, check=check)
-
-    def verify(self, desired: ParamSet) -> ParamSet:
-        """Read back; ApplyError naming every knob that is not what was applied."""
-        live = self.read_live()
-        bad = [
-            f"{k}: wanted {v!r}, live {live.get(k)!r}"
-            for k, v in desired.items()
-            if live.get(k) != v
-        ]
-        if bad:
-            raise ApplyError("Read-back does not match what was applied: " + "; ".join(bad[:5]))
-        return live
+            return plan.done(self.read_back(desired))
 
     # -- steps ---------------------------------------------------------------------------
 

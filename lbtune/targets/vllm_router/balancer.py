@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lbtune.errors import ClusterError, ConfigError, LbtuneError, TargetError
+from lbtune.errors import ClusterError, ConfigError, LbtuneError
+from lbtune.metrics.promql import BalancerSeries
 from lbtune.process.supervisor import read_record
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import StatePaths
@@ -18,26 +19,25 @@ from lbtune.targets.base import (
     BalancerLaunch,
     ClusterShape,
     LaunchSpec,
-    LiveWeights,
     ReplicaRow,
     ScrapeJob,
     Supervisor,
 )
 from lbtune.targets.space import ParameterSpace
+from lbtune.targets.targetbase import BalancerBase
 from lbtune.targets.vllm_router import process
 from lbtune.targets.vllm_router.target import SPACE_FILE, VllmRouterTarget
 
 __all__ = ["BALANCER", "VllmRouterBalancer"]
 
 
-class VllmRouterBalancer:
-    """vllm-router (PyPI, Rust): flags only, so every change is a restart."""
+class VllmRouterBalancer(BalancerBase):
+    """vllm-router (PyPI, Rust): flags only, so every change is a restart (and no live
+    weights); it sets no replica header."""
 
     name = "vllm-router"
-    replica_header: str | None = None
-    live_weights = False
+    replica_header = None
     ansible_module = "lbtune_vllm_router"
-    extra_ports: tuple[str, ...] = ()
     test_preset = "mini2-router"
 
     def check_cluster(self, shape: ClusterShape) -> str | None:
@@ -104,8 +104,15 @@ class VllmRouterBalancer:
     def target(self, endpoints: Endpoints, *, space_file: Path | None = None) -> VllmRouterTarget:
         return VllmRouterTarget(endpoints, space_file=space_file)
 
-    def weights(self, endpoints: Endpoints) -> LiveWeights:
-        raise TargetError("vllm-router takes no per-replica weights (no live weights API)")
+    def series(self, endpoints: Endpoints) -> BalancerSeries:
+        """The requests running on each worker (labelled by its URL: named here as its
+        replica); the router has no queue of its own and no responses by code."""
+        return BalancerSeries(
+            self.name,
+            sessions="vllm_router_running_requests",
+            server_label="worker",
+            server_names={r.url.rstrip("/"): r.name for r in endpoints.replicas},
+        )
 
 
 BALANCER = VllmRouterBalancer()

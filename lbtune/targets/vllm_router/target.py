@@ -31,9 +31,8 @@ from pathlib import Path
 from lbtune.errors import ApplyError, LbtuneError
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import StatePaths
-from lbtune.targets.base import ApplyResult, ParamSet, ParamValue
-from lbtune.targets.lkg import LkgStore
-from lbtune.targets.space import ParameterSpace
+from lbtune.targets.base import ApplyResult, ParamSet, Plan
+from lbtune.targets.targetbase import TargetBase
 from lbtune.targets.vllm_router import process as router
 
 __all__ = ["SPACE_FILE", "VllmRouterTarget"]
@@ -43,12 +42,10 @@ log = logging.getLogger(__name__)
 SPACE_FILE = Path(__file__).with_name("space.yaml")
 
 
-class VllmRouterTarget:
+class VllmRouterTarget(TargetBase):
     """``VllmRouterTarget(endpoints)``: the cluster's vllm-router as a tunable target."""
 
     name = "vllm-router"
-    state_dir: Path
-    """The cluster's state dir: lbtune.apply keeps the lock, the LKG and its logs there."""
 
     def __init__(
         self,
@@ -64,15 +61,12 @@ class VllmRouterTarget:
         self.timeout = timeout
         self.last_downtime_s: float | None = None
         """Seconds without a router during the last restart."""
-        self._space: ParameterSpace | None = None
 
     def __repr__(self) -> str:
         return f"VllmRouterTarget({self.paths.root})"
 
-    def space(self) -> ParameterSpace:
-        if self._space is None:
-            self._space = ParameterSpace.load(self.space_file)
-        return self._space
+    def replica_names(self) -> None:
+        return None  # its flags apply to every worker alike: no per-replica knob
 
     def read_live(self) -> ParamSet:
         """The running router's flags (every knob), verified against its recorded start."""
@@ -80,36 +74,17 @@ class VllmRouterTarget:
         live: ParamSet = dict(command.params)
         return self.space().complete({}, live)
 
-    def validate(self, params: Mapping[str, object]) -> ParamSet:
-        return self.space().validate(params)
-
-    def owned_elsewhere(self) -> frozenset[str]:
-        return frozenset()
-
-    def replicas_out(self, params: ParamSet) -> frozenset[str]:
-        return frozenset()  # no per-worker knob takes a worker out of rotation
-
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
-        t0 = time.perf_counter()
+        began = time.perf_counter()
         space = self.space()
         checked = self.validate(params)
         _, current = router.live_command(self.paths)
         live = space.complete({}, dict(current.params))
-        desired = space.complete(checked, live)
-        diff: dict[str, tuple[ParamValue | None, ParamValue | None]] = {
-            k: (live.get(k), v) for k, v in desired.items() if live.get(k) != v
-        }
-        if check or not diff:
-            return ApplyResult(
-                changed=bool(diff),
-                applied=desired if check else live,
-                diff=diff,
-                reloaded=bool(diff) and check,
-                check=check,
-                seconds=time.perf_counter() - t0,
-            )
+        plan = Plan(live, space.complete(checked, live), reload=True, began=began)
+        if check or not plan.changed:
+            return plan.untouched(check=check)
         new = router.RouterCommand(
-            params=router.active(dict(desired)),
+            params=router.active(dict(plan.desired)),
             worker_urls=current.worker_urls,
             host=current.host,
             port=current.port,
@@ -117,35 +92,13 @@ class VllmRouterTarget:
         )
         try:
             self._restart(new)
-            applied = self.verify(desired)
+            applied = self.read_back(plan.desired)
         except LbtuneError as exc:
             self._restore(current, exc)
             raise ApplyError(
                 f"vllm-router apply failed ({exc}); restarted with the previous flags"
             ) from None
-        return ApplyResult(
-            changed=True,
-            applied=applied,
-            diff=diff,
-            reloaded=True,
-            seconds=time.perf_counter() - t0,
-        )
-
-    def verify(self, desired: ParamSet) -> ParamSet:
-        """Read back; raise ApplyError naming every knob that is not what was applied."""
-        live = self.read_live()
-        wrong = {k: (v, live.get(k)) for k, v in desired.items() if live.get(k) != v}
-        if wrong:
-            detail = ", ".join(f"{k}: wanted {a!r}, live {b!r}" for k, (a, b) in wrong.items())
-            raise ApplyError(f"vllm-router read-back differs: {detail}")
-        return live
-
-    def rollback(self, *, check: bool = False) -> ApplyResult:
-        """Re-apply the last known good (``lbtune.targets.lkg``); ``check``: only the diff."""
-        lkg = LkgStore(self.state_dir, self.name).get()
-        if lkg is None:
-            raise ApplyError(f"No last known good recorded for vllm-router in {self.state_dir}")
-        return self.apply(lkg.params, check=check)
+        return plan.done(applied)
 
     def _restart(self, command: router.RouterCommand) -> None:
         _, downtime = router.restart(self.paths, command, timeout=self.timeout)

@@ -13,7 +13,7 @@ import pytest
 
 from lbtune.errors import ConfigError, DependencyError
 from lbtune.targets.base import ParamSet, ReplicaAddress
-from lbtune.targets.envoy import binary, config, deploy, readback
+from lbtune.targets.envoy import binary, bootstrap, config, deploy, readback
 from lbtune.targets.envoy.balancer import BALANCER
 from lbtune.targets.envoy.config import Layout
 from lbtune.targets.envoy.target import SPACE_FILE
@@ -107,7 +107,7 @@ def test_the_bootstrap_passes_envoy_validate(tmp_path: Path) -> None:
     files = config.render(lay, full({}))
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    (tmp_path / "bootstrap.json").write_text(config.dump(config.bootstrap(lay)))
+    (tmp_path / "bootstrap.json").write_text(config.dump(bootstrap.bootstrap(lay)))
     assert binary.validate_file(tmp_path / "bootstrap.json") is None
 
 
@@ -128,14 +128,6 @@ def test_a_cluster_per_model_holds_only_the_replicas_serving_it(tmp_path: Path) 
     assert by_name["h100-0"]["load_balancing_weight"] == 30
     assert by_name["l4-0"]["health_status"] == "DRAINING"  # weight 0
     assert by_name["l4-0"]["load_balancing_weight"] == 1  # Envoy's weights are >= 1
-
-
-def test_model_names_become_unique_cluster_names() -> None:
-    assert config.cluster_names(["a/b", "a_b", "all"]) == {
-        "a/b": "model_a_b",
-        "a_b": "model_a_b_2",
-        "all": "model_all",
-    }
 
 
 def test_bad_launch_params_are_a_config_error_naming_the_knob(tmp_path: Path) -> None:

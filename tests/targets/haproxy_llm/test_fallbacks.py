@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 
 from lbtune.sim.profiles import MODEL_PROFILES
+from lbtune.targets.base import pool_names
 from lbtune.targets.haproxy import llm
-from lbtune.targets.haproxy.files import ALL_BACKEND, Site, backend_names
+from lbtune.targets.haproxy.files import ALL_BACKEND, Site
 from lbtune.targets.haproxy.target import HaproxyTarget
 from tests.targets.haproxy_llm.conftest import M8, Cluster, endpoints
 from tests.targets.haproxy_llm.test_scheduler import fallback, llm_on, words
 
 __all__ = ["llm_on"]  # the fixture, re-used
 
-BE = backend_names([M8])[M8]
+BE = pool_names([M8])[M8]
 
 
 def test_the_map_holds_each_known_models_context_length(tmp_path: Path) -> None:
