@@ -49,6 +49,15 @@ class Progress:
     """All generators' requests sent by ``now`` and still open then. Every request that
     ended before its generator's snapshot is in the record files by then; a consumer
     reading records later should treat one with ``ended_at > now`` as open at ``now``."""
+    started_at: float = 0.0
+    """The run's start as the runner knows it at this snapshot (the generators' start
+    once they reported it, the runner's own before): ``elapsed_s`` counts from it, and a
+    run plan's window is anchored on it (:meth:`lbtune.scenario.runplan.RunPlan.window_at`)."""
+    records: tuple[RequestRecord, ...] = ()
+    """The records the run's one tail of its record files read since the previous
+    snapshot (each record once, over the snapshots): what live consumers of the records
+    (``--until-samples``, a study's pruning windows) add up, instead of tailing the
+    files themselves."""
 
 
 class RecordTail:

@@ -4,9 +4,13 @@ The caller's process never imports Locust or gevent. The test runs in child
 processes (``python -m lbtune.loadgen.worker``): one local process, or a Locust
 master and ``workers`` local worker processes. This process:
 
+* writes the generators' settings (``load-config.json``, :mod:`.settings`: the run
+  plan's path, or a scenario/``fixed:`` workload, and the connection), which they read;
 * reads each generator's JSON status lines (health, once a second) from its pipe;
-* tails the generators' record files to compute live :class:`Progress` and to
-  feed the client-side Prometheus exporter (``exporter_port``);
+* tails the generators' record files, the run's one tail of them, to compute live
+  :class:`Progress` (which hands each record read on to the live consumers: the
+  ``--until-samples`` counter, a study's pruning windows) and to feed the client-side
+  Prometheus exporter (``exporter_port``);
 * on ``stop`` (or Ctrl-C) asks the children to stop sending and drain, and after
   a hard deadline kills them; then merges the records into ``requests.parquet``.
 
@@ -20,33 +24,35 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
-import os
 import queue
 import signal
 import socket
-import subprocess
-import sys
 import threading
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import time
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from lbtune.errors import ConfigError
+from lbtune.loadgen.children import Child, start_children
 from lbtune.loadgen.collect import Progress, RecordTail
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from lbtune.loadgen.health import GeneratorHealth, HealthSample, WorkerHealth, summarize
 from lbtune.loadgen.preflight import served_models
 from lbtune.loadgen.recordio import finalize
-from lbtune.loadgen.source import resolve
-from lbtune.records.requests import OpenRequest
+from lbtune.loadgen.settings import (
+    SETTINGS_FILE,
+    GeneratorSettings,
+    SourceSettings,
+    write_settings,
+)
+from lbtune.loadgen.source import open_source
+from lbtune.records.requests import OpenRequest, RequestRecord
 
 __all__ = ["LoadConfig", "LoadResult", "Progress", "run_load"]
 
@@ -138,106 +144,46 @@ def _check_target(cfg: LoadConfig) -> None:
     served_models(cfg.target_url, timeout_s=5)  # a real request: a bare connect is an ereq
 
 
-class _Child:
-    def __init__(self, name: str, argv: list[str], log_path: Path, lines: queue.Queue[Any]):
-        self.name = name
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            start_new_session=True,  # the runner decides when its children stop
-        )  # ... and they die with it (the worker's --parent-pid)
-        self.log_path = log_path
-        self.final: dict[str, Any] | None = None
-        self.errors: list[str] = []
-        self._t = threading.Thread(target=self._read, args=(lines,), daemon=True)
-        self._t.start()
-
-    def _read(self, lines: queue.Queue[Any]) -> None:
-        out: IO[bytes] | None = self.proc.stdout
-        assert out is not None
-        for raw in out:
-            try:
-                msg = json.loads(raw)
-            except ValueError:
-                continue
-            if msg.get("type") == "final":
-                self.final = msg
-            elif msg.get("type") == "error":
-                self.errors.append(str(msg.get("error")))
-            lines.put((self.name, msg))
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(sig)
-
-    def kill_group(self) -> None:
-        """SIGKILL the child's whole process group (it leads its own session)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-
-    def finish(self) -> int | None:
-        self._t.join(timeout=2)
-        self._log.close()
-        return self.proc.poll()
-
-    def failures(self) -> list[str]:
-        """Its error messages, and its log's last line when it exited abnormally."""
-        out = [f"{self.name}: {e}" for e in self.errors]
-        if self.proc.returncode not in (0, None) or (self.final is None and self.name != "master"):
-            try:
-                tail = self.log_path.read_bytes()[-4096:].decode(errors="replace")
-            except OSError:
-                tail = ""
-            last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
-            rc = self.proc.returncode
-            out.append(f"{self.name} exited {rc}" + (f": {last[:300]}" if last else ""))
-        return out
+def _role(cfg: LoadConfig) -> str:
+    """This machine's part: ``local``, ``master`` (with local or remote workers) or ``worker``."""
+    return cfg.role if cfg.role != "auto" else ("master" if cfg.workers > 0 else "local")
 
 
-def _children(cfg: LoadConfig, rdir: Path, lines: queue.Queue[Any]) -> list[_Child]:
-    """The generator processes of ``cfg``'s role (a local one, or a master and its local
-    workers, or this machine's workers), started, their status lines going to ``lines``;
-    the config they were given is kept as ``load-config.json``."""
-    role = cfg.role if cfg.role != "auto" else ("master" if cfg.workers > 0 else "local")
+def _settings(cfg: LoadConfig, rdir: Path) -> GeneratorSettings:
+    """The generator processes' settings (:mod:`.settings`): the run plan's path, else
+    the scenario or ``fixed:`` workload and its overrides; the connection and limits."""
+    role = _role(cfg)
     n_local = cfg.workers if role != "local" else 0
-    expect = cfg.expect_workers or max(1, n_local)
-    port = cfg.master_port or (_free_port() if role == "master" else 5557)
-    child_cfg = dataclasses.asdict(cfg)
-    child_cfg.update(
-        records_dir=str(rdir.resolve()), master_port=port, expect_workers=expect, role=role
+    source = None
+    if cfg.run_plan is None:
+        source = SourceSettings(
+            scenario=cfg.scenario,
+            seed=cfg.seed,
+            duration_s=cfg.duration_s,
+            users=cfg.users,
+            rate=cfg.rate,
+        )
+    return GeneratorSettings(
+        target_url=cfg.target_url,
+        records_dir=str(rdir.resolve()),
+        run_plan=cfg.run_plan,
+        source=source,
+        tokenizer_path=cfg.tokenizer_path,
+        grace_s=cfg.grace_s,
+        request_timeout_s=cfg.request_timeout_s,
+        replica_header=cfg.replica_header,
+        max_in_flight=cfg.max_in_flight,
+        ui=cfg.ui,
+        ui_port=cfg.ui_port,
+        master_host=cfg.master_host,
+        master_port=cfg.master_port or (_free_port() if role == "master" else 5557),
+        master_bind_host=cfg.master_bind_host,
+        expect_workers=cfg.expect_workers or max(1, n_local),
     )
-    cfg_json = json.dumps(child_cfg)
-    (rdir / "load-config.json").write_text(json.dumps(child_cfg, indent=2))
-    run_id = uuid.uuid4().hex[:8]
-    base = [sys.executable, "-m", "lbtune.loadgen.worker", "--config", cfg_json]
-    base += ["--run-id", run_id, "--parent-pid", str(os.getpid())]
-    children: list[_Child] = []
-    if role in ("local", "master"):
-        name = "local" if role == "local" else "master"
-        children.append(
-            _Child(name, [*base, "--role", role, "--name", name], rdir / f"{name}.log", lines)
-        )
-    for k in range(
-        n_local if role == "master" else (max(1, cfg.workers) if role == "worker" else 0)
-    ):
-        wname = f"w{k}"
-        idx = ["--worker-index", str(k)] if role == "master" else []
-        children.append(
-            _Child(
-                wname,
-                [*base, "--role", "worker", "--name", wname, *idx, "--worker-count", str(expect)],
-                rdir / f"{wname}.log",
-                lines,
-            )
-        )
-    return children
 
 
 def _health(
-    children: list[_Child], samples: dict[str, list[HealthSample]], tail: RecordTail
+    children: list[Child], samples: dict[str, list[HealthSample]], tail: RecordTail
 ) -> tuple[GeneratorHealth, int]:
     """The generators' health and the requests they sent: each one's final report, or for
     one that crashed or was killed what its status lines said (degraded), and then at
@@ -264,146 +210,179 @@ def run_load(
     on_progress: Callable[[Progress], None] | None = None,
     stop: threading.Event | None = None,
 ) -> LoadResult:
-    """Run one load test; bounded by ``duration_s + grace_s`` and a hard deadline."""
-    resolve(
-        cfg.scenario,
-        cfg.seed,
-        cfg.duration_s,
-        cfg.users,
-        cfg.rate,
-        cfg.tokenizer_path,
-        run_plan=cfg.run_plan,
-    )
-    _check_target(cfg)
+    """Run one load test; bounded by its length + ``grace_s`` and a hard deadline.
+
+    The length is the run plan's (``cfg.run_plan``), else ``cfg.duration_s``."""
     rdir = Path(cfg.records_dir)
+    settings = _settings(cfg, rdir)
+    source = open_source(settings)  # a bad scenario, plan or tokenizer: before anything starts
+    _check_target(cfg)
     rdir.mkdir(parents=True, exist_ok=True)
     for old in rdir.glob("records-*.jsonl"):
         old.unlink()
-    lines: queue.Queue[Any] = queue.Queue()
-    children = _children(cfg, rdir, lines)
-
-    registry = MetricsRegistry()
-    exporter = ExporterServer(registry, cfg.exporter_port) if cfg.exporter_port else None
-    tail = RecordTail(rdir, on_record=registry.observe)
-    latest: dict[str, HealthSample] = {}
-    opens: dict[str, tuple[OpenRequest, ...]] = {}
-    samples: dict[str, list[HealthSample]] = {}
-    started_at = time()
-    t_go: float | None = None
-    hard_deadline = started_at + cfg.duration_s + cfg.grace_s + 90.0
-    stopped_early = False
-    signalled = False
-    next_progress = time() + 1.0
+    path = write_settings(rdir.resolve() / SETTINGS_FILE, settings)
+    run = _Supervised(cfg, rdir, source.duration_s, on_progress)
+    run.begin(start_children(_role(cfg), cfg.workers, settings.expect_workers, path, run.lines))
     try:
-        while any(c.proc.poll() is None for c in children) and time() < hard_deadline:
-            try:
-                try:
-                    name, msg = lines.get(timeout=0.2)
-                    if msg.get("type") == "started" and t_go is None:  # before _handle pops it
-                        t_go = float(msg["t"])
-                    _handle(name, msg, latest, opens, samples, registry)
-                    while True:
-                        name, msg = lines.get_nowait()
-                        _handle(name, msg, latest, opens, samples, registry)
-                except queue.Empty:
-                    pass
-                if not signalled and stop is not None and stop.is_set():
-                    stopped_early = signalled = True
-                    hard_deadline = min(hard_deadline, time() + cfg.grace_s + _STOP_SLACK_S)
-                    for c in children:
-                        c.signal(signal.SIGTERM)
-                now = time()
-                if now >= next_progress:
-                    next_progress = now + 1.0
-                    tail.poll()
-                    registry.set_in_flight(sum(s.in_flight for s in latest.values()))
-                    if on_progress is not None:
-                        on_progress(_progress(cfg, tail, latest, opens, t_go or started_at, now))
-            except KeyboardInterrupt:
-                stopped_early = True
-                if signalled:  # second Ctrl-C: stop waiting for the drain
-                    hard_deadline = min(hard_deadline, time() + 2.0)
-                hard_deadline = min(hard_deadline, time() + cfg.grace_s + _STOP_SLACK_S)
-                signalled = True
-                for c in children:
-                    c.signal(signal.SIGTERM)
+        run.watch(stop)
     finally:
-        for c in children:
-            if c.proc.poll() is None:
-                c.kill_group()
-                c.proc.wait(timeout=5)
-        exit_codes = {c.name: c.finish() for c in children}
-        while not lines.empty():
-            name, msg = lines.get_nowait()
-            _handle(name, msg, latest, opens, samples, registry)
-        tail.poll()
-        if exporter is not None:
-            exporter.close()
+        run.end()
     records_path = finalize(rdir)
-    health, sent = _health(children, samples, tail)
+    health, sent = _health(run.children, run.samples, run.tail)
     (rdir / "health.json").write_text(json.dumps(health.to_dict(), indent=1))
     return LoadResult(
         records_dir=rdir,
         records_path=records_path,
         sent=sent,
-        outcomes=dict(tail.outcomes),
+        outcomes=dict(run.tail.outcomes),
         health=health,
-        started_at=t_go or started_at,
+        started_at=run.start,
         ended_at=time(),
-        stopped_early=stopped_early,
-        exit_codes=exit_codes,
-        failures=tuple(f for c in children for f in c.failures()),
+        stopped_early=run.stopped_early,
+        exit_codes=run.exit_codes,
+        failures=tuple(f for c in run.children for f in c.failures()),
     )
 
 
-def _handle(
-    name: str,
-    msg: dict[str, Any],
-    latest: dict[str, HealthSample],
-    opens: dict[str, tuple[OpenRequest, ...]],
-    samples: dict[str, list[HealthSample]],
-    registry: MetricsRegistry,
-) -> None:
-    kind = msg.pop("type", None)
-    if kind == "sample":
-        raw_open = msg.pop("open", None) or ()
-        s = HealthSample(**msg)
-        latest[name] = s
-        opens[name] = tuple(OpenRequest(float(a), b, bool(c)) for a, b, c in raw_open)
-        samples.setdefault(name, []).append(s)
-        registry.set_generator(s.worker, s.lateness_p99_s, s.cpu_percent)
-    elif kind == "error":
-        log.error("generator %s: %s", name, msg.get("error"))
+class _Supervised:
+    """The generator processes of one run while it runs: their status lines, the run's one
+    tail of their record files (feeding the exporter and each :class:`Progress`), the
+    stop (``stop`` or Ctrl-C: drain, then a hard deadline)."""
 
+    def __init__(
+        self,
+        cfg: LoadConfig,
+        rdir: Path,
+        duration_s: float,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> None:
+        self.cfg, self.duration_s, self._on_progress = cfg, duration_s, on_progress
+        self.lines: queue.Queue[Any] = queue.Queue()
+        self.children: list[Child] = []
+        self.exit_codes: dict[str, int | None] = {}
+        self.registry = MetricsRegistry()
+        self.exporter: ExporterServer | None = None
+        self.tail = RecordTail(rdir, on_record=self._record)
+        self._fresh: list[RequestRecord] = []
+        self.latest: dict[str, HealthSample] = {}
+        self.opens: dict[str, tuple[OpenRequest, ...]] = {}
+        self.samples: dict[str, list[HealthSample]] = {}
+        self.started_at = self.deadline = time()
+        self.t_go: float | None = None
+        self.stopped_early = self._signalled = False
 
-def _progress(
-    cfg: LoadConfig,
-    tail: RecordTail,
-    latest: dict[str, HealthSample],
-    opens: dict[str, tuple[OpenRequest, ...]],
-    t0: float,
-    now: float,
-) -> Progress:
-    rps, tps, p50, p99 = tail.window(now)
-    seen = min((s.t for s in latest.values()), default=now)
-    open_now = tuple(o for name in latest for o in opens.get(name, ()) if o.sent_at <= seen)
-    elapsed = now - t0
-    lags = [s.loop_lag_p99_s for s in latest.values()]
-    cpus = [s.cpu_percent for s in latest.values()]
-    return Progress(
-        elapsed_s=elapsed,
-        remaining_s=max(0.0, cfg.duration_s - elapsed),
-        sent=sum(s.sent for s in latest.values()),
-        completed=tail.count,
-        requests_per_s=rps,
-        output_tokens_per_s=tps,
-        ttft_p50_s=p50,
-        ttft_p99_s=p99,
-        errors=tail.errors,
-        in_flight=sum(s.in_flight for s in latest.values()),
-        generator_lag_p99_s=max(lags) if lags else None,
-        generator_cpu_percent=max(cpus) if cpus else None,
-        window_s=tail.window_s,
-        now=seen,
-        open_requests=open_now,
-    )
+    def begin(self, children: list[Child]) -> None:
+        """Supervise ``children`` (just started) from now on."""
+        self.children = children
+        if self.cfg.exporter_port:
+            self.exporter = ExporterServer(self.registry, self.cfg.exporter_port)
+        self.started_at = time()
+        self.deadline = self.started_at + self.duration_s + self.cfg.grace_s + 90.0
+
+    @property
+    def start(self) -> float:
+        """The run's start: the generators' (their first ``started`` line), else the
+        runner's own (before they reported it, or when none ever did)."""
+        return self.t_go or self.started_at
+
+    def watch(self, stop: threading.Event | None) -> None:
+        """Until every generator exited (or the hard deadline): status lines, a snapshot
+        a second, and the stop."""
+        next_progress = time() + 1.0
+        while any(c.proc.poll() is None for c in self.children) and time() < self.deadline:
+            try:
+                self._read_lines()
+                if not self._signalled and stop is not None and stop.is_set():
+                    self._terminate()
+                now = time()
+                if now >= next_progress:
+                    next_progress = now + 1.0
+                    self._snapshot(now)
+            except KeyboardInterrupt:
+                if self._signalled:  # second Ctrl-C: stop waiting for the drain
+                    self.deadline = min(self.deadline, time() + 2.0)
+                self._terminate()
+
+    def end(self) -> None:
+        """Kill what still runs, then read the last status lines and records."""
+        for c in self.children:
+            if c.proc.poll() is None:
+                c.kill_group()
+                c.proc.wait(timeout=5)
+        self.exit_codes = {c.name: c.finish() for c in self.children}
+        while not self.lines.empty():
+            self._handle(*self.lines.get_nowait())
+        self.tail.poll()
+        if self.exporter is not None:
+            self.exporter.close()
+
+    def _terminate(self) -> None:
+        """Ask every generator to stop sending and drain (SIGTERM); shorten the deadline."""
+        self.stopped_early = self._signalled = True
+        self.deadline = min(self.deadline, time() + self.cfg.grace_s + _STOP_SLACK_S)
+        for c in self.children:
+            c.signal(signal.SIGTERM)
+
+    def _read_lines(self) -> None:
+        try:
+            self._handle(*self.lines.get(timeout=0.2))
+            while True:
+                self._handle(*self.lines.get_nowait())
+        except queue.Empty:
+            pass
+
+    def _handle(self, name: str, msg: dict[str, Any]) -> None:
+        kind = msg.pop("type", None)
+        if kind == "started" and self.t_go is None:
+            self.t_go = float(msg["t"])
+        elif kind == "sample":
+            raw_open = msg.pop("open", None) or ()
+            s = HealthSample(**msg)
+            self.latest[name] = s
+            self.opens[name] = tuple(OpenRequest(float(a), b, bool(c)) for a, b, c in raw_open)
+            self.samples.setdefault(name, []).append(s)
+            self.registry.set_generator(s.worker, s.lateness_p99_s, s.cpu_percent)
+        elif kind == "error":
+            log.error("generator %s: %s", name, msg.get("error"))
+
+    def _record(self, r: RequestRecord) -> None:
+        self.registry.observe(r)
+        if self._on_progress is not None:
+            self._fresh.append(r)
+
+    def _snapshot(self, now: float) -> None:
+        self.tail.poll()
+        self.registry.set_in_flight(sum(s.in_flight for s in self.latest.values()))
+        if self._on_progress is not None:
+            fresh, self._fresh = tuple(self._fresh), []
+            self._on_progress(self._progress(now, fresh))
+
+    def _progress(self, now: float, fresh: tuple[RequestRecord, ...]) -> Progress:
+        tail, latest = self.tail, self.latest
+        rps, tps, p50, p99 = tail.window(now)
+        seen = min((s.t for s in latest.values()), default=now)
+        open_now = tuple(
+            o for name in latest for o in self.opens.get(name, ()) if o.sent_at <= seen
+        )
+        elapsed = now - self.start
+        lags = [s.loop_lag_p99_s for s in latest.values()]
+        cpus = [s.cpu_percent for s in latest.values()]
+        return Progress(
+            elapsed_s=elapsed,
+            remaining_s=max(0.0, self.duration_s - elapsed),
+            sent=sum(s.sent for s in latest.values()),
+            completed=tail.count,
+            requests_per_s=rps,
+            output_tokens_per_s=tps,
+            ttft_p50_s=p50,
+            ttft_p99_s=p99,
+            errors=tail.errors,
+            in_flight=sum(s.in_flight for s in latest.values()),
+            generator_lag_p99_s=max(lags) if lags else None,
+            generator_cpu_percent=max(cpus) if cpus else None,
+            window_s=tail.window_s,
+            now=seen,
+            open_requests=open_now,
+            started_at=self.start,
+            records=fresh,
+        )

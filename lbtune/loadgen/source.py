@@ -16,17 +16,45 @@ from typing import Any, Literal, Protocol
 
 from lbtune.errors import ConfigError
 from lbtune.keyvalue import bad_value, parse_pairs
+from lbtune.loadgen.settings import GeneratorSettings
 from lbtune.scenario import build_workload, load_scenario, plan_load
 from lbtune.scenario.request import RequestSpec
 from lbtune.scenario.runplan import read_run_plan
 
-__all__ = ["FixedWorkload", "SimplePlan", "Workload", "resolve"]
+__all__ = [
+    "FixedWorkload",
+    "SendPlan",
+    "SimplePlan",
+    "Source",
+    "Workload",
+    "open_source",
+    "resolve",
+]
 
 _WORDS = ("alpha", "bravo", "delta", "echo", "gamma", "kilo", "lima", "metro", "nova", "omega")
 
 
 class Workload(Protocol):
     def request(self, i: int) -> RequestSpec: ...
+
+
+class SendPlan(Protocol):
+    """What a generator reads of its load plan (``LoadPlan``, :class:`SimplePlan`)."""
+
+    @property
+    def mode(self) -> Literal["closed", "open"]: ...
+    @property
+    def arrivals(self) -> tuple[float, ...]: ...
+    def users_at(self, t: float) -> int: ...
+
+
+@dataclass(frozen=True)
+class Source:
+    """What one generator sends: the requests, their plan, for how long."""
+
+    workload: Workload
+    plan: SendPlan
+    duration_s: float
 
 
 @dataclass(frozen=True)
@@ -129,9 +157,8 @@ def resolve(
     (a ``run.json`` path) from the run's recorded plan alone: its scenario document, seed
     and load plan (the other arguments are then not used)."""
     if run_plan is not None:
-        rp = read_run_plan(run_plan)
-        tok = rp.tokenizer if rp.tokenizer is not None else tokenizer_path
-        return build_workload(rp.scenario, rp.seed, tokenizer_path=tok), rp.load_plan()
+        planned = _planned(run_plan, tokenizer_path)
+        return planned.workload, planned.plan
     if scenario.startswith("fixed:") or scenario == "fixed":
         wl, opts = _parse_fixed(scenario if ":" in scenario else "fixed:")
         if rate is not None:
@@ -142,3 +169,25 @@ def resolve(
     workload = build_workload(sc, seed, tokenizer_path=tokenizer_path)
     plan = plan_load(sc, duration_s=duration_s, users=users, rate=rate, seed=seed)
     return workload, plan
+
+
+def open_source(settings: GeneratorSettings) -> Source:
+    """What the generators of a run with ``settings`` send: the recorded run plan's
+    (``run_plan``: its scenario document, seed, load plan and length), else the
+    ``source`` settings' scenario or ``fixed:`` workload."""
+    if settings.run_plan is not None:
+        return _planned(settings.run_plan, settings.tokenizer_path)
+    src = settings.source
+    assert src is not None  # the settings hold exactly one of the two
+    wl, plan = resolve(
+        src.scenario, src.seed, src.duration_s, src.users, src.rate, settings.tokenizer_path
+    )
+    return Source(wl, plan, src.duration_s)
+
+
+def _planned(run_plan: str, tokenizer_path: str | None) -> Source:
+    """The recorded plan's workload (its tokenizer, else ``tokenizer_path``) and load."""
+    rp = read_run_plan(run_plan)
+    tok = rp.tokenizer if rp.tokenizer is not None else tokenizer_path
+    workload = build_workload(rp.scenario, rp.seed, tokenizer_path=tok)
+    return Source(workload, rp.load_plan(), rp.load.duration_s)

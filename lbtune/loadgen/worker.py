@@ -1,9 +1,10 @@
 """``python -m lbtune.loadgen.worker``: one Locust process (local, master or worker).
 
 Started by :func:`lbtune.loadgen.runner.run_load` so that gevent's monkey
-patching never touches the caller. Reads its configuration as JSON (``--config``,
-the fields of :class:`~lbtune.loadgen.runner.LoadConfig`) and writes JSON lines
-on stdout, one per second per generator process::
+patching never touches the caller. Reads the run's settings file (``--config``, the
+``load-config.json`` the runner wrote: :class:`~lbtune.loadgen.settings.GeneratorSettings`)
+and, through it, the run's recorded plan (``run.json``); an invalid settings file is an
+error line and exit 2. Writes JSON lines on stdout, one per second per generator process::
 
     {"type": "sample", ...HealthSample fields..., "open": [[sent_at, ttft, stream], ...]}
     {"type": "final", "worker": ..., "sent": N, "completed": N, "health": {...}}
@@ -41,8 +42,10 @@ import gevent  # noqa: E402
 import gevent.event  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
+from lbtune.errors import ConfigError  # noqa: E402
 from lbtune.loadgen.health import HealthSample  # noqa: E402
-from lbtune.loadgen.source import resolve  # noqa: E402
+from lbtune.loadgen.settings import GeneratorSettings, read_settings  # noqa: E402
+from lbtune.loadgen.source import Source, open_source  # noqa: E402
 from lbtune.loadgen.user import STATE, LLMUser, OpenLoopUser, PlanShape  # noqa: E402
 
 _DRAIN = "lbtune_drain"
@@ -128,118 +131,106 @@ def _watch_parent(parent: int, stop: Any, grace: float) -> None:
     os._exit(3)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m lbtune.loadgen.worker")
-    ap.add_argument("--config", required=True, help="LoadConfig as JSON")
+    ap.add_argument("--config", required=True, help="The run's settings file (load-config.json)")
     ap.add_argument("--role", choices=("local", "master", "worker"), default="local")
     ap.add_argument("--worker-index", type=int, default=-1)
     ap.add_argument("--worker-count", type=int, default=1)
     ap.add_argument("--name", default="local")
     ap.add_argument("--run-id", default="")
     ap.add_argument("--parent-pid", type=int, default=0, help="Exit when this parent dies.")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
     if args.parent_pid:
         _die_with_parent(signal.SIGTERM)
         if os.getppid() != args.parent_pid:  # died before the death signal was armed
             _emit({"type": "error", "error": f"parent {args.parent_pid} is gone: not starting"})
             return 3
-    cfg = json.loads(args.config)
-
+    try:
+        settings = read_settings(args.config)
+        source = open_source(settings)  # the run's recorded plan, whole, where there is one
+    except ConfigError as exc:
+        _emit({"type": "error", "error": str(exc)})
+        return 2
     STATE.configure(
         worker=args.name,
         worker_index=max(0, args.worker_index),
         worker_count=max(1, args.worker_count),
-        request_timeout_s=float(cfg["request_timeout_s"]),
-        replica_header=cfg["replica_header"],
-        max_in_flight=int(cfg["max_in_flight"]),
-        locust_stats=bool(cfg.get("ui", False)) or args.role != "local",
+        request_timeout_s=settings.request_timeout_s,
+        replica_header=settings.replica_header,
+        max_in_flight=settings.max_in_flight,
+        locust_stats=settings.ui or args.role != "local",
+        workload=source.workload,
+        plan=source.plan,
     )
     if args.run_id:
         STATE.run_id = args.run_id
-    duration = float(cfg["duration_s"])
-    grace = float(cfg["grace_s"])
-    if cfg.get("run_plan"):  # the run's recorded plan, whole: the scenario file is not read
-        STATE.workload, STATE.plan = resolve(
-            cfg["scenario"],
-            int(cfg["seed"]),
-            duration,
-            cfg.get("users"),
-            cfg.get("rate"),
-            cfg.get("tokenizer_path"),
-            run_plan=cfg["run_plan"],
-        )
-    else:
-        STATE.load(
-            cfg["scenario"],
-            int(cfg["seed"]),
-            duration,
-            cfg.get("users"),
-            cfg.get("rate"),
-            cfg.get("tokenizer_path"),
-        )
-    closed = STATE.plan.mode == "closed"
-    user_cls: Any = LLMUser if closed else OpenLoopUser
-    user_cls.host = cfg["target_url"]
-    env = Environment(
-        user_classes=[user_cls],
-        shape_class=PlanShape(STATE.plan, duration) if closed else None,
-        host=cfg["target_url"],
-        stop_timeout=grace,
-    )
+    env = _environment(settings, source)
     stop = gevent.event.Event()
     gevent.signal_handler(signal.SIGTERM, stop.set)
     gevent.signal_handler(signal.SIGINT, stop.set)
     if args.parent_pid:
-        gevent.spawn(_watch_parent, args.parent_pid, stop, grace)
-
+        gevent.spawn(_watch_parent, args.parent_pid, stop, settings.grace_s)
     if args.role == "worker":
-        return _run_worker(env, cfg, args, stop, grace)
+        return _run_worker(env, settings, args, stop)
+    return _lead(env, settings, args.role, stop, source.duration_s)
 
-    if args.role == "master":
-        runner: Any = env.create_master_runner(
-            cfg.get("master_bind_host", "127.0.0.1"), int(cfg["master_port"])
-        )
-        expect = int(cfg["expect_workers"])
-        drained: set[str] = set()
+
+def _environment(settings: GeneratorSettings, source: Source) -> Environment:
+    """Locust's environment: closed loop, users following the plan's shape; open loop, one
+    dispatcher per generator process sending at the planned times."""
+    closed = source.plan.mode == "closed"
+    user_cls: Any = LLMUser if closed else OpenLoopUser
+    user_cls.host = settings.target_url
+    return Environment(
+        user_classes=[user_cls],
+        shape_class=PlanShape(source.plan, source.duration_s) if closed else None,
+        host=settings.target_url,
+        stop_timeout=settings.grace_s,
+    )
+
+
+def _lead(
+    env: Environment, settings: GeneratorSettings, role: str, stop: Any, duration_s: float
+) -> int:
+    """The local process or the master: it runs the shape and the clock for ``duration_s``
+    (or until stopped), then drains (its own requests, or every worker's)."""
+    drained: set[str] = set()
+    if role == "master":
+        runner: Any = env.create_master_runner(settings.master_bind_host, settings.master_port)
         runner.register_message(_DRAINED, lambda msg, **_: drained.add(str(msg.node_id)))
-        rdir = str(cfg["records_dir"])
+        rdir = settings.records_dir
         runner.register_message(_RECORDS, lambda msg, **_: receive_records(rdir, msg.data))
-        deadline = time() + 60
-        while len(runner.clients.ready) < expect and time() < deadline and not stop.is_set():
-            gevent.sleep(0.05)
-        if len(runner.clients.ready) < expect:
-            _emit(
-                {
-                    "type": "error",
-                    "error": f"only {len(runner.clients.ready)} of {expect} "
-                    "workers connected within 60 s",
-                }
-            )
-            runner.quit()
+        if not _workers_ready(runner, settings.expect_workers, stop):
             return 3
     else:
         runner = env.create_local_runner()
-        STATE.start(env, cfg["records_dir"])
+        STATE.start(env, settings.records_dir)
         STATE.on_sample.append(_sample)
-    if cfg.get("ui"):
-        env.create_web_ui("127.0.0.1", int(cfg.get("ui_port") or 8089))
+    if settings.ui:
+        env.create_web_ui("127.0.0.1", settings.ui_port or 8089)
     # Fewer, later GC passes: a full collection over Locust's objects stalls the loop
     # (and every time stamp behind it) for milliseconds.
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 50, 1000)
     t0 = time()
-    _emit({"type": "started", "t": t0, "role": args.role})
-    if closed:
+    _emit({"type": "started", "t": t0, "role": role})
+    if STATE.plan.mode == "closed":
         runner.start_shape()
     else:
-        runner.start(int(cfg.get("expect_workers") or 1), spawn_rate=1000)
-    stop.wait(timeout=duration)
+        runner.start(settings.expect_workers, spawn_rate=1000)
+    stop.wait(timeout=duration_s)
     _emit({"type": "stopping", "t": time(), "elapsed": time() - t0})
-    if args.role == "master":
+    grace = settings.grace_s
+    if role == "master":
         runner.send_message(_DRAIN, grace)
         end = time() + grace + 2.0
-        while len(drained) < expect and time() < end:
+        while len(drained) < settings.expect_workers and time() < end:
             gevent.sleep(0.05)
         runner.quit()
         return 0
@@ -248,7 +239,24 @@ def main(argv: list[str] | None = None) -> int:
     return _final()
 
 
-def _run_worker(env: Environment, cfg: dict[str, Any], args: Any, stop: Any, grace: float) -> int:
+def _workers_ready(runner: Any, expect: int, stop: Any) -> bool:
+    """The master: wait up to a minute for ``expect`` workers (an error line if too few)."""
+    deadline = time() + 60
+    while len(runner.clients.ready) < expect and time() < deadline and not stop.is_set():
+        gevent.sleep(0.05)
+    ready = len(runner.clients.ready)
+    if ready < expect:
+        _emit({"type": "error", "error": f"only {ready} of {expect} workers connected within 60 s"})
+        runner.quit()
+        return False
+    return True
+
+
+def _run_worker(
+    env: Environment, settings: GeneratorSettings, args: argparse.Namespace, stop: Any
+) -> int:
+    """A worker: sends what its master's spawn messages ask for, drains on its signal."""
+    grace = settings.grace_s
     connected = gevent.event.Event()
 
     def unless_connected() -> None:
@@ -257,7 +265,7 @@ def _run_worker(env: Environment, cfg: dict[str, Any], args: Any, stop: Any, gra
         stopped = stop.wait(timeout=_MASTER_WAIT_S)
         if connected.is_set():
             return
-        where = f"{cfg['master_host']}:{cfg['master_port']}"
+        where = f"{settings.master_host}:{settings.master_port}"
         why = "stopped" if stopped else f"no answer within {_MASTER_WAIT_S:g} s"
         _emit({"type": "error", "error": f"master {where} never answered ({why})"})
         os._exit(0 if stopped else 3)
@@ -275,12 +283,12 @@ def _run_worker(env: Environment, cfg: dict[str, Any], args: Any, stop: Any, gra
             _emit({"type": "started", "t": go[0], "role": args.role})
 
     env.events.test_start.add_listener(started)  # type: ignore[no-untyped-call]  # locust is untyped
-    runner: Any = env.create_worker_runner(cfg["master_host"], int(cfg["master_port"]))
+    runner: Any = env.create_worker_runner(settings.master_host, settings.master_port)
     connected.set()
     if args.worker_index < 0:  # multi-machine: the master's index, the configured count
         STATE.configure(worker_index=max(0, runner.worker_index))
         STATE.configure(worker=f"{args.name}-{STATE.worker_index}")
-    STATE.start(env, cfg["records_dir"])
+    STATE.start(env, settings.records_dir)
     STATE.on_sample.append(_sample)
     # A worker of another machine (no local index) ships its records to the master.
     shipper = RecordShipper(runner.send_message) if args.worker_index < 0 else None

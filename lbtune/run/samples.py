@@ -49,14 +49,6 @@ class Estimate:
     basis: str
 
 
-def shape_window(plan: RunPlan) -> tuple[float, float]:
-    """The window of the shape itself: ``run.json``'s, without an ``--until-samples`` hold."""
-    ld = plan.load
-    if ld.duration_s > ld.shape_duration_s:
-        return plan.window_start_s, ld.shape_duration_s - ld.cooldown_s
-    return plan.window_start_s, plan.window_end_s
-
-
 def mean_users(lp: LoadPlan, lo: float, hi: float, steps: int = 200) -> float:
     """Closed loop: the mean planned user count over ``[lo, hi)``."""
     if hi <= lo:
@@ -67,7 +59,7 @@ def mean_users(lp: LoadPlan, lo: float, hi: float, steps: int = 200) -> float:
 
 def estimate_window_requests(plan: RunPlan, reports_root: Path | None = None) -> Estimate | None:
     """How many successful requests ``plan`` will hold in its shape's window (None: unknown)."""
-    lo, hi = shape_window(plan)
+    lo, hi = plan.shape_window()
     lp = plan.load_plan()
     if lp.mode == "open":
         n = sum(1 for t in lp.arrivals if lo <= t < hi)
@@ -126,7 +118,7 @@ def duration_for(plan: RunPlan, need: float, rate_per_s: float) -> float:
 
 def describe_estimate(plan: RunPlan, est: Estimate | None, need: int = P99_SAMPLES) -> str:
     """The line ``lbtune stress`` prints before the run starts."""
-    lo, hi = shape_window(plan)
+    lo, hi = plan.shape_window()
     span = hi - lo
     until = plan.load.until_samples
     if until is not None:

@@ -43,8 +43,8 @@ from lbtune.report import ReportPaths, write_report
 from lbtune.run.plan import plan_run
 from lbtune.run.replica_watch import ReplicaWatch
 from lbtune.run.samples import describe_estimate, estimate_window_requests
+from lbtune.run.summary import RunFacts, prometheus, summarize_run
 from lbtune.run.summary import nothing_measured as nothing_measured  # re-exported
-from lbtune.run.summary import prometheus, summarize_run
 from lbtune.run.target import ResolvedTarget, check_remote_options, resolve_target, target_facts
 from lbtune.run.target import check_reachable as check_reachable  # re-exported
 from lbtune.run.target import check_target_allowed as check_target_allowed  # re-exported
@@ -166,7 +166,8 @@ def run_stress(
     The run's plan (``opts.plan``, else :func:`~lbtune.scenario.runplan.plan_run` of ``opts``) is
     written to ``run.json`` in the run directory before the load starts; the generator
     processes read it from there, and it is rewritten with the run's start and absolute
-    measurement window when the run ends (``StressResult.plan``).
+    measurement window when the run ends (``StressResult.plan``), before the summary,
+    which reads the window from it.
     """
     check_bounds(opts)
     check_remote_options(opts)
@@ -187,15 +188,19 @@ def run_stress(
     )
     say(f"load: {plan.scenario_name} against {target.url} {bound} ({plan.load.mode} loop)")
     inner = StopEither(stop)
-    counter = None if until is None else WindowCounter(out_dir, plan, until, inner)
+    counter = None if until is None else WindowCounter(plan, until, inner)
     with ReplicaWatch(target.endpoints) as watch:
         load = run_load(cfg, on_progress=chain(counter, on_progress), stop=inner)
     reached_at = None if counter is None else counter.reached_at
     if reached_at is not None and not (stop is not None and stop.is_set()):
         load = replace(load, stopped_early=False)
-    summary = summarize_run(plan, load, target, prom, reached_at, watch.timeline())
-    plan = plan.as_run(load.started_at, (summary.window.start, summary.window.end))
+    # The window it measured, computed once and recorded: the summary, the study and
+    # every later reader (reports, compare, the history) read it from the plan as run.
+    measured = plan.measured_window(load.started_at, load.ended_at, reached_at)
+    plan = plan.as_run(load.started_at, measured[:2])
     write_run_plan(out_dir, plan)
+    facts = RunFacts(plan, load, reached_at, measured.whole_run, watch.timeline())
+    summary = summarize_run(facts, target, prom)
     report = None
     if opts.write_report:
         report = write_report(out_dir, summary, read_records(load.records_path))

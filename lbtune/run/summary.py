@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from lbtune.loadgen.health import GeneratorHealth as LoadHealth
 from lbtune.loadgen.recordio import read_records
@@ -25,6 +25,7 @@ from lbtune.targets import balancer
 
 __all__ = [
     "STORM_ERROR_SHARE",
+    "RunFacts",
     "error_storm_note",
     "nothing_measured",
     "prometheus",
@@ -45,29 +46,37 @@ def prometheus(url: str | None) -> PromClient | None:
     return client
 
 
-def summarize_run(
-    plan: RunPlan,
-    load: LoadResult,
-    target: ResolvedTarget,
-    prom: PromClient | None,
-    reached_at: float | None,
-    replicas: ReplicaTimeline | None = None,
-) -> RunSummary:
-    """The run's figures over the recorded plan's window (cut at ``reached_at``, when the
-    run stopped on ``--until-samples``, and at the run's end); ``replicas``: the balancer's
-    view of its replicas during the run (:class:`lbtune.run.replica_watch.ReplicaWatch`)."""
+@dataclass(frozen=True)
+class RunFacts:
+    """A finished run as its summary reads it."""
+
+    plan: RunPlan
+    """The plan as it ran (:meth:`RunPlan.as_run`): its start and the window it measured,
+    recorded once (``run.json``); the figures are over that window."""
+    load: LoadResult
+    reached_at: float | None = None
+    """When ``--until-samples`` was reached (the run stopped there)."""
+    whole_run: bool = False
+    """Stopped before its window opened: the window is the whole run
+    (:meth:`RunPlan.measured_window`)."""
+    replicas: ReplicaTimeline | None = None
+    """The balancer's view of its replicas during the run
+    (:class:`lbtune.run.replica_watch.ReplicaWatch`)."""
+
+
+def summarize_run(run: RunFacts, target: ResolvedTarget, prom: PromClient | None) -> RunSummary:
+    """The run's figures over the window its plan recorded (the planned window cut at
+    the run's end and at ``reached_at``: :meth:`RunPlan.measured_window`)."""
+    plan, load = run.plan, run.load
     records = read_records(load.records_path)
     run_start = load.started_at
-    start, end = plan.window_at(run_start)
-    end = min(end, load.ended_at, reached_at or end)
-    window = Window(start, max(start, end))
+    window = Window(*plan.measured())
     notes: list[str] = []
-    if window.duration < 1.0:  # stopped before the measurement window opened
-        window = Window(run_start, max(run_start + 1.0, load.ended_at))
+    if run.whole_run:
         notes.append(
             "stopped before the measurement window: figures cover the whole run, warm-up included"
         )
-    notes += _notes(plan, load, records, window, reached_at)
+    notes += _notes(plan, load, records, window, run.reached_at)
     server = None
     if prom is not None:
         # Let the last scrape of the window land before asking for it.
@@ -88,7 +97,7 @@ def summarize_run(
         generator=_generator(load.health),
         incomplete=load.stopped_early,
         notes=notes,
-        replicas=replicas,
+        replicas=run.replicas,
     )
 
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from lbtune.loadgen.collect import Progress, RecordTail
-from lbtune.records.requests import RequestRecord
+from lbtune.loadgen.collect import Progress
 from lbtune.scenario.runplan import RunPlan
 
 __all__ = ["StopEither", "WindowCounter", "chain"]
@@ -28,29 +26,26 @@ class StopEither(threading.Event):
 
 class WindowCounter:
     """Stops the run once the shape has run and the measurement window holds ``need``
-    successful requests (their records, tailed about once a second)."""
+    successful requests (the records the run's one tail hands on with each snapshot)."""
 
-    def __init__(self, out_dir: Path, plan: RunPlan, need: int, stop: threading.Event) -> None:
+    def __init__(self, plan: RunPlan, need: int, stop: threading.Event) -> None:
         self._plan, self._need, self._stop = plan, need, stop
+        self._shape_end_s = plan.shape_window()[1]
         self._ok_sent: list[float] = []
+        self.window: tuple[float, float] | None = None
+        """The window as of the latest snapshot (:meth:`RunPlan.window_at` of the run's
+        start as the runner knows it then: it learns the generators' start a little
+        after they send it)."""
         self.reached_at: float | None = None
-        self._tail = RecordTail(out_dir, on_record=self._keep)
-
-    def _keep(self, r: RequestRecord) -> None:
-        if r.outcome == "ok":
-            self._ok_sent.append(r.sent_at)
 
     def __call__(self, p: Progress) -> None:
         if self.reached_at is not None:
             return
-        now = time.time()
-        # The run's start as the runner knows it now (it learns the generators' start
-        # message a little after they send it): recomputed at every snapshot.
-        opens = now - p.elapsed_s + self._plan.window_start_s
-        self._tail.poll()
-        shape_done = p.elapsed_s >= self._plan.load.shape_duration_s - self._plan.load.cooldown_s
-        if shape_done and sum(1 for t in self._ok_sent if t >= opens) >= self._need:
-            self.reached_at = now
+        self._ok_sent.extend(r.sent_at for r in p.records if r.outcome == "ok")
+        self.window = start, end = self._plan.window_at(p.started_at)
+        shape_done = p.elapsed_s >= self._shape_end_s
+        if shape_done and sum(1 for t in self._ok_sent if start <= t < end) >= self._need:
+            self.reached_at = time.time()
             self._stop.set()
 
 

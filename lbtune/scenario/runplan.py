@@ -18,7 +18,7 @@ scenario document, the overrides and the seed (:meth:`RunPlan.load_plan`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -31,6 +31,7 @@ from lbtune.scenario.plan import LoadPlan, Stage, plan_load
 __all__ = [
     "RUN_PLAN_FILE",
     "LoadSpec",
+    "MeasuredWindow",
     "RunPlan",
     "StageSpec",
     "TargetSpec",
@@ -89,6 +90,15 @@ class SloSpec(_Frozen):
     max_error_rate: float = 0.01
 
 
+class MeasuredWindow(NamedTuple):
+    """The absolute window a run measured (:meth:`RunPlan.measured_window`)."""
+
+    start: float
+    end: float
+    whole_run: bool = False
+    """Stopped before the planned window opened: the whole run, warm-up included."""
+
+
 class RunPlan(_Frozen):
     """One run, as planned and (once it ran) as it ran."""
 
@@ -125,8 +135,37 @@ class RunPlan(_Frozen):
         return Slo(self.slo.ttft_s, self.slo.e2e_s, self.slo.max_error_rate)
 
     def window_at(self, started_at: float) -> tuple[float, float]:
-        """The planned absolute window of a run started at ``started_at``."""
+        """The planned absolute window of a run started at ``started_at``: the one formula
+        of a run's window. The live consumers (``--until-samples``, the pruning windows)
+        call it with the start the runner knows at each snapshot; the run's end cuts it
+        once (:meth:`measured_window`) and :meth:`as_run` records the result."""
         return started_at + self.window_start_s, started_at + self.window_end_s
+
+    def shape_window(self) -> tuple[float, float]:
+        """The window of the shape itself (offsets): the recorded one, without an
+        ``--until-samples`` hold (whose cool-down comes at the bound)."""
+        ld = self.load
+        if ld.duration_s > ld.shape_duration_s:
+            return self.window_start_s, ld.shape_duration_s - ld.cooldown_s
+        return self.window_start_s, self.window_end_s
+
+    def measured_window(
+        self, started_at: float, ended_at: float, stopped_at: float | None = None
+    ) -> MeasuredWindow:
+        """The window a run started at ``started_at`` measured: the planned one
+        (:meth:`window_at`) cut at the run's end and at ``stopped_at`` (``--until-samples``
+        reached); a run stopped before its window held a second is measured whole."""
+        start, end = self.window_at(started_at)
+        end = min(end, ended_at, stopped_at or end)
+        if end - start < 1.0:  # stopped before the measurement window opened
+            return MeasuredWindow(started_at, max(started_at + 1.0, ended_at), whole_run=True)
+        return MeasuredWindow(start, end)
+
+    def measured(self) -> tuple[float, float]:
+        """The absolute window this run measured, as recorded (:meth:`as_run`)."""
+        if self.window_start is None or self.window_end is None:
+            raise ValueError("the plan has not run: no measured window recorded")
+        return self.window_start, self.window_end
 
     def with_target(
         self, name: str | None, url: str | None, params: dict[str, Any] | None = None

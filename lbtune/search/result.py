@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from lbtune.objective import Figures, ObjectiveSpec
+from lbtune.scenario.runplan import RunPlan
 from lbtune.targets.base import ParamSet
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ class TrialResult:
     fail_reason: str | None = None
     duration_s: float | None = None
     intermediate: Mapping[int, float] = field(default_factory=dict)
+    plan: RunPlan | None = None
+    """The run plan the trial's measurement ran (started, measured window, target), where
+    one came back (not for a trial that failed before)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,6 +57,7 @@ class TrialResult:
             "fail_reason": self.fail_reason,
             "duration_s": self.duration_s,
             "intermediate": {str(k): v for k, v in self.intermediate.items()},
+            "plan": None if self.plan is None else self.plan.model_dump(mode="json", by_alias=True),
         }
 
 

@@ -32,8 +32,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from lbtune.errors import BalancerDown, ConfigError, DependencyError, TrialFailed
 from lbtune.objective import Figures, ObjectiveSpec, composite, constraints, feasible, values
+from lbtune.scenario.runplan import RunPlan
 from lbtune.search.pruning import INTERVAL_ATTR, window_interval, window_value
 from lbtune.search.result import TrialResult
 from lbtune.search.trial import GeneratorBehind, Measurement, TrialRunner
@@ -49,6 +52,8 @@ log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "gp", "nsga2", "random")
 DEFAULT_STORAGE = "sqlite:///reports/studies.db"
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+PLAN_ATTR = "run_plan"
+"""Trial user attribute: the run plan its measurement ran (:class:`RunPlan`, as JSON)."""
 
 
 @dataclass(frozen=True)
@@ -235,23 +240,31 @@ def finished(study: optuna.Study) -> int:
     return sum(t.state.name in FINISHED for t in study.get_trials(deepcopy=False))
 
 
+@dataclass(frozen=True)
+class LoopOptions:
+    """How :func:`run_loop` runs: its budget, pruning, stop and what it tells its caller."""
+
+    budget: int
+    """Trials to finish in all (the ones the study already holds count)."""
+    prune: bool = True
+    stop: threading.Event | None = None
+    on_event: Callable[[LoopEvent], None] | None = None
+    say: Callable[[str], None] = log.info
+
+
 def run_loop(
     study: optuna.Study,
     space: ParameterSpace,
     runner: TrialRunner,
     spec: ObjectiveSpec,
-    budget: int,
-    *,
-    prune: bool = True,
-    stop: threading.Event | None = None,
-    on_event: Callable[[LoopEvent], None] | None = None,
-    say: Callable[[str], None] = log.info,
+    loop: LoopOptions,
 ) -> None:
-    """Ask, run, tell until ``budget`` trials finished or ``stop`` is set."""
+    """Ask, run, tell until ``loop.budget`` trials finished or ``loop.stop`` is set."""
     from optuna.trial import TrialState
 
-    stop = stop or threading.Event()
-    emit = on_event or (lambda e: None)
+    budget, prune, say = loop.budget, loop.prune, loop.say
+    stop = loop.stop or threading.Event()
+    emit = loop.on_event or (lambda e: None)
     while not stop.is_set():
         done = finished(study)
         if done >= budget:
@@ -279,6 +292,8 @@ def run_loop(
                 raise
             continue
         trial.set_user_attr("duration_s", time.monotonic() - t0)
+        if m.plan is not None:
+            trial.set_user_attr(PLAN_ATTR, m.plan.model_dump(mode="json", by_alias=True))
         if m.stopped:
             state, reason = _stopped(stop)
             if reason:
@@ -404,6 +419,18 @@ def collect(study: optuna.Study, spec: ObjectiveSpec) -> list[TrialResult]:
                 fail_reason=ua.get("fail_reason"),
                 duration_s=ua.get("duration_s"),
                 intermediate=dict(t.intermediate_values),
+                plan=_plan(ua.get(PLAN_ATTR)),
             )
         )
     return out
+
+
+def _plan(stored: object) -> RunPlan | None:
+    """A trial's recorded run plan (None when it has none, or one lbtune cannot read)."""
+    if not isinstance(stored, dict):
+        return None
+    try:
+        return RunPlan.model_validate(stored)
+    except ValidationError as exc:
+        log.debug("trial run plan not read: %s", exc)
+        return None

@@ -20,6 +20,7 @@ import numpy as np
 
 from lbtune.errors import LbtuneError, TrialFailed
 from lbtune.objective import Figures
+from lbtune.scenario.runplan import RunPlan
 
 if TYPE_CHECKING:
     from lbtune.targets.base import ParamSet
@@ -68,6 +69,9 @@ class Measurement:
     """Stopped early (pruned or interrupted): the figures cover part of the window."""
     seconds: float = 0.0
     extra: dict[str, object] = field(default_factory=dict)
+    plan: RunPlan | None = None
+    """The run plan as it ran (``run.json``): what was sent, when, against what; the
+    study records it per trial (``study.json``). None for a measurement without one."""
 
 
 class Measure(Protocol):

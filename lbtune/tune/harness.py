@@ -6,10 +6,13 @@ one), the measurement (one ``run_stress`` per trial), the rollout path
 :func:`lbtune.tune.optimize.run_optimize`; tests pass a harness of fakes instead.
 
 Every trial sees the same traffic (same scenario, seed and duration: the run plan is made
-once). While the load runs, the per-request records are tailed and, every ``window_s``
-seconds of the measured part (after warm-up), the figures so far are handed to the
-study's window hook (intermediate values for the pruner); when the hook asks to stop, the
-load is stopped and the measurement is marked ``stopped``.
+once, :func:`plan_trials`). While the load runs, the records the run's one tail of its
+record files hands on with each snapshot are gathered and, every ``window_s`` seconds of
+the measured part (after warm-up), the figures so far are handed to the study's window
+hook (intermediate values for the pruner); when the hook asks to stop, the load is
+stopped and the measurement is marked ``stopped``. The window is the plan's
+(:meth:`~lbtune.scenario.runplan.RunPlan.window_at`), as for ``--until-samples`` and the
+summary.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from lbtune.apply import apply_params
 from lbtune.apply.lease import hold
 from lbtune.cluster import api
 from lbtune.errors import ConfigError
-from lbtune.loadgen.collect import Progress, RecordTail
+from lbtune.loadgen.collect import Progress
 from lbtune.loadgen.recordio import read_records
 from lbtune.metrics.censor import censored_samples
 from lbtune.objective import Figures, figures_from_summary
@@ -34,6 +37,7 @@ from lbtune.records.requests import RequestRecord
 from lbtune.run.plan import plan_run
 from lbtune.run.stress import StressOptions, StressResult, run_stress
 from lbtune.run.target import resolve_target
+from lbtune.scenario.runplan import RunPlan
 from lbtune.search.harness import Harness
 from lbtune.search.tail import partial_figures, tail_figures
 from lbtune.search.trial import Measurement, Samples, WindowHook
@@ -42,7 +46,7 @@ from lbtune.targets.base import ParamSet
 from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace
 
-__all__ = ["HarnessRequest", "StressMeasure", "real_harness"]
+__all__ = ["HarnessRequest", "StressMeasure", "WindowFeed", "plan_trials", "real_harness"]
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +79,10 @@ class HarnessRequest(Protocol):
     def window_s(self) -> float: ...
 
 
-def real_harness(
-    opts: HarnessRequest, runs_dir: Path, stop: threading.Event, say: Callable[[str], None]
-) -> Harness:
-    """The embedded cluster (started if needed) or the running one in ``opts.state_dir``."""
-    assert opts.scenario is not None and opts.target is not None
+def plan_trials(opts: HarnessRequest) -> StressOptions:
+    """The options every trial of a study runs with, their run plan made once: the one
+    read of the scenario file in a study (the objective's SLO is this plan's too)."""
+    assert opts.scenario is not None
     sopts = StressOptions(
         scenario=opts.scenario,
         duration_s=opts.trial_duration_s,
@@ -90,19 +93,32 @@ def real_harness(
         reports_root=opts.reports_root,
         write_report=False,
     )
+    return replace(sopts, plan=plan_run(sopts))
+
+
+def real_harness(
+    opts: HarnessRequest,
+    trials: StressOptions,
+    runs_dir: Path,
+    stop: threading.Event,
+    say: Callable[[str], None],
+) -> Harness:
+    """The embedded cluster (started if needed) or the running one in ``opts.state_dir``;
+    every measurement runs ``trials`` (:func:`plan_trials`: their plan made once)."""
+    assert opts.target is not None and trials.plan is not None
     # Bad input is refused before anything starts: resolving the target may bring the
-    # embedded cluster up, which a typo in the space or scenario file must not leave behind.
+    # embedded cluster up, which a typo in the space or scenario file must not leave behind
+    # (the scenario was read when the plan was made).
     if opts.space:
         ParameterSpace.load(opts.space)
-    plan_run(sopts)
-    resolved = resolve_target(sopts, say)
+    resolved = resolve_target(trials, say)
     if resolved.endpoints is None:
         raise ConfigError("optimize needs a cluster lbtune manages (lbtune cluster up)")
     extra: dict[str, Any] = {"space_file": opts.space} if opts.space else {}
     endpoints = resolved.endpoints
     target = get_target(opts.target, endpoints, **extra)
     state_dir = Path(endpoints.state_dir)
-    sopts = replace(sopts, state_dir=state_dir)
+    sopts = replace(trials, state_dir=state_dir)
     store = LkgStore(state_dir, target.name)
     space_file = Path(opts.space) if opts.space else None
 
@@ -137,29 +153,24 @@ class StressMeasure:
     """A :class:`~lbtune.search.trial.Measure` backed by :func:`lbtune.run.stress.run_stress`."""
 
     options: StressOptions
-    """Scenario, duration, seed, target; ``out_dir`` is replaced per trial."""
+    """Every trial's options, with their run plan (:func:`plan_trials`); ``out_dir`` is
+    replaced per trial."""
     runs_dir: Path
     window_s: float = 5.0
     interrupt: threading.Event = field(default_factory=threading.Event)
     """Set by Ctrl-C: stops the running measurement."""
-    _planned: StressOptions | None = field(default=None, init=False, repr=False)
 
-    def plan_options(self) -> StressOptions:
-        """``options`` with the run plan made once (:func:`lbtune.scenario.runplan.plan_run`): every
-        trial runs exactly that plan, and the scenario file is read only the first time."""
-        if self._planned is None:
-            self._planned = replace(self.options, plan=plan_run(self.options))
-        return self._planned
+    def __post_init__(self) -> None:
+        if self.options.plan is None:
+            raise ValueError("StressMeasure runs a plan made once: options.plan is unset")
 
     def __call__(self, label: str, on_window: WindowHook | None = None) -> Measurement:
-        opts = self.plan_options()
+        opts = self.options
         assert opts.plan is not None
         out_dir = self.runs_dir / label
         out_dir.mkdir(parents=True, exist_ok=True)
         stop = threading.Event()
-        feed = _WindowFeed(
-            out_dir, opts.plan.window_start_s, opts.plan.window_end_s, self.window_s, on_window
-        )
+        feed = WindowFeed(opts.plan, self.window_s, on_window)
 
         def on_progress(p: Progress) -> None:
             if self.interrupt.is_set() or feed(p):
@@ -176,38 +187,28 @@ class StressMeasure:
         return _measurement(res, stopped, time.monotonic() - t_start)
 
 
-class _WindowFeed:
+class WindowFeed:
     """Every ``window_s`` seconds of the measured part, the figures so far to ``on_window``
-    (from the records, tailed from the first snapshot on); True when it asks to stop."""
+    (from the records the run's one tail hands on with each snapshot); True when it asks
+    to stop."""
 
-    def __init__(
-        self, out_dir: Path, warm: float, end: float, window_s: float, on_window: WindowHook | None
-    ) -> None:
-        self._out_dir, self._warm, self._end = out_dir, warm, end
-        self._window_s, self._on_window = window_s, on_window
+    def __init__(self, plan: RunPlan, window_s: float, on_window: WindowHook | None) -> None:
+        self._plan, self._window_s, self._on_window = plan, window_s, on_window
         self._records: list[RequestRecord] = []
-        self._tail: RecordTail | None = None
         self._step = 1
+        self.window: tuple[float, float] | None = None
+        """The window as of the latest snapshot (:meth:`RunPlan.window_at` of the run's
+        start as the runner knows it then)."""
 
     def __call__(self, p: Progress) -> bool:
         if self._on_window is None:
             return False
-        if self._tail is None:
-            self._tail = RecordTail(self._out_dir, on_record=self._records.append)
-        self._tail.poll()
-        measured = p.elapsed_s - self._warm
-        if measured < self._step * self._window_s or p.elapsed_s >= self._end:
+        self._records.extend(p.records)
+        self.window = start, end = self._plan.window_at(p.started_at)
+        at = p.started_at + p.elapsed_s  # this snapshot, on the runner's clock
+        if at - start < self._step * self._window_s or at >= end:
             return False
-        # The run's start, as the runner counts elapsed time (the generators' start
-        # once they reported it): this snapshot was taken just now.
-        t0 = time.time() - p.elapsed_s
-        fig = partial_figures(
-            self._records,
-            t0 + self._warm,
-            t0 + self._end,
-            now=p.now,
-            open_requests=p.open_requests,
-        )
+        fig = partial_figures(self._records, start, end, now=p.now, open_requests=p.open_requests)
         if fig is None:  # nothing sent in the window as of the snapshot: next time
             return False
         this, self._step = self._step, self._step + 1
@@ -218,8 +219,8 @@ def _measurement(res: StressResult, stopped: bool, seconds: float) -> Measuremen
     """A trial's measurement from its run: the summary's figures with the censored
     samples' P99s (the one estimator) and the paired samples for the bootstrap."""
     summary = res.summary
-    window = summary.window
-    cs = censored_samples(read_records(res.records_path), start=window.start, end=window.end)
+    start, end = res.plan.measured()  # the window the run recorded (the summary's too)
+    cs = censored_samples(read_records(res.records_path), start=start, end=end)
     figures: Figures | None
     try:
         figures = figures_from_summary(summary)
@@ -251,4 +252,5 @@ def _measurement(res: StressResult, stopped: bool, seconds: float) -> Measuremen
         degraded=tuple(summary.generator.reasons) if summary.generator.degraded else (),
         stopped=stopped,
         seconds=seconds,
+        plan=res.plan,
     )

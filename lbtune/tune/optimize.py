@@ -23,6 +23,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from lbtune.errors import BalancerDown, LbtuneError
@@ -36,6 +37,7 @@ from lbtune.search.pruning import make_pruner
 from lbtune.search.result import Confirmation, Rollout, StudyResult, TrialResult
 from lbtune.search.study import (
     LoopEvent,
+    LoopOptions,
     collect,
     enqueue_references,
     make_sampler,
@@ -47,7 +49,7 @@ from lbtune.search.study import (
 from lbtune.search.trial import TrialRunner
 from lbtune.targets.base import ParamSet
 from lbtune.targets.space import ParameterSpace
-from lbtune.tune.harness import real_harness
+from lbtune.tune.harness import plan_trials, real_harness
 from lbtune.tune.options import STORED, OptimizeOptions, StudyProgress, objective_spec
 from lbtune.tune.options import _name_part as _name_part  # re-exported (tests)
 from lbtune.tune.options import cluster_balancer as cluster_balancer  # re-exported
@@ -82,34 +84,23 @@ def run_optimize(
     opts = resolve_options(opts, harness)
     assert opts.scenario and opts.target and opts.objective and opts.study and opts.budget
     stop = stop or threading.Event()
-    spec = objective_spec(opts.objective, opts.slo, opts.weights, opts.scenario)
+    trial_opts = plan_trials(opts)  # the study's run plan: its one read of the scenario
+    assert trial_opts.plan is not None
+    spec = objective_spec(opts.objective, trial_opts.plan.slo_value(), opts.weights)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = opts.out_dir or opts.reports_root / f"{stamp}-optimize-{opts.study}"
-    h = harness or real_harness(opts, out_dir / "runs", stop, say)
+    h = harness or real_harness(opts, trial_opts, out_dir / "runs", stop, say)
     release_lease = h.lease()  # if this process dies, a guard restores the last known good
     show = _Progress(StudyProgress(study=opts.study, budget=opts.budget), on_progress, say)
-    t_start = time.monotonic()
-    space = h.target.space()
-    lkg = h.lkg_get()
-    if lkg is None:
-        lkg = h.target.read_live()
-        h.lkg_record(lkg, "baseline (live before the first study)")
+    run = _Run(opts, spec, stamp, out_dir)
+    space, lkg = _space_and_lkg(h)
     study = _open(opts, spec, h, space, lkg, show)
     runner = TrialRunner(h.target, h.measure, check_balancer=h.check_balancer)
     _seed_progress(show.prog, collect(study, spec))
     show.phase(f"study {opts.study}: {opts.budget} trials of {opts.trial_duration_s:g} s")
     try:
-        run_loop(
-            study,
-            space,
-            runner,
-            spec,
-            opts.budget,
-            prune=opts.pruner != "none",
-            stop=stop,
-            on_event=show.on_event,
-            say=say,
-        )
+        loop = LoopOptions(opts.budget, opts.pruner != "none", stop, show.on_event, say)
+        run_loop(study, space, runner, spec, loop)
     except BalancerDown:
         release_lease()  # nothing left to guard; the study is stored and resumable
         raise
@@ -122,28 +113,7 @@ def run_optimize(
         after.notes.append(
             "interrupted (Ctrl-C): the running trial was stopped; --resume continues"
         )
-    base = _baseline(trials)
-    result = StudyResult(
-        study=opts.study,
-        storage=opts.storage,
-        target=opts.target,
-        scenario=opts.scenario,
-        sampler=opts.sampler,
-        spec=spec,
-        budget=opts.budget,
-        trials=tuple(trials),
-        best=None if best is None else best.number,
-        baseline=None if base is None else base.number,
-        pareto_front=tuple(front),
-        importances=_importances(study),
-        confirmation=after.confirmation,
-        rollout=after.rollout,
-        interrupted=stop.is_set(),
-        elapsed_s=time.monotonic() - t_start,
-        report_dir=str(out_dir) if opts.write_report else None,
-        notes=tuple(after.notes),
-        started_at=stamp,
-    )
+    result = run.result(study, trials, after, stop.is_set())
     if opts.write_report:
         write_study_report(out_dir, result)
     if on_result is not None:
@@ -153,6 +123,58 @@ def run_optimize(
         raise BaselineUnmeasurable(f"{after.unmeasurable}{where}") from after.unmeasurable
     show.phase("done")
     return result
+
+
+def _space_and_lkg(h: Harness) -> tuple[ParameterSpace, ParamSet]:
+    """The target's space and its last known good (the live config, recorded as such, when
+    there is none yet)."""
+    space = h.target.space()
+    lkg = h.lkg_get()
+    if lkg is None:
+        lkg = h.target.read_live()
+        h.lkg_record(lkg, "baseline (live before the first study)")
+    return space, lkg
+
+
+@dataclass(frozen=True)
+class _Run:
+    """This run of a study: its options, objective, start, report directory; :meth:`result`
+    is what it came to."""
+
+    opts: OptimizeOptions
+    spec: ObjectiveSpec
+    stamp: str
+    out_dir: Path
+    t_start: float = field(default_factory=time.monotonic)
+
+    def result(
+        self, study: Any, trials: list[TrialResult], after: _AfterSearch, interrupted: bool
+    ) -> StudyResult:
+        o = self.opts
+        assert o.study and o.target and o.scenario and o.budget
+        best, front = _best(trials, self.spec)
+        base = _baseline(trials)
+        return StudyResult(
+            study=o.study,
+            storage=o.storage,
+            target=o.target,
+            scenario=o.scenario,
+            sampler=o.sampler,
+            spec=self.spec,
+            budget=o.budget,
+            trials=tuple(trials),
+            best=None if best is None else best.number,
+            baseline=None if base is None else base.number,
+            pareto_front=tuple(front),
+            importances=_importances(study),
+            confirmation=after.confirmation,
+            rollout=after.rollout,
+            interrupted=interrupted,
+            elapsed_s=time.monotonic() - self.t_start,
+            report_dir=str(self.out_dir) if o.write_report else None,
+            notes=tuple(after.notes),
+            started_at=self.stamp,
+        )
 
 
 class _Progress:

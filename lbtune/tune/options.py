@@ -15,8 +15,7 @@ from lbtune.cluster import api
 from lbtune.cluster.config import load_config
 from lbtune.errors import ConfigError
 from lbtune.objective import ObjectiveSpec, make_spec
-from lbtune.records.slo import Slo, parse_slo
-from lbtune.scenario import load_scenario
+from lbtune.records.slo import Slo
 from lbtune.search.harness import Harness
 from lbtune.search.study import sqlite_dir
 
@@ -113,18 +112,15 @@ class StudyProgress:
         return self.best / self.baseline - 1
 
 
-def objective_spec(kind: str, slo: str | None, weights: str | None, scenario: str) -> ObjectiveSpec:
-    """The objective of ``--objective``/``--slo``/``--weights`` over the scenario's SLO."""
-    scen = load_scenario(scenario)
-    s = scen.slo
-    base = Slo(ttft_s=s.ttft if s and s.ttft else None, e2e_s=s.e2e if s and s.e2e else None)
-    parsed = parse_slo(slo, base)
+def objective_spec(kind: str, slo: Slo, weights: str | None) -> ObjectiveSpec:
+    """The objective of ``--objective``/``--weights`` over the study's SLO: its run plan's
+    (the scenario's, with ``--slo``; derived once, by :func:`lbtune.run.plan.plan_run`)."""
     return make_spec(
         kind,
         weights=weights,
-        ttft_ref_s=parsed.ttft_s,
-        e2e_ref_s=parsed.e2e_s,
-        max_error_rate=parsed.max_error_rate,
+        ttft_ref_s=slo.ttft_s,
+        e2e_ref_s=slo.e2e_s,
+        max_error_rate=slo.max_error_rate,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from lbtune.loadgen.collect import Progress
 from lbtune.loadgen.recordio import read_records
 from lbtune.run.plan import plan_run
 from lbtune.run.stress import StressOptions, StressResult, run_stress
@@ -36,6 +37,8 @@ output_tokens: {type: fixed, value: 16}
 stream: true
 """
 NEED = 100
+SNAPSHOTS: list[Progress] = []
+"""The run's live snapshots (what ``--until-samples`` saw)."""
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,8 @@ def run(
         )
         scenario.unlink()  # nothing may read it from here on
         result = run_stress(
-            StressOptions(plan=plan, state_dir=Path(cluster.state_dir), out_dir=out)
+            StressOptions(plan=plan, state_dir=Path(cluster.state_dir), out_dir=out),
+            on_progress=SNAPSHOTS.append,
         )
         yield result, out, scenario
     finally:
@@ -136,3 +140,16 @@ def test_editing_the_scenario_afterwards_changes_nothing(
     assert got == pytest.approx(
         (w.start - result.summary.run_start, w.end - result.summary.run_start)
     )
+
+
+def test_the_live_window_is_the_recorded_one(run: tuple[StressResult, Path, Path]) -> None:
+    """``--until-samples`` counted over the window the summary and ``run.json`` report:
+    the plan's, anchored on the start the runner knew (the generators')."""
+    result, out, _ = run
+    last = SNAPSHOTS[-1]
+    assert last.started_at == result.load.started_at == read_run_plan(out).started_at
+    start, _end = result.plan.window_at(last.started_at)
+    assert result.summary.window.start == start == read_run_plan(out).window_start
+    # The one tail handed every record on, once.
+    handed = [r.request_id for p in SNAPSHOTS for r in p.records]
+    assert len(handed) == len(set(handed)) > NEED

@@ -20,6 +20,7 @@ import numpy as np
 from lbtune.errors import ApplyError, TrialFailed
 from lbtune.objective import Figures
 from lbtune.records.quantiles import percentile
+from lbtune.scenario.runplan import RunPlan
 from lbtune.search.harness import Harness
 from lbtune.search.trial import Measure, Measurement, Samples, WindowHook
 from lbtune.targets.base import ApplyResult, ParamSet
@@ -95,6 +96,8 @@ class FakeMeasure:
     interrupt_on: str | None = None
     stop: threading.Event | None = None
     calls: list[str] = field(default_factory=list)
+    plan: RunPlan | None = None
+    """The run plan each measurement says it ran (a real one runs ``run.json``'s)."""
 
     def __call__(self, label: str, on_window: WindowHook | None = None) -> Measurement:
         self.calls.append(label)
@@ -125,7 +128,8 @@ class FakeMeasure:
             requests_per_s=10.0 / q,
             completed=self.n,
         )
-        return Measurement(figs, Samples.of(ttft, e2e, self.n, 0), degraded, stopped)
+        samples = Samples.of(ttft, e2e, self.n, 0)
+        return Measurement(figs, samples, degraded, stopped, plan=self.plan)
 
 
 def harness(target: FakeTarget, measure: Measure) -> Harness:

@@ -236,3 +236,14 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
     e2e, _, _ = recompute("A")
     assert shown["baseline"]["tail_e2e_s"] == percentile(e2e, q)
     assert shown["rounds"] == list(comp.rounds)
+    # Each trial's plan as it ran is the one its run directory recorded.
+    for t in res.trials:
+        if t.state != "COMPLETE":
+            continue
+        label = f"trial-{t.number:04d}"
+        runs = out / "runs"
+        ran = read_run_plan(
+            runs / (f"{label}-rerun" if (runs / f"{label}-rerun").is_dir() else label)
+        )
+        assert t.plan == ran and ran.window_start is not None
+        assert data["trials"][t.number]["plan"]["window_start"] == ran.window_start
