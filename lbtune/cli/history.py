@@ -76,15 +76,24 @@ def history_command(
         html_path.write_text(page(entries, drift), encoding="utf-8")
         typer.echo(f"history page: {html_path}", err=True)
     if as_json:
-        doc: dict[str, object] = {"db": str(path), "entries": [e.to_dict() for e in entries]}
-        if check_drift:
-            doc["drift"] = [d.to_dict() for d in drift]
-            doc["drift_detected"] = any(d.drift for d in drift)
-        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        sys.stdout.write(render_json(path, entries, drift if check_drift else None))
     else:
         _print(entries, drift if check_drift else [])
     if check_drift and any(d.drift for d in drift):
         raise typer.Exit(1)
+
+
+def render_json(db: Path, entries: list[Entry], drift: list[DriftReport] | None) -> str:
+    """``--json``: the database, its entries and (``drift`` not None) the drift reports."""
+    from lbtune.history.drift import DRIFT
+    from lbtune.history.store import ENTRY
+    from lbtune.records.jsonform import json_data
+
+    doc: dict[str, object] = {"db": str(db), "entries": [json_data(ENTRY, e) for e in entries]}
+    if drift is not None:
+        doc["drift"] = [json_data(DRIFT, d) for d in drift]
+        doc["drift_detected"] = any(d.drift for d in drift)
+    return json.dumps(doc, indent=2, default=str) + "\n"
 
 
 def _print(entries: list[Entry], drift: list[DriftReport]) -> None:

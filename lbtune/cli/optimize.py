@@ -7,7 +7,6 @@ imported inside the functions, so importing this module is cheap.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import sys
 import threading
@@ -195,9 +194,9 @@ def optimize_command(
         ci_mode.junit_on_error(junit, "optimize", exc)
         raise
     if as_json:
-        from lbtune.metrics.summary import to_jsonable
+        from lbtune.report.study import study_json
 
-        sys.stdout.write(json.dumps(to_jsonable(result.to_dict()), indent=1) + "\n")
+        sys.stdout.write(study_json(result))
     else:
         _print_result(result, ci_mode.console() if ci else None)
     if result.report_dir:

@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import TypeAdapter, computed_field
 
 from lbtune.compare.sources import Side, load_pair, load_side
 from lbtune.errors import ConfigError
 from lbtune.keyvalue import bad_value, parse_pairs
 from lbtune.metrics.bootstrap import interval, point, resample, sample_counts
+from lbtune.records.jsonform import key_order
 from lbtune.records.quantiles import MIN_SAMPLES
 
 __all__ = [
@@ -146,26 +148,13 @@ class FigureChange:
     failed: bool = False
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "label": self.label,
-            "unit": self.unit,
-            "better": self.better,
-            "relative": self.relative,
-            "a": self.a,
-            "b": self.b,
-            "change": self.change,
-            "ci": None if self.ci is None else list(self.ci),
-            "status": self.status,
-            "threshold": self.threshold,
-            "failed": self.failed,
-            "note": self.note,
-        }
-
 
 @dataclass(frozen=True)
 class CompareResult:
+    """B against A. Its JSON form (:data:`RESULT`, ``--format json``) starts with
+    ``schema_version``, the computed :attr:`verdict` and :attr:`failed`, and names the
+    figures of :attr:`regressions`, :attr:`improvements` and :attr:`failures` by key."""
+
     a: Side
     b: Side
     figures: tuple[FigureChange, ...]
@@ -175,6 +164,12 @@ class CompareResult:
     seed: int
     fail_on: Mapping[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+
+    # JSON quirk kept from the hand-written form: the computed keys (below), this order.
+    _json = key_order(
+        "schema_version", "verdict", "failed", "a", "b", "level", "resamples", "seed",
+        "fail_on", "regressions", "improvements", "failures", "figures", "notes",
+    )  # fmt: skip
 
     @property
     def failures(self) -> tuple[FigureChange, ...]:
@@ -188,10 +183,12 @@ class CompareResult:
     def improvements(self) -> tuple[FigureChange, ...]:
         return tuple(f for f in self.figures if f.status == "improvement")
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def failed(self) -> bool:
         return bool(self.failures)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def verdict(self) -> str:
         if self.failed:
@@ -204,23 +201,29 @@ class CompareResult:
             return "not tested (no records)"
         return "no significant change"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "verdict": self.verdict,
-            "failed": self.failed,
-            "a": self.a.to_dict(),
-            "b": self.b.to_dict(),
-            "level": self.level,
-            "resamples": self.resamples,
-            "seed": self.seed,
-            "fail_on": dict(self.fail_on),
-            "regressions": [f.key for f in self.regressions],
-            "improvements": [f.key for f in self.improvements],
-            "failures": [f.key for f in self.failures],
-            "figures": [f.to_dict() for f in self.figures],
-            "notes": list(self.notes),
-        }
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def schema_version(self) -> int:
+        return SCHEMA_VERSION
+
+    @computed_field(alias="regressions")  # type: ignore[prop-decorator]
+    @property
+    def regression_keys(self) -> list[str]:
+        return [f.key for f in self.regressions]
+
+    @computed_field(alias="improvements")  # type: ignore[prop-decorator]
+    @property
+    def improvement_keys(self) -> list[str]:
+        return [f.key for f in self.improvements]
+
+    @computed_field(alias="failures")  # type: ignore[prop-decorator]
+    @property
+    def failure_keys(self) -> list[str]:
+        return [f.key for f in self.failures]
+
+
+RESULT: TypeAdapter[CompareResult] = TypeAdapter(CompareResult)
+"""A comparison to its JSON form (:func:`lbtune.records.jsonform.json_text`)."""
 
 
 def _change(fig: FigureDef, a: Any, b: Any) -> Any:

@@ -41,7 +41,7 @@ import gevent  # noqa: E402
 import gevent.event  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
-from lbtune.loadgen.health import HealthSample  # noqa: E402
+from lbtune.loadgen.health import WORKER_HEALTH, HealthSample  # noqa: E402
 from lbtune.loadgen.source import resolve  # noqa: E402
 from lbtune.loadgen.user import STATE, LLMUser, OpenLoopUser, PlanShape  # noqa: E402
 
@@ -311,7 +311,9 @@ def _run_worker(env: Environment, cfg: dict[str, Any], args: Any, stop: Any, gra
 def _final() -> int:
     STATE.close()
     mon = STATE.monitor
-    health = mon.summary(STATE.cap_hits).to_dict() if mon is not None else None
+    health = (
+        None if mon is None else WORKER_HEALTH.dump_python(mon.summary(STATE.cap_hits), mode="json")
+    )
     _emit(
         {
             "type": "final",
