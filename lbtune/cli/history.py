@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from lbtune.cli.options import JsonOpt
+
 if TYPE_CHECKING:
     from lbtune.history.drift import DriftReport
     from lbtune.history.store import Entry
@@ -19,7 +21,7 @@ def history_command(
         None, "--scenario", "-s", help="Only this scenario (a name, or its YAML file)."
     ),
     last: int | None = typer.Option(None, "--last", "-n", help="Only the newest N entries."),
-    as_json: bool = typer.Option(False, "--json", help="Print the entries (and drift) as JSON."),
+    as_json: JsonOpt = False,
     html_path: Path | None = typer.Option(
         None, "--html", help="Also write a self-contained HTML page with plots to this path."
     ),
@@ -44,6 +46,8 @@ def history_command(
     Every `lbtune stress` that writes a report and every `lbtune optimize` is indexed in the
     studies database. Figures shown are what each measured of the live config (a study's
     baseline trial); an accepted study is one whose winner was rolled out and verified.
+
+    --json prints the entries (and, with --check-drift, the drift reports) as JSON.
 
     Example: lbtune history --scenario mixed --last 20 --html history.html --check-drift
     """
