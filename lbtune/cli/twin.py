@@ -28,7 +28,15 @@ if TYPE_CHECKING:
     from lbtune.twin.result import TwinRun
     from lbtune.twin.routing import RoutingFactory
 
-__all__ = ["TwinCluster", "app", "routing_factory", "twin_cluster", "twin_figures", "twin_params"]
+__all__ = [
+    "TwinCluster",
+    "app",
+    "routing_factory",
+    "space_path",
+    "twin_cluster",
+    "twin_figures",
+    "twin_params",
+]
 
 app = typer.Typer(
     help="The virtual-time twin: a run of the embedded cluster simulated in seconds of CPU.",
@@ -91,7 +99,8 @@ def twin_cluster(ref: str | None, delta: str | None = None) -> TwinCluster:
     return TwinCluster(cfg, replicas, source)
 
 
-def _space_path(balancer: str) -> Path:
+def space_path(balancer: str) -> Path:
+    """The packaged ``space.yaml`` of ``balancer``."""
     from lbtune.targets import TARGETS
 
     module = importlib.import_module(TARGETS[balancer].split(":", 1)[0])
@@ -107,10 +116,9 @@ def routing_factory(balancer: str) -> RoutingFactory:
     entry(balancer)  # an unknown name lists the names
     package = TARGETS[balancer].split(":", 1)[0].rsplit(".", 1)[0]
     try:
-        module = importlib.import_module(package + ".twin")
-    except ModuleNotFoundError:
+        factory: RoutingFactory = importlib.import_module(package + ".twin").routing_model
+    except (ModuleNotFoundError, AttributeError):
         raise ConfigError(f"the twin has no routing model of balancer {balancer!r}") from None
-    factory: RoutingFactory = module.routing_model
     return factory
 
 
@@ -126,7 +134,7 @@ def twin_params(
     from lbtune.targets.space import ParameterSpace
 
     balancer = tc.config.balancer
-    space = ParameterSpace.load(_space_path(balancer), [r.name for r in tc.replicas])
+    space = ParameterSpace.load(space_path(balancer), [r.name for r in tc.replicas])
     params = space.baseline()
     params.update(space.validate(tc.config.params, f"{tc.source}: params"))
     if params_file is not None:

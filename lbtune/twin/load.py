@@ -1,9 +1,11 @@
 """When the twin's clients send, by the live load generator's rules (:mod:`lbtune.loadgen`).
 
 Closed loop (:class:`~lbtune.loadgen.user.LLMUser` driven by ``PlanShape``): every second
-from the start the shape asks for ``plan.users_at(t)`` users; new users start one every
-``1 / spawn_rate`` seconds (:func:`lbtune.loadgen.pacing.spawn_rate`), each sending its first
-request at once; a user sends its next request as soon as the previous one ended, after
+from the start the shape asks for ``plan.users_at(t)`` users; Locust dispatches the new ones
+in one batch (the shape asks for :func:`lbtune.loadgen.pacing.spawn_rate` users per second,
+never fewer than it adds), so they start together, ``start_gap_s`` apart (a greenlet's start:
+~0.25 ms measured), each sending its first request at once; a user sends its next request
+as soon as the previous one ended, after
 :func:`~lbtune.loadgen.pacing.backoff_s` of its consecutive errors; fewer users asked for
 stop the newest ones once their request in flight ended. Every send takes the next request
 index (one counter for the generator, in send order). No user sends after the duration.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lbtune.loadgen.pacing import backoff_s, spawn_rate
+from lbtune.loadgen.pacing import backoff_s
 from lbtune.scenario.plan import LoadPlan
 
 __all__ = ["ClosedLoop", "User"]
@@ -42,6 +44,7 @@ class ClosedLoop:
     """The users of a closed-loop plan over time."""
 
     plan: LoadPlan
+    start_gap_s: float = 0.00025
     users: list[User] = field(default_factory=list)
     next_index: int = 0
 
@@ -63,12 +66,11 @@ class ClosedLoop:
             for u in active[target:]:
                 u.retired = True
             return []
-        rate = spawn_rate(target)
         out = []
         for k in range(target - len(active)):
             u = User(len(self.users))
             self.users.append(u)
-            out.append((t + k / rate, u))
+            out.append((t + k * self.start_gap_s, u))
         return out
 
     def tick_times(self) -> list[float]:

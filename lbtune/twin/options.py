@@ -34,13 +34,22 @@ class TwinOptions:
     """Per request, beyond the GPU profile's overhead: the sim server's own parsing."""
     step_extra_s: float = 0.0
     """Per engine step: the sim host's own time, unscaled."""
+    user_start_gap_s: float = 0.00025
+    """Closed loop: between the starts of users the shape adds at once (measured live)."""
     chunk_times: bool = True
     """Keep every chunk's arrival (the ITL figures); off keeps the first and the last."""
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
             raise ConfigError(f"twin: time_scale must be > 0, got {self.time_scale}")
-        for name in ("grace_s", "to_replica_s", "to_client_s", "server_extra_s", "step_extra_s"):
+        for name in (
+            "grace_s",
+            "to_replica_s",
+            "to_client_s",
+            "server_extra_s",
+            "step_extra_s",
+            "user_start_gap_s",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"twin: {name} must be >= 0, got {getattr(self, name)}")
         if not self.request_timeout_s > 0:

@@ -88,6 +88,11 @@ class TwinRequest:
             return err
 
     @property
+    def prompt_ids(self) -> list[int]:
+        p = self.parsed
+        return p.prompt_ids if isinstance(p, ParsedRequest) else []
+
+    @property
     def prompt_tokens(self) -> int:
         p = self.parsed
         return len(p.prompt_ids) if isinstance(p, ParsedRequest) else self.spec.prompt_tokens

@@ -11,6 +11,7 @@ from lbtune.metrics.stats import summarize
 from lbtune.metrics.summary import RunSummary, Window
 from lbtune.records.requests import RequestRecord
 from lbtune.scenario.runplan import RunPlan
+from lbtune.sim.engine import Engine
 
 __all__ = ["TwinRun"]
 
@@ -31,6 +32,9 @@ class TwinRun:
     replica_busy_s: dict[str, float] = field(default_factory=dict)
     replica_steps: dict[str, int] = field(default_factory=dict)
     run_start: float = 0.0
+    engines: dict[str, Engine] = field(default_factory=dict, repr=False, compare=False)
+    """The replicas' engines as the run left them (idle, their prefix caches warm): pass
+    them to the next :func:`~lbtune.twin.run.simulate` to continue on the same cluster."""
 
     @property
     def virtual_s(self) -> float:

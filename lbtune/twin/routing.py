@@ -119,6 +119,11 @@ class RequestView(Protocol):
         """Prompt tokens as the replica counts them (chat template included)."""
 
     @property
+    def prompt_ids(self) -> Sequence[int]:
+        """The prompt's token ids as the replica renders them (what a router gets from a
+        worker's ``/tokenize``); empty when the replica would refuse the request."""
+
+    @property
     def session_id(self) -> str | None:
         """An ``x-session-id`` header, if the client sends one (lbtune's does not)."""
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lbtune.errors import ConfigError
 from lbtune.records.requests import ERROR_OUTCOMES, Outcome, RequestRecord
 from lbtune.scenario.runplan import RunPlan
-from lbtune.sim.engine import SimRequest, StepResult
+from lbtune.sim.engine import Engine, SimRequest, StepResult
 from lbtune.sim.textgen import ApiError, ParsedRequest
 from lbtune.twin.flight import Flight, error_text, record_of
 from lbtune.twin.load import ClosedLoop, User
@@ -51,9 +51,12 @@ def simulate(
     options: TwinOptions | None = None,
     *,
     source: RequestSource | None = None,
+    engines: Mapping[str, Engine] | None = None,
 ) -> TwinRun:
     """Run ``plan`` against ``replicas`` behind ``routing`` in virtual time; ``source``
-    (built for ``plan``) lets several runs share the requests' text and tokens."""
+    (built for ``plan``) lets several runs share the requests' text and tokens; ``engines``
+    (a previous run's :attr:`TwinRun.engines`) starts the replicas with that run's prefix
+    caches, as a live cluster keeps them from one trial to the next."""
     options = options or TwinOptions()
     if not replicas:
         raise ConfigError("twin: the cluster has no replica to simulate")
@@ -69,6 +72,8 @@ def simulate(
         raise ConfigError("twin: the request source was built for another plan")
     cpu0 = time.process_time()
     sim = _Simulation(plan, replicas, routing, options, src)
+    if engines is not None:
+        sim.carry(engines)
     sim.run()
     return TwinRun(
         records=tuple(sorted(sim.records, key=lambda r: (r.sent_at, r.index))),
@@ -79,6 +84,7 @@ def simulate(
         events=sim.events,
         replica_busy_s={r.name: r.busy_s for r in sim.replicas.values()},
         replica_steps={r.name: r.steps for r in sim.replicas.values()},
+        engines={r.name: r.engine for r in sim.replicas.values()},
     )
 
 
@@ -111,10 +117,20 @@ class _Simulation:
         self.results: dict[str, StepResult] = {}
         self.stopping = False
         self.ended_at = self.load.duration_s
-        self.closed = ClosedLoop(self.load) if self.load.mode == "closed" else None
+        self.closed = (
+            ClosedLoop(self.load, opts.user_start_gap_s) if self.load.mode == "closed" else None
+        )
         self.queued: dict[int, Flight] = {}  # request index -> flight held by the balancer
         self.waiting_slot: list[int] = []  # open loop: arrivals held by max_in_flight
         self.serial = 0
+
+    def carry(self, engines: Mapping[str, Engine]) -> None:
+        """Start from these (idle) engines: their prefix caches stay warm."""
+        for name, engine in engines.items():
+            rs = self.replicas.get(name)
+            if rs is None or engine.has_work():
+                raise ConfigError(f"twin: cannot carry engine {name!r} into this run")
+            rs.engine = engine
 
     # -- the loop ----------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +50,24 @@ def scenario_file(tmp: Path, **fields: Any) -> Path:
 
 def plan(scenario: str | Path, duration_s: float | None = None, **kw: Any) -> RunPlan:
     return plan_run(StressOptions(scenario=str(scenario), duration_s=duration_s, **kw))
+
+
+@dataclass
+class Req:
+    """A request as a balancer sees it (a :class:`lbtune.twin.routing.RequestView`)."""
+
+    index: int
+    model: str = M8
+    prompt_text: str = "hello"
+    body: bytes = b'{"model":"m","messages":[{"role":"user","content":"hello"}]}'
+    api: str = "chat"
+    stream: bool = True
+    prompt_tokens: int = 10
+    session_id: str | None = None
+    prompt_ids: tuple[int, ...] = ()
+
+
+def chat_body(content: str, model: str = M8) -> bytes:
+    """A chat body as lbtune's client writes it."""
+    head = '{"model":"' + model + '","max_tokens":8,"messages":[{"role":"user","content":"'
+    return (head + content + '"}]}').encode()

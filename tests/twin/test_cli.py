@@ -73,7 +73,7 @@ def test_params_layering_and_the_inactive_agent(tmp_path: Path) -> None:
     [
         (["-c", "mini2", "--set", "algorithm=bogus"], "--set: algorithm: got 'bogus'"),
         (["-c", "vllm-cpu"], "has none (external or real vLLM servers)"),
-        (["-c", "mini2-router"], "the twin has no routing model of balancer 'vllm-router'"),
+        (["-c", "hetero4", "--replicas", "h100-5"], "--replicas h100-5: group h100 has 2"),
         (["-c", "mini2", "-s", "nope"], "Unknown scenario 'nope'"),
     ],
 )
@@ -88,3 +88,14 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
+
+
+def test_a_balancer_without_a_model_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lbtune import targets
+    from lbtune.cli.twin import routing_factory
+
+    monkeypatch.setitem(targets.TARGETS, "plain", "lbtune.targets.haproxy.balancer:BALANCER")
+    assert routing_factory("haproxy").__module__ == "lbtune.targets.haproxy.twin"
+    monkeypatch.setitem(targets.TARGETS, "plain", "lbtune.records.endpoints:Endpoints")
+    with pytest.raises(ConfigError, match="the twin has no routing model of balancer 'plain'"):
+        routing_factory("plain")

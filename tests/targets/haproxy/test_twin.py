@@ -17,23 +17,9 @@ from lbtune.twin.options import TwinOptions
 from lbtune.twin.replica import TwinReplica
 from lbtune.twin.routing import ClusterView, Queue, Refuse, Retry, Send
 from lbtune.twin.run import simulate
-from tests.twin.helpers import M8, M70, cluster_replicas, plan, scenario_file
+from tests.twin.helpers import M8, M70, Req, cluster_replicas, plan, scenario_file
 
 SPACE = Path(__file__).parents[3] / "lbtune" / "targets" / "haproxy" / "space.yaml"
-
-
-@dataclass
-class Req:
-    """A request as the balancer sees it."""
-
-    index: int
-    model: str = M8
-    prompt_text: str = "hello"
-    body: bytes = b'{"model":"m","messages":[{"role":"user","content":"hello"}]}'
-    api: str = "chat"
-    stream: bool = True
-    prompt_tokens: int = 10
-    session_id: str | None = None
 
 
 def servers(*weights: int, maxconn: int = 0) -> list[Server]:

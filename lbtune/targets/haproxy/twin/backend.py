@@ -22,7 +22,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from lbtune.targets.haproxy.twin.lb import Fwlc, Fwrr, Ring, Server, sdbm
+from lbtune.targets.haproxy.twin.lb import Fwlc, Fwrr, Ring, Server, full_hash, sdbm
 from lbtune.twin.routing import Decision, Queue, Refuse, RequestView, Send
 
 __all__ = ["Backend", "BackendSettings"]
@@ -86,7 +86,7 @@ class Backend:
             srv = self.ring.random_pick(st.random_draws)
         elif self.ring is not None:
             key = req.prompt_text.encode("utf-8", "surrogatepass")[: st.hash_bytes]
-            srv = self.ring.lookup(sdbm(key), self.served)
+            srv = self.ring.lookup(full_hash(sdbm(key)), self.served)
         else:  # pragma: no cover - every algorithm is handled above
             raise AssertionError(st.algorithm)
         if srv is None:

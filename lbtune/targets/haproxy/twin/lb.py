@@ -16,7 +16,9 @@ behaviour of HAProxy's sources (``src/lb_fwrr.c``, ``lb_fwlc.c``, ``lb_chash.c``
 * :class:`Fwlc` (``leastconn``): servers keyed by ``(in flight + 1) x 4096 / eweight``
   (0 when idle), repositioned only when their key changes; the first one not saturated;
 * :class:`Ring` (``hash``, ``random``): every server owns ``eweight`` points at
-  ``full_hash(id x 4096 + i)`` on a 32-bit circle; a hash picks the closest point
+  ``full_hash(id x 4096 + i)`` on a 32-bit circle; a key hashes to ``full_hash(sdbm(key))``
+  (HAProxy 2.6 applies the avalanche with ``hash-type consistent``: checked against a real
+  HAProxy, ``tests/targets/haproxy/test_twin_live.py``) and picks the closest point
   (ties to the one before), and with a balance factor walks on to the next server whose
   ``served`` is under its bounded-load share; ``random(N)`` draws N random points and
   keeps the least ``served / weight``.
