@@ -46,7 +46,7 @@ from lbtune.scenario.runplan import read_run_plan
 from lbtune.targets.params import ParamSet
 from lbtune.twin.options import TwinOptions
 from lbtune.twin.requests import RequestSource
-from lbtune.twin.run import simulate
+from lbtune.twin.run import Reuse, simulate
 
 METRICS = ("p99_e2e_s", "p99_ttft_s", "requests_per_s")
 
@@ -164,7 +164,7 @@ def twin_runs(
         if src is None or src.plan.load != plan.load or src.plan.seed != plan.seed:
             src = sources[r["scenario"]] = RequestSource(plan, opts.host_seed)
         model = factory(configs[r["config"]], tc.replicas, seed=r["round"])
-        run = simulate(src.plan, tc.replicas, model, opts, source=src, engines=engines)
+        run = simulate(src.plan, tc.replicas, model, opts, Reuse(src, engines))
         engines = None if args.cold else run.engines
         fig, score = twin_figures(run, r["scenario"])
         twin = {**{m: getattr(fig, m) for m in METRICS}, "score": score, "cpu_s": run.cpu_s}

@@ -28,7 +28,7 @@ from lbtune.run.stress import StressOptions
 from lbtune.twin.options import TwinOptions
 from lbtune.twin.pool import TwinJob, TwinPool
 from lbtune.twin.requests import RequestSource
-from lbtune.twin.run import simulate
+from lbtune.twin.run import Reuse, simulate
 
 FACTORY = "lbtune.targets.haproxy.twin:routing_model"
 
@@ -45,7 +45,7 @@ def one(cluster: str, scenario: str, args: argparse.Namespace) -> list[str]:
             params = {**base, "algorithm": algorithm}
             model = routing_factory("haproxy")(params, tc.replicas)
             opts = TwinOptions(time_scale=scale, host_seed=tc.config.seed, chunk_times=chunks)
-            run = simulate(plan, tc.replicas, model, opts, source=src)
+            run = simulate(plan, tc.replicas, model, opts, Reuse(src))
             cold = "(requests built)" if len(lines) == 1 else "(requests shared)"
             lines.append(
                 f"  {algorithm:10} chunk times {'on ' if chunks else 'off'} {cold}: "

@@ -73,12 +73,13 @@ def record_of(
     fl: Flight,
     outcome: Outcome,
     ended_at: float,
-    *,
-    status: int | None = None,
-    error: str | None = None,
     replica: str | None = None,
+    answer: ApiError | str | None = None,
 ) -> RequestRecord:
-    """The record ``fl`` leaves, ending at ``ended_at`` with ``outcome``."""
+    """The record ``fl`` leaves, ending at ``ended_at`` with ``outcome``; ``answer`` is the
+    error response (an :class:`ApiError`) or the client's own error text."""
+    status = 200 if outcome == "ok" else answer.status if isinstance(answer, ApiError) else None
+    error = error_text(answer) if isinstance(answer, ApiError) else answer
     spec = fl.req.spec
     ok = outcome == "ok"
     if spec.stream:

@@ -31,7 +31,7 @@ from lbtune.twin.replica import TwinReplica
 from lbtune.twin.requests import RequestSource
 from lbtune.twin.result import TwinRun
 from lbtune.twin.routing import RoutingFactory
-from lbtune.twin.run import simulate
+from lbtune.twin.run import Reuse, simulate
 
 __all__ = ["TwinJob", "TwinPool", "load_factory", "run_job"]
 
@@ -73,7 +73,7 @@ def run_job(job: TwinJob) -> TwinRun:
             _SOURCES.clear()
         src = _SOURCES[key] = RequestSource(job.plan, job.options.host_seed)
     model = load_factory(job.factory)(job.params, job.replicas, seed=job.seed)
-    run = simulate(src.plan, job.replicas, model, job.options, source=src)
+    run = simulate(src.plan, job.replicas, model, job.options, Reuse(src))
     return replace(run, engines={})
 
 

@@ -8,7 +8,7 @@ request leaves the record the live client would (:mod:`lbtune.twin.flight`), so 
 metrics, censoring and objective read a twin run and a live one::
 
     source = RequestSource(plan)                       # reusable across trials
-    run = simulate(plan, replicas, model, TwinOptions(time_scale=4), source=source)
+    run = simulate(plan, replicas, model, TwinOptions(time_scale=4), Reuse(source))
     run.summary().latency.e2e.p99
 
 The path of one request: send → balancer (``route``) → replica after ``to_replica_s``
@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lbtune.errors import ConfigError
@@ -31,7 +32,7 @@ from lbtune.records.requests import ERROR_OUTCOMES, Outcome, RequestRecord
 from lbtune.scenario.runplan import RunPlan
 from lbtune.sim.engine import Engine, SimRequest, StepResult
 from lbtune.sim.textgen import ApiError, ParsedRequest
-from lbtune.twin.flight import Flight, error_text, record_of
+from lbtune.twin.flight import Flight, record_of
 from lbtune.twin.load import ClosedLoop, User
 from lbtune.twin.options import TwinOptions
 from lbtune.twin.replica import ReplicaSim, TwinReplica
@@ -39,9 +40,20 @@ from lbtune.twin.requests import RequestSource
 from lbtune.twin.result import TwinRun
 from lbtune.twin.routing import ClusterView, Queue, Refuse, Retry, RoutingModel, Send
 
-__all__ = ["simulate"]
+__all__ = ["Reuse", "simulate"]
 
 Handler = Callable[[float, Any], None]
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a run may take over from earlier ones."""
+
+    source: RequestSource | None = None
+    """The requests' text and tokens, built for the same plan (trials of a study share it)."""
+    engines: Mapping[str, Engine] | None = None
+    """A previous run's :attr:`TwinRun.engines`: the replicas start with its prefix caches,
+    as a live cluster keeps them from one trial to the next."""
 
 
 def simulate(
@@ -49,15 +61,13 @@ def simulate(
     replicas: Sequence[TwinReplica],
     routing: RoutingModel,
     options: TwinOptions | None = None,
-    *,
-    source: RequestSource | None = None,
-    engines: Mapping[str, Engine] | None = None,
+    reuse: Reuse | None = None,
 ) -> TwinRun:
-    """Run ``plan`` against ``replicas`` behind ``routing`` in virtual time; ``source``
-    (built for ``plan``) lets several runs share the requests' text and tokens; ``engines``
-    (a previous run's :attr:`TwinRun.engines`) starts the replicas with that run's prefix
-    caches, as a live cluster keeps them from one trial to the next."""
+    """Run ``plan`` against ``replicas`` behind ``routing`` in virtual time, taking over
+    what ``reuse`` holds from earlier runs."""
     options = options or TwinOptions()
+    reuse = reuse or Reuse()
+    source, engines = reuse.source, reuse.engines
     if not replicas:
         raise ConfigError("twin: the cluster has no replica to simulate")
     served = {m for r in replicas for m in r.models}
@@ -345,7 +355,7 @@ class _Simulation:
         ended_at = t + self.opts.to_client_s
         if not fl.req.stream:
             self.routing.on_headers(fl.req, rs.name, t)
-        self.records.append(record_of(fl, "ok", ended_at, status=200, replica=rs.name))
+        self.records.append(record_of(fl, "ok", ended_at, rs.name))
         self._released(t, fl)
         self._client_done(fl, ended_at, "ok")
 
@@ -360,10 +370,7 @@ class _Simulation:
     def _end_error(self, t: float, fl: Flight, err: ApiError, replica: str | None) -> None:
         fl.ended = True
         ended_at = t + self.opts.to_client_s
-        rec = record_of(
-            fl, "http_error", ended_at, status=err.status, error=error_text(err), replica=replica
-        )
-        self.records.append(rec)
+        self.records.append(record_of(fl, "http_error", ended_at, replica, err))
         self._client_done(fl, ended_at, "http_error")
 
     def _timeout(self, t: float, fl: Flight) -> None:
@@ -391,5 +398,5 @@ class _Simulation:
         else:
             error = f"no end after {t - fl.sent_at:g} s"
         seen = fl.replica if fl.headers_at is not None else None
-        self.records.append(record_of(fl, outcome, t, error=error, replica=seen))
+        self.records.append(record_of(fl, outcome, t, seen, error))
         self._client_done(fl, t, outcome)

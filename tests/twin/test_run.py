@@ -17,7 +17,7 @@ from lbtune.twin.options import TwinOptions
 from lbtune.twin.replica import TwinReplica
 from lbtune.twin.requests import RequestSource
 from lbtune.twin.routing import ClusterView, Decision, RequestView, RoutingModel, Send
-from lbtune.twin.run import simulate
+from lbtune.twin.run import Reuse, simulate
 from tests.twin.helpers import M8, M70, cluster_replicas, plan, scenario_file
 
 
@@ -67,8 +67,8 @@ def test_a_shared_request_source_changes_nothing() -> None:
     p = plan("chat", duration_s=10)
     src = RequestSource(p)
     opts = TwinOptions(time_scale=4)
-    first = simulate(p, reps, routing_model({}, reps), opts, source=src)
-    again = simulate(p, reps, routing_model({}, reps), opts, source=src)
+    first = simulate(p, reps, routing_model({}, reps), opts, Reuse(src))
+    again = simulate(p, reps, routing_model({}, reps), opts, Reuse(src))
     fresh = simulate(p, reps, routing_model({}, reps), opts)
     assert first.records == again.records == fresh.records
 
