@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from lbtune.cli.twin import routing_factory, space_path, twin_cluster, twin_figures, twin_params
+from lbtune.records.quantiles import percentile
 from lbtune.scenario.runplan import read_run_plan
 from lbtune.targets.params import ParamSet
 from lbtune.twin.options import TwinOptions
@@ -137,7 +138,7 @@ def live_figures(run_dir: Path, scenario: str) -> dict[str, float]:
     records = tuple(read_records(run_dir / "requests.parquet"))
     ended = max([plan.window_end, *(r.ended_at for r in records)])
     as_run = TwinRun(records=records, plan=plan, ended_at=ended, run_start=plan.started_at)
-    fig, score = twin_figures(as_run, scenario)
+    fig, score = twin_figures(as_run)
     return {**{m: getattr(fig, m) for m in METRICS}, "score": score, "samples": fig.samples}
 
 
@@ -166,7 +167,7 @@ def twin_runs(
         model = factory(configs[r["config"]], tc.replicas, seed=r["round"])
         run = simulate(src.plan, tc.replicas, model, opts, Reuse(src, engines))
         engines = None if args.cold else run.engines
-        fig, score = twin_figures(run, r["scenario"])
+        fig, score = twin_figures(run)
         twin = {**{m: getattr(fig, m) for m in METRICS}, "score": score, "cpu_s": run.cpu_s}
         out.append({**r, "live": live_figures(Path(r["dir"]), r["scenario"]), "twin": twin})
     return out
@@ -194,8 +195,7 @@ def analyse(rows: list[dict[str, Any]], configs: list[ParamSet]) -> dict[str, An
     for scenario in sorted({r["scenario"] for r in rows}):
         mine = [r for r in rows if r["scenario"] == scenario]
         errors = {
-            m: statistics.median(abs(r["twin"][m] / r["live"][m] - 1) for r in mine)
-            for m in METRICS
+            m: percentile([abs(r["twin"][m] / r["live"][m] - 1) for r in mine], 50) for m in METRICS
         }
         by_config: dict[int, list[dict[str, Any]]] = {}
         for r in mine:

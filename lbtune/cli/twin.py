@@ -154,7 +154,7 @@ def twin_params(
     return params, notes
 
 
-def twin_figures(run: TwinRun, scenario: str, slo: str | None = None) -> tuple[Figures, float]:
+def twin_figures(run: TwinRun) -> tuple[Figures, float]:
     """A study trial's figures of a twin run (summary, with the censored samples' P99s) and
     its composite score under the scenario's SLO."""
     from lbtune.objective import composite, figures_from_summary
@@ -173,7 +173,7 @@ def twin_figures(run: TwinRun, scenario: str, slo: str | None = None) -> tuple[F
             samples=tail.samples,
             censored=tail.censored,
         )
-    return fig, composite(fig, objective_spec("composite", slo, None, scenario))
+    return fig, composite(fig, objective_spec("composite", run.plan.slo_value(), None))
 
 
 ConfigOpt = Annotated[
@@ -240,12 +240,14 @@ def run_command(
     run = simulate(
         plan, tc.replicas, model, TwinOptions(time_scale=scale, host_seed=tc.config.seed)
     )
-    fig, score = twin_figures(run, scenario)
+    fig, score = twin_figures(run)
     facts = _facts(tc, values, notes, run, scale)
     if as_json:
         from lbtune.metrics.summary_file import dumps
+        from lbtune.objective import FIGURES
+        from lbtune.records.jsonform import json_data
 
-        out = {"twin": facts, "figures": fig.to_dict(), "score": score}
+        out = {"twin": facts, "figures": json_data(FIGURES, fig), "score": score}
         out["summary"] = json.loads(dumps(run.summary()))
         typer.echo(json.dumps(out, indent=2, allow_nan=False))
         return

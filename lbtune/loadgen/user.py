@@ -6,9 +6,9 @@ or ``python -m lbtune.loadgen.worker``, never in the tuning driver.
 
 * :class:`LLMUser` — closed loop: each user sends its next request as soon as the
   previous one ended — unless it failed: after an error a user backs off
-  exponentially (:data:`BACKOFF_BASE_S` doubling per consecutive error, capped at
-  :data:`BACKOFF_CAP_S`; a success resets it), so that a dead cluster answering with
-  instant 503s is not hammered by an error storm. Usable from a plain locustfile::
+  exponentially (:mod:`lbtune.loadgen.pacing`: ``BACKOFF_BASE_S`` doubling per consecutive
+  error, capped at ``BACKOFF_CAP_S``; a success resets it), so that a dead cluster answering
+  with instant 503s is not hammered by an error storm. Usable from a plain locustfile::
 
       from lbtune.loadgen.user import LLMUser   # noqa: F401  (that is all)
 
@@ -46,20 +46,17 @@ from locust.exception import StopUser
 from lbtune.loadgen.client import OpenSet, StreamClient, api_key_from_env
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from lbtune.loadgen.health import HealthMonitor, HealthSample
-from lbtune.loadgen.pacing import BACKOFF_BASE_S, BACKOFF_CAP_S, backoff_s, spawn_rate
+from lbtune.loadgen.pacing import backoff_s, spawn_rate
 from lbtune.loadgen.recordio import RecordWriter
 from lbtune.loadgen.source import Workload, resolve
 from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 
 __all__ = [
-    "BACKOFF_BASE_S",
-    "BACKOFF_CAP_S",
     "STATE",
     "GeneratorState",
     "LLMUser",
     "OpenLoopUser",
     "PlanShape",
-    "backoff_s",
 ]
 
 log = logging.getLogger(__name__)

@@ -66,12 +66,12 @@ def test_the_twin_ranks_and_sizes_configs_like_the_live_cluster(tmp_path: Path) 
             recs = tuple(read_records(res.records_path))
             assert plan.started_at is not None
             as_run = TwinRun(recs, plan, res.load.ended_at, run_start=plan.started_at)
-            fig, _ = twin_figures(as_run, "chat")
+            fig, _ = twin_figures(as_run)
             live[name] = (fig.p99_e2e_s, fig.p99_ttft_s, fig.requests_per_s)
             model = routing_factory("haproxy")(params, tc.replicas)
             run = simulate(plan, tc.replicas, model, TwinOptions(SCALE), Reuse(engines=engines))
             engines = run.engines
-            fig, _ = twin_figures(run, "chat")
+            fig, _ = twin_figures(run)
             twin[name] = (fig.p99_e2e_s, fig.p99_ttft_s, fig.requests_per_s)
     finally:
         api.down(state)

@@ -24,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lbtune.records.endpoints import ReplicaAddress
+from lbtune.targets.base import pool_names
 from lbtune.targets.haproxy import llm as lua
 from lbtune.targets.haproxy.config import long_context_servers, per_server
-from lbtune.targets.haproxy.files import Site, backend_names
+from lbtune.targets.haproxy.files import Site
 from lbtune.targets.haproxy.twin.backend import Backend, BackendSettings
 from lbtune.targets.haproxy.twin.lb import Server
 from lbtune.targets.haproxy.twin.llm import LlmScheduler
@@ -90,7 +91,7 @@ class HaproxyModel(RoutingModel):
         self.long_bytes = int(params.get("long_request_bytes", 0))
         long_set = long_context_servers(site) if self.long_bytes else []
         self.backend_of: dict[str, tuple[Backend, Backend | None]] = {}
-        for model, be_name in backend_names(site.models).items():
+        for model, be_name in pool_names(site.models).items():
             serving = [r for r in replicas if model in r.models]
             normal = self._backend(be_name, serving, weights, maxconn, settings)
             longs = [r for r in serving if r.name in long_set]
