@@ -98,10 +98,16 @@ def lateness(records: Sequence[RequestRecord]) -> LatencyStats | None:
 
 
 def meets_slo(r: RequestRecord, slo: Slo) -> bool:
-    """A successful request within the TTFT and E2E bounds of the SLO."""
+    """A successful request within the TTFT, TPOT and E2E bounds of the SLO.
+
+    A request without a TPOT (not streamed, or fewer than two output tokens) is not judged
+    on TPOT: its E2E bound covers it."""
     if r.outcome != "ok":
         return False
     if slo.ttft_s is not None and stage_figures.slo_ttft(r) > slo.ttft_s:
+        return False
+    tpot = r.tpot
+    if slo.tpot_s is not None and tpot is not None and tpot > slo.tpot_s:
         return False
     return slo.e2e_s is None or r.e2e <= slo.e2e_s
 

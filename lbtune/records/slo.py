@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import Annotated
+
+from pydantic import Field
 
 from lbtune.keyvalue import bad_value, parse_pairs
 
@@ -12,28 +15,39 @@ __all__ = ["Slo", "parse_slo"]
 
 @dataclass(frozen=True)
 class Slo:
-    """Service-level objective: P99 TTFT and P99 E2E bounds, and the error-rate limit."""
+    """Service-level objective: P99 TTFT and P99 E2E bounds, and the error-rate limit.
+
+    ``tpot_s`` bounds each request's time per output token; only ``lbtune capacity`` reads
+    it (``parse_slo(..., tpot=True)``): a stress run's SLO has no TPOT bound, and a record
+    without one (``None``) keeps the JSON form it had (no ``tpot_s`` key).
+    """
 
     ttft_s: float | None = None
     e2e_s: float | None = None
     max_error_rate: float = 0.01
+    tpot_s: Annotated[float | None, Field(exclude_if=lambda v: v is None)] = None
 
 
 # -- SLO overrides --------------------------------------------------------------
 
 _SLO_KEYS = {"ttft": "ttft_s", "e2e": "e2e_s", "errors": "max_error_rate"}
+_TPOT_KEYS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "errors": "max_error_rate"}
 
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
 
 
-def parse_slo(text: str | None, base: Slo) -> Slo:
-    """Apply ``ttft=350ms,e2e=800ms,errors=1%`` overrides to ``base``."""
+def parse_slo(text: str | None, base: Slo, *, tpot: bool = False) -> Slo:
+    """Apply ``ttft=350ms,e2e=800ms,errors=1%`` overrides to ``base``; with ``tpot``, a
+    ``tpot=50ms`` bound is read too (``lbtune capacity``)."""
     if not text:
         return base
     changes: dict[str, float] = {}
+    keys = _TPOT_KEYS if tpot else _SLO_KEYS
     example = "--slo ttft=350ms,e2e=800ms,errors=1%"
-    for key, value in parse_pairs(text, flag="--slo", keys=_SLO_KEYS, example=example):
+    if tpot:
+        example = "--slo ttft=350ms,tpot=50ms,e2e=10s"
+    for key, value in parse_pairs(text, flag="--slo", keys=keys, example=example):
         if key == "errors":
             pct = value.endswith("%")
             try:
@@ -43,11 +57,11 @@ def parse_slo(text: str | None, base: Slo) -> Slo:
             rate = number / 100 if pct else number
             if not 0 <= rate <= 1:
                 raise bad_value("--slo", key, value, "0..100 % (0..1)", "is out of range")
-            changes[_SLO_KEYS[key]] = rate
+            changes[keys[key]] = rate
             continue
         m = _DURATION.match(value)
         if not m:
             raise bad_value("--slo", key, value, "a duration like 350ms or 2s")
         number = float(m.group(1))
-        changes[_SLO_KEYS[key]] = number / 1000 if m.group(2) == "ms" else number
+        changes[keys[key]] = number / 1000 if m.group(2) == "ms" else number
     return replace(base, **changes)
