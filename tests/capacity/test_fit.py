@@ -1,0 +1,89 @@
+"""The monotone fit, the crossing, cliffs, and the CI's coverage on a simulated curve."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lbtune.capacity.fit import (
+    CiOptions,
+    Point,
+    bootstrap_interval,
+    crossing,
+    estimate,
+    find_cliff,
+    isotonic_decreasing,
+    pooled,
+    wilson,
+)
+from tests.capacity.curves import logistic
+
+
+def test_isotonic_pools_adjacent_violators_by_weight() -> None:
+    v = np.array([1.0, 0.8, 0.9, 0.2])
+    w = np.array([1.0, 1.0, 3.0, 1.0])
+    # 0.8 (w 1) and 0.9 (w 3) violate: pooled to (0.8 + 2.7) / 4 = 0.875.
+    assert isotonic_decreasing(v, w).tolist() == [1.0, 0.875, 0.875, 0.2]
+    assert isotonic_decreasing(np.array([0.5, 0.7]), np.ones(2)).tolist() == [0.6, 0.6]
+    with pytest.raises(ValueError):
+        isotonic_decreasing(v, np.array([1.0, 0.0, 1.0, 1.0]))
+
+
+def test_crossing_interpolates_between_the_probes_either_side() -> None:
+    rates = np.array([1.0, 2.0, 4.0])
+    # 0.995 at 2 and 0.975 at 4: 0.99 is a quarter of the way, at 2.5.
+    assert crossing(rates, np.array([1.0, 0.995, 0.975]), 0.99) == ("bracketed", 2.5)
+    assert crossing(rates, np.array([1.0, 0.999, 0.995]), 0.99) == ("above", 4.0)
+    assert crossing(rates, np.array([0.9, 0.8, 0.7]), 0.99) == ("below", None)
+
+
+def test_points_at_one_rate_are_pooled() -> None:
+    ps = pooled([Point(2.0, 90, 100), Point(1.0, 10, 10), Point(2.0, 100, 100), Point(3, 0, 0)])
+    assert ps == [Point(1.0, 10, 10), Point(2.0, 190, 200)]
+
+
+def test_a_cliff_is_a_collapse_within_one_step_only() -> None:
+    steep = [Point(8.0, 995, 1000), Point(9.0, 100, 1000)]
+    assert find_cliff(steep, 0.99) is not None
+    far = [Point(4.0, 995, 1000), Point(9.0, 100, 1000)]  # 125 % apart: not one step
+    assert find_cliff(far, 0.99) is None
+    gentle = [Point(8.0, 995, 1000), Point(9.0, 900, 1000)]
+    assert find_cliff(gentle, 0.99) is None
+
+
+def test_a_cliff_widens_the_ci_to_the_pair() -> None:
+    points = [Point(4.0, 1000, 1000), Point(8.0, 998, 1000), Point(9.0, 100, 1000)]
+    est = estimate(points, 0.99)
+    assert est.cliff is not None and est.kind == "bracketed"
+    assert est.ci is not None and est.ci[0] <= 8.0 and est.ci[1] is not None
+    assert est.ci[1] >= 9.0
+
+
+def test_wilson_interval_holds_the_share() -> None:
+    lo, hi = wilson(95, 100, 0.9)
+    assert lo < 0.95 < hi and lo > 0.88 and hi < 0.99
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_bootstrap_interval_covers_the_crossing_about_as_often_as_it_claims() -> None:
+    """Coverage on a simulated curve: the 90 % bootstrap interval of the interpolated
+    crossing, from fixed probes around the capacity of a logistic curve, holds the true
+    crossing in 80..98 % of 200 independent sets of probes (measured: 88 %)."""
+    true_cap, target = 10.0, 0.95
+    att = logistic(true_cap, target, width=1.0)
+    rates = np.array([6.0, 8.0, 9.0, 10.0, 11.0, 12.0, 14.0])
+    rng = np.random.default_rng(7)
+    hits = 0
+    for k in range(200):
+        judged = np.full(rates.size, 400.0)
+        met = np.array([rng.binomial(400, att(r)) for r in rates], dtype=float)
+        lo, hi = bootstrap_interval(rates, met, judged, target, CiOptions(0.9, 400, k))
+        assert hi is not None
+        hits += lo <= true_cap <= hi
+    assert 0.80 <= hits / 200 <= 0.98, hits / 200
+
+
+def test_the_ci_holds_the_bracket_it_interpolates_in() -> None:
+    """Exact counts leave no noise, but a crossing between 4 and 8 req/s is a guess."""
+    est = estimate([Point(4.0, 999, 1000), Point(8.0, 40, 1000)], 0.99)
+    assert est.ci == (4.0, 8.0)
