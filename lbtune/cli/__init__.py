@@ -18,6 +18,7 @@ import typer.core
 from lbtune import __version__
 from lbtune.cli import agent as _agent
 from lbtune.cli import apply as _apply
+from lbtune.cli import capacity as _capacity
 from lbtune.cli import cluster as _cluster
 from lbtune.cli import compare as _compare
 from lbtune.cli import history as _history
@@ -69,6 +70,7 @@ app.command("apply")(_apply.apply_command)
 app.command("rollback")(_apply.rollback_command)
 app.command("dashboard")(_optimize.dashboard_command)
 app.command("compare")(_compare.compare_command)
+app.command("capacity")(_capacity.capacity_command)
 app.command("history")(_history.history_command)
 
 

@@ -85,6 +85,8 @@ def test_a_shared_option_is_the_same_in_every_command_that_takes_it() -> None:
     Options of the same name but another meaning are the listed exceptions."""
     other_meaning = {
         ("--target", "stress"),  # a balancer URL, not a target name
+        ("--target", "capacity"),  # a balancer URL too
+        ("--slo", "capacity"),  # per-request bounds, TPOT included
         ("--seed", "compare"),  # the bootstrap's seed
         ("--json", "cluster up"),
         ("--json", "cluster status"),
