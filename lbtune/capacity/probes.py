@@ -46,7 +46,9 @@ class ProbeShape:
 
     samples: int = 200
     """Requests the measurement window should hold: the run lasts the scenario's warm-up
-    and cool-down plus ``samples / rate`` (unless ``base.duration_s`` fixes it)."""
+    and cool-down plus ``samples / rate``, and at least the scenario's duration (so that
+    an overloaded cluster's queues have time to build), unless ``base.duration_s`` fixes
+    it."""
     max_duration_s: float = 120.0
     """The longest a probe may last (low rates reach it before ``samples``)."""
 
@@ -61,6 +63,7 @@ class Probes:
         self.base, self.shape = base, shape
         self.seed = plan.seed
         self.margin_s = plan.load.warmup_s + plan.load.cooldown_s
+        self.least_s = plan.load.duration_s
         self.count = 0
 
     def next(self, rate: float, out_dir: Path | None = None) -> StressOptions:
@@ -68,7 +71,7 @@ class Probes:
         duration = self.base.duration_s
         if duration is None:
             want = self.margin_s + self.shape.samples / rate
-            duration = min(self.shape.max_duration_s, max(want, self.margin_s + 5.0))
+            duration = min(self.shape.max_duration_s, max(want, self.least_s))
         seed = self.seed + self.count - 1
         return replace(
             self.base, rate=rate, duration_s=duration, seed=seed, out_dir=out_dir, strict=False

@@ -29,8 +29,10 @@ class CurveProbe:
         n: int = 400,
         rng: np.random.Generator | None = None,
         behind_above: float = math.inf,
+        source: str = "live",
     ) -> None:
         self.att, self.n, self.rng, self.behind_above = att, n, rng, behind_above
+        self.source = source
         self.rates: list[float] = []
 
     def __call__(self, rate: float) -> ProbeResult:
@@ -38,4 +40,4 @@ class CurveProbe:
         p = self.att(rate)
         met = round(p * self.n) if self.rng is None else int(self.rng.binomial(self.n, p))
         behind = ("sending lagged 2.1 s behind schedule",) if rate > self.behind_above else ()
-        return ProbeResult(rate, met, self.n, behind=behind)
+        return ProbeResult(rate, met, self.n, behind=behind, source=self.source)
