@@ -24,13 +24,22 @@ from the probes that were measured, the stop said plainly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from lbtune.capacity.fit import CiOptions, Estimate, Point, estimate
 
-__all__ = ["Probe", "ProbeResult", "SearchOptions", "SearchResult", "search"]
+__all__ = [
+    "Probe",
+    "ProbeResult",
+    "Search",
+    "SearchOptions",
+    "SearchResult",
+    "Steps",
+    "interleave",
+    "search",
+]
 
 
 @dataclass(frozen=True)
@@ -104,56 +113,88 @@ class _Stop(Exception):
     pass
 
 
+Steps = Generator[float, ProbeResult, None]
+"""A search run step by step: it yields the next rate to probe and is sent the result."""
+
+
 def search(
     probe: Probe, opts: SearchOptions, on_probe: Callable[[ProbeResult], None] | None = None
 ) -> SearchResult:
     """Search the capacity at ``opts.attainment`` with ``probe``; see the module docstring."""
-    s = _Search(probe, opts, on_probe)
-    stopped: str | None = None
-    try:
-        s.run()
-    except _Stop as stop:
-        stopped = str(stop)
-    est = s.estimate()
-    converged = stopped is None and est.width() <= opts.precision
-    return SearchResult(est, tuple(s.probes), converged, stopped, opts)
+    s = Search(opts)
+    interleave([(s, probe)], on_probe)
+    return s.result()
 
 
-class _Search:
-    def __init__(
-        self, probe: Probe, opts: SearchOptions, on_probe: Callable[[ProbeResult], None] | None
-    ) -> None:
-        self.probe, self.opts, self.on_probe = probe, opts, on_probe
+def interleave(
+    searches: Sequence[tuple[Search, Probe]],
+    on_probe: Callable[[ProbeResult], None] | None = None,
+) -> None:
+    """Run several searches probe by probe in turn (A, B, A, B, ...), each with its own
+    probe, until each has stopped: two configs measured alternately see the same drift."""
+    active = [(s.steps(), probe) for s, probe in searches]
+    rates: list[float | None] = [next(gen, None) for gen, _ in active]
+    while any(r is not None for r in rates):
+        for i, (gen, probe) in enumerate(active):
+            rate = rates[i]
+            if rate is None:
+                continue
+            result = probe(rate)
+            if on_probe is not None:
+                on_probe(result)
+            try:
+                rates[i] = gen.send(result)
+            except StopIteration:
+                rates[i] = None
+
+
+class Search:
+    """One search's state; :meth:`steps` runs it, :meth:`result` reports it."""
+
+    def __init__(self, opts: SearchOptions) -> None:
+        self.opts = opts
         self.probes: list[ProbeResult] = []
         self.was_bracketed = False
+        self.stopped: str | None = None
 
     def estimate(self) -> Estimate:
         points = [p.point for p in self.probes if not p.behind]
         return estimate(points, self.opts.attainment, self.opts.ci)
 
-    def run(self) -> None:
+    def result(self) -> SearchResult:
+        est = self.estimate()
+        converged = self.stopped is None and est.width() <= self.opts.precision
+        return SearchResult(est, tuple(self.probes), converged, self.stopped, self.opts)
+
+    def steps(self) -> Steps:
+        try:
+            yield from self._run()
+        except _Stop as stop:
+            self.stopped = str(stop)
+
+    def _run(self) -> Steps:
         o = self.opts
         if o.bracket is not None:
             lo, hi = sorted(o.bracket)
-            self.measure(_clamp(lo, o))
+            yield from self.measure(_clamp(lo, o))
             if self.estimate().kind == "above":
-                self.measure(_clamp(hi, o))
+                yield from self.measure(_clamp(hi, o))
         else:
-            self.measure(o.start_rate)
+            yield from self.measure(o.start_rate)
         while True:
             est = self.estimate()
             if est.kind == "above":
-                self.walk(est, up=True)
+                yield from self.walk(est, up=True)
             elif est.kind == "below":
-                self.walk(est, up=False)
+                yield from self.walk(est, up=False)
             elif est.width() <= o.precision:
                 return
             else:
                 self.was_bracketed = True
                 self.budget(est)
-                self.measure(_next_rate(est, o))
+                yield from self.measure(_next_rate(est, o))
 
-    def walk(self, est: Estimate, *, up: bool) -> None:
+    def walk(self, est: Estimate, *, up: bool) -> Steps:
         """One step out of an unbracketed state: double above the highest rate, halve
         below the lowest."""
         o = self.opts
@@ -176,7 +217,7 @@ class _Search:
                     f"{att:.1%} < {o.attainment:.1%}): no rate this low serves it"
                 )
         self.budget(est)
-        self.measure(min(max(nxt, o.min_rate), o.max_rate))
+        yield from self.measure(min(max(nxt, o.min_rate), o.max_rate))
 
     def budget(self, est: Estimate) -> None:
         if len(self.probes) >= self.opts.max_probes:
@@ -186,12 +227,10 @@ class _Search:
                 f"wider than the {self.opts.precision:.0%} asked"
             )
 
-    def measure(self, rate: float) -> None:
+    def measure(self, rate: float) -> Steps:
         for attempt in range(self.opts.redo_behind + 1):
-            result = self.probe(rate)
+            result = yield rate
             self.probes.append(result)
-            if self.on_probe is not None:
-                self.on_probe(result)
             if not result.behind:
                 return
             if attempt < self.opts.redo_behind and len(self.probes) < self.opts.max_probes:
