@@ -3,6 +3,7 @@ requests, with a CI. Thin: parse, build the probes, call :mod:`lbtune.capacity`,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -12,6 +13,7 @@ from lbtune.cli.options import JsonOpt, OutOpt, ScenarioOpt, SeedOpt, StateDirOp
 
 if TYPE_CHECKING:
     from lbtune.capacity.probes import TwinCase
+    from lbtune.capacity.run import CapacityOptions
     from lbtune.capacity.search import ProbeResult
     from lbtune.records.slo import Slo
     from lbtune.run.stress import StressOptions
@@ -84,25 +86,47 @@ def capacity_command(
         typer.Option("--config", "-c", help="Cluster the twin models (default: the running one)."),
     ] = None,
     seed: SeedOpt = None,
+    compare: Annotated[
+        tuple[Path, Path] | None,
+        typer.Option(
+            "--compare",
+            help="Two balancer param files (A B): their capacities, probed in turn, and B/A.",
+        ),
+    ] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option("--baseline", help="An earlier capacity.json to gate against."),
+    ] = None,
+    fail_on: Annotated[
+        str | None,
+        typer.Option(
+            "--fail-on",
+            help="capacity=-5%: exit 1 when the capacity (B/A, or against --baseline) fell "
+            "by more than 5 %, its whole CI below that.",
+        ),
+    ] = None,
     out: OutOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Search the capacity at SLO: probes are ordinary stress runs (open loop) at rates
     the search picks; it stops when the capacity's CI is narrower than --precision, and
-    reports attainment vs rate, the fitted curve and the capacity (capacity.json).
+    reports attainment vs rate, the fitted curve and the capacity (capacity.json). With
+    the embedded cluster, the twin's search places the first bracket.
 
     Example: lbtune capacity -s mixed --slo ttft=1s,tpot=100ms,e2e=20s --attainment 0.95
     """
-    from rich.console import Console
-
+    from lbtune.capacity.compare import parse_gate
     from lbtune.capacity.probes import ProbeShape
-    from lbtune.capacity.report import describe, dumps
-    from lbtune.capacity.run import CapacityOptions, check_slo, run_capacity
+    from lbtune.capacity.run import CapacityOptions, check_slo
     from lbtune.capacity.search import SearchOptions
+    from lbtune.errors import ConfigError
     from lbtune.run.stress import StressOptions, default_out_dir
 
     share = fraction(attainment, "--attainment")
+    limit = None if fail_on is None else parse_gate(fail_on)
+    if limit is not None and compare is None and baseline is None:
+        raise ConfigError("--fail-on needs --baseline CAPACITY.json or --compare A B")
     base = StressOptions(
         scenario=scenario,
         target_url=target,
@@ -113,35 +137,150 @@ def capacity_command(
     )
     the_slo = _slo(base, slo)
     check_slo(the_slo, share)
-    err = Console(stderr=True)
-    case = _twin_case(base, config) if twin and target is None else None
-    out_dir = out or default_out_dir(Path("reports"), f"capacity-{scenario}")
     search = SearchOptions(
         attainment=share,
         precision=fraction(precision, "--precision"),
         start_rate=start_rate,
         max_probes=max_probes,
     )
-    opts = CapacityOptions(
-        base, the_slo, out_dir, search, case, shape=ProbeShape(samples, max_duration)
-    )
+    out_dir = out or default_out_dir(Path("reports"), f"capacity-{scenario}")
+    opts = CapacityOptions(base, the_slo, out_dir, search, shape=ProbeShape(samples, max_duration))
+    use_twin = twin and target is None
+    if compare is not None:
+        _compare(opts, compare, (use_twin, config), limit, as_json)
+    else:
+        _single(opts, (use_twin, config), (baseline, limit), as_json)
 
-    def on_probe(p: ProbeResult) -> None:
-        att = f"{p.met / p.judged:.2%}" if p.judged else "-"
-        behind = f" (generator behind: {'; '.join(p.behind)})" if p.behind else ""
-        err.print(
-            f"{p.source} probe {p.rate:.4g} req/s: {att} of {p.judged} met the SLO{behind}",
-            markup=False,
-            highlight=False,
-        )
 
-    report = run_capacity(opts, on_probe=on_probe, say=lambda m: err.print(m, markup=False))
-    if as_json:
-        typer.echo(dumps(report))
+def _say(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def _on_probe(p: ProbeResult) -> None:
+    att = f"{p.met / p.judged:.2%}" if p.judged else "-"
+    behind = f" (generator behind: {'; '.join(p.behind)})" if p.behind else ""
+    _say(f"{p.source} probe {p.rate:.4g} req/s: {att} of {p.judged} met the SLO{behind}")
+
+
+def _single(
+    opts: CapacityOptions,
+    twin: tuple[bool, str | None],
+    gate_on: tuple[Path | None, float | None],
+    as_json: bool,
+) -> None:
+    """One search; with ``--baseline`` and ``--fail-on``, gated against the earlier one."""
+    from dataclasses import replace
+
+    from lbtune.capacity.compare import gate, load_report, ratio
+    from lbtune.capacity.report import describe, dumps
+    from lbtune.capacity.run import run_capacity
+
+    baseline, limit = gate_on
+    before = None if baseline is None else load_report(baseline)
+    if twin[0]:
+        opts = replace(opts, twin=_twin_case(opts.stress, twin[1], None))
+    report = run_capacity(opts, on_probe=_on_probe, say=_say)
+    typer.echo(dumps(report) if as_json else "\n".join(describe(report)))
+    if not as_json:
+        typer.echo(f"report: {opts.out_dir / 'capacity.json'}")
+    if before is None or before.live is None or report.live is None:
         return
-    for line in describe(report):
-        typer.echo(line)
-    typer.echo(f"report: {out_dir / 'capacity.json'}")
+    r = ratio(before.live, report.live, opts.search.attainment, opts.search.ci)
+    if r.value is not None and r.ci is not None:
+        hi = "open" if r.ci[1] is None else f"{r.ci[1]:.3g}"
+        _say(f"against {baseline}: {r.value:.3g}x ({r.confidence:.0%} CI {r.ci[0]:.3g}–{hi})")
+    why = None if limit is None else gate(r, limit)
+    if why is not None:
+        _say(f"FAILED: {why}")
+        raise typer.Exit(1)
+
+
+def _compare(
+    opts: CapacityOptions,
+    files: tuple[Path, Path],
+    twin: tuple[bool, str | None],
+    limit: float | None,
+    as_json: bool,
+) -> None:
+    """Two param files on the running embedded cluster, probed in turn; B/A gated."""
+    from lbtune.capacity.compare import (
+        Applied,
+        CompareReport,
+        Side,
+        SideReport,
+        compare_searches,
+        describe_compare,
+        dumps_compare,
+        gate,
+        ratio,
+    )
+    from lbtune.capacity.probes import LiveProbe, Probes, TwinProbe
+    from lbtune.capacity.report import twin_error
+
+    sides, restore = [], _config_restorer(opts.stress.state_dir)
+    for i, path in enumerate(files):
+        label = f"{'AB'[i]}:{path.stem}"
+        inner = LiveProbe(Probes(opts.stress, opts.shape), opts.slo, opts.out_dir / "AB"[i], _say)
+        case = _twin_case(opts.stress, twin[1], path) if twin[0] else None
+        tp = None if case is None else TwinProbe(Probes(opts.stress, opts.shape), opts.slo, case)
+        sides.append(Side(label, Applied(_applier(opts.stress.state_dir, path), inner), tp))
+    try:
+        frames = compare_searches(sides, opts.search, opts.twin_margin, _on_probe)
+    finally:
+        restore()
+    reports = tuple(
+        SideReport(s.label, lf, tf, twin_error(lf, tf))
+        for s, (tf, lf) in zip(sides, frames, strict=True)
+    )
+    r = ratio(reports[0].live, reports[1].live, opts.search.attainment, opts.search.ci)
+    why = None if limit is None else gate(r, limit)
+    report = CompareReport(
+        opts.stress.scenario,
+        opts.stress.target_url or "the embedded cluster",
+        opts.slo,
+        opts.search.attainment,
+        opts.search.precision,
+        opts.search.ci.confidence,
+        reports,
+        r,
+        why,
+    )
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    (opts.out_dir / "capacity-compare.json").write_text(dumps_compare(report) + "\n")
+    typer.echo(dumps_compare(report) if as_json else "\n".join(describe_compare(report)))
+    if why is not None:
+        raise typer.Exit(1)
+
+
+def _applier(state_dir: Path | None, path: Path) -> Callable[[], None]:
+    """Applies the param file to the running cluster's balancer (direct, not recorded as
+    the last known good): before each of its side's probes."""
+    from lbtune.apply import apply_params
+    from lbtune.apply.paramfile import read_params_for
+    from lbtune.cli.apply import _target
+
+    t = _target(None, state_dir)
+    values = t.space().validate(read_params_for(path, t.name), str(path))
+
+    def apply() -> None:
+        apply_params(t, values, via="direct", record=False, source=f"file:{path}")
+
+    return apply
+
+
+def _config_restorer(state_dir: Path | None) -> Callable[[], None]:
+    """Puts back the balancer config that was live before the comparison."""
+    from lbtune.apply import apply_params
+    from lbtune.cli.apply import _target
+
+    t = _target(None, state_dir)
+    live = dict(t.read_live())
+
+    def restore() -> None:
+        if live:
+            apply_params(t, live, via="direct", record=False, source="before --compare")
+
+    return restore
 
 
 def _slo(base: StressOptions, text: str | None) -> Slo:
@@ -152,9 +291,10 @@ def _slo(base: StressOptions, text: str | None) -> Slo:
     return parse_slo(text, plan_run(base).slo_value(), tpot=True)
 
 
-def _twin_case(base: StressOptions, config: str | None) -> TwinCase | None:
+def _twin_case(base: StressOptions, config: str | None, params: Path | None) -> TwinCase | None:
     """The twin of the embedded cluster (``config``, else the running one, else the
-    default preset) behind its balancer's routing model; None, said, when it has none."""
+    default preset) behind its balancer's routing model, with ``params`` (else what is
+    live); None, said, when it has none."""
     from lbtune.capacity.probes import TwinCase
     from lbtune.cli.twin import routing_factory, twin_cluster, twin_params
     from lbtune.cluster import api
@@ -170,8 +310,8 @@ def _twin_case(base: StressOptions, config: str | None) -> TwinCase | None:
     except ConfigError as exc:
         typer.echo(f"note: no twin bracket ({exc})", err=True)
         return None
-    values, _ = twin_params(tc, None, [])
-    if ep is not None and config is None:
+    values, _ = twin_params(tc, params, [])
+    if ep is not None and config is None and params is None:
         live, _ = live_config(ep)
         values.update({k: v for k, v in (live or {}).items() if k in values})
     options = TwinOptions(time_scale=tc.config.time_scale, host_seed=tc.config.seed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,58 @@ def test_search_prints_and_writes_the_capacity(
     assert _main(monkeypatch, *args) == 0
     text = capsys.readouterr().out
     assert "capacity: 1" in text and "90% CI" in text and "converged" in text
+
+
+def test_fail_on_gates_against_a_baseline(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    args = ["-s", "chat", "--slo", "ttft=1s", "--no-twin", "--precision", "5%"]
+    _fake_live(monkeypatch, CurveProbe(logistic(12.0, 0.99, width=0.5), n=5000))
+    assert _main(monkeypatch, *args, "--out", str(tmp_path / "night1")) == 0
+    gate = ["--baseline", str(tmp_path / "night1"), "--fail-on", "capacity=-5%"]
+    _fake_live(monkeypatch, CurveProbe(logistic(12.2, 0.99, width=0.5), n=5000))
+    assert _main(monkeypatch, *args, "--out", str(tmp_path / "night2"), *gate) == 0
+    capsys.readouterr()
+    _fake_live(monkeypatch, CurveProbe(logistic(9.0, 0.99, width=0.5), n=5000))
+    assert _main(monkeypatch, *args, "--out", str(tmp_path / "night3"), *gate) == 1
+    err = capsys.readouterr().err
+    assert "FAILED: capacity fell to 7" in err and "more than the 5% allowed" in err
+    capsys.readouterr()
+    assert _main(monkeypatch, *args, "--fail-on", "capacity=-5%") == 2
+    assert "--fail-on needs --baseline" in capsys.readouterr().err
+
+
+def test_compare_probes_both_configs_in_turn_and_gates_the_ratio(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from lbtune.cli import capacity as cli
+
+    curves = {"rr": logistic(8.0, 0.99, width=0.4), "tuned": logistic(11.0, 0.99, width=0.4)}
+    live = {"now": "rr"}
+    applied: list[str] = []
+
+    def applier(state_dir: Path | None, path: Path) -> Callable[[], None]:
+        def apply() -> None:
+            live["now"] = path.stem
+            applied.append(path.stem)
+
+        return apply
+
+    def call(self: LiveProbe, rate: float) -> ProbeResult:
+        self.probes.next(rate)
+        return CurveProbe(curves[live["now"]], n=5000)(rate)
+
+    monkeypatch.setattr(cli, "_applier", applier)
+    monkeypatch.setattr(cli, "_config_restorer", lambda state_dir: lambda: applied.append("x"))
+    monkeypatch.setattr(LiveProbe, "__call__", call)
+    a, b = tmp_path / "rr.yaml", tmp_path / "tuned.yaml"
+    args = ["--slo", "ttft=1s", "--no-twin", "--out", str(tmp_path / "cmp")]
+    assert _main(monkeypatch, *args, "--compare", str(a), str(b), "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert applied[:4] == ["rr", "tuned", "rr", "tuned"] and applied[-1] == "x"
+    assert [s["label"] for s in out["sides"]] == ["A:rr", "B:tuned"]
+    lo, hi = out["ratio"]["ci"]
+    assert lo > 1.0 and lo <= 11 / 8 <= hi and out["failed"] is None
+    gate = ["--fail-on", "capacity=-5%"]
+    assert _main(monkeypatch, *args, "--compare", str(b), str(a), *gate) == 1
+    assert "FAILED: capacity fell to 7" in capsys.readouterr().out
