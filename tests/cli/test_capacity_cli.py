@@ -135,3 +135,26 @@ def test_compare_probes_both_configs_in_turn_and_gates_the_ratio(
     gate = ["--fail-on", "capacity=-5%"]
     assert _main(monkeypatch, *args, "--compare", str(b), str(a), *gate) == 1
     assert "FAILED: capacity fell to 7" in capsys.readouterr().out
+
+
+def test_the_readme_and_docs_examples_parse() -> None:
+    """Every `lbtune capacity ...` line of README.md and docs/capacity.md names options the
+    command has (parsed by click, nothing run)."""
+    import shlex
+
+    import typer.main
+
+    from lbtune.cli import app
+
+    group = typer.main.get_command(app)
+    cmd = group.commands["capacity"]  # type: ignore[attr-defined]
+    root = Path(__file__).resolve().parents[2]
+    lines = [
+        line.split("#")[0].strip()
+        for doc in ("README.md", "docs/capacity.md")
+        for line in (root / doc).read_text().splitlines()
+        if line.strip().startswith("lbtune capacity ")
+    ]
+    assert len(lines) >= 6
+    for line in lines:
+        cmd.make_context("capacity", shlex.split(line)[2:])
