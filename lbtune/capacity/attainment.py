@@ -10,6 +10,10 @@ Over the requests **sent** in the run's measurement window (as every figure of a
   of its latencies (:mod:`lbtune.metrics.censor`): a miss when that already breaks the
   TTFT or the E2E bound, otherwise **unjudged** (left out, and counted), since it might
   still have met it.
+
+The window is also cut into :data:`BLOCKS` consecutive blocks of equal length, each with
+its own (met, judged), for the block bootstrap of the capacity's CI
+(:mod:`lbtune.capacity.fit`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from lbtune.metrics.stats import meets_slo
 from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 from lbtune.records.slo import Slo
 
-__all__ = ["Attainment", "attainment"]
+__all__ = ["BLOCKS", "Attainment", "attainment"]
+
+BLOCKS = 5
+"""Time blocks per probe window."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,8 @@ class Attainment:
     judged: int
     unjudged: int
     """Cancelled requests whose bounds were not yet broken (left out of ``judged``)."""
+    blocks: tuple[tuple[int, int], ...] = ()
+    """(met, judged) per time block of the window, in order."""
 
     @property
     def share(self) -> float | None:
@@ -41,21 +50,23 @@ def attainment(
 ) -> Attainment:
     """The attainment of the requests sent in ``window`` (``[start, end)``) under ``slo``."""
     start, end = window
-    met = judged = unjudged = 0
+    span = max(end - start, 1e-9)
+    met = [0] * BLOCKS
+    judged = [0] * BLOCKS
+    unjudged = 0
     for r in records:
         if not start <= r.sent_at < end:
             continue
+        b = min(BLOCKS - 1, int((r.sent_at - start) / span * BLOCKS))
         if r.outcome == "ok":
-            judged += 1
-            met += meets_slo(r, slo)
-        elif r.outcome in ERROR_OUTCOMES:
-            judged += 1
+            judged[b] += 1
+            met[b] += meets_slo(r, slo)
+        elif r.outcome in ERROR_OUTCOMES or (r.outcome == "cancelled" and _broken(r, slo)):
+            judged[b] += 1
         elif r.outcome == "cancelled":
-            if _broken(r, slo):
-                judged += 1
-            else:
-                unjudged += 1
-    return Attainment(met, judged, unjudged)
+            unjudged += 1
+    blocks = tuple((m, n) for m, n in zip(met, judged, strict=True) if n > 0)
+    return Attainment(sum(met), sum(judged), unjudged, blocks)
 
 
 def _broken(r: RequestRecord, slo: Slo) -> bool:

@@ -64,7 +64,7 @@ class Ratio:
 
 def points_of(f: SearchFrame) -> list[Point]:
     """The points a search's estimate was made of (its probes whose generator kept up)."""
-    return [Point(p.rate, p.met, p.judged) for p in f.probes if not p.behind]
+    return [Point(p.rate, p.met, p.judged, p.blocks) for p in f.probes if not p.behind]
 
 
 def ratio(a: SearchFrame, b: SearchFrame, target: float, ci: CiOptions) -> Ratio:

@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lbtune.capacity.attainment import attainment
-from lbtune.capacity.search import ProbeResult
+from lbtune.capacity.search import ProbeLatency, ProbeResult
 from lbtune.loadgen.recordio import read_records
+from lbtune.metrics.summary import Latencies
 from lbtune.records.slo import Slo
 from lbtune.run.plan import plan_run
 from lbtune.run.stress import StressOptions, run_stress
@@ -30,7 +31,7 @@ from lbtune.twin.replica import TwinReplica
 from lbtune.twin.routing import RoutingModel
 from lbtune.twin.run import simulate
 
-__all__ = ["LiveProbe", "ProbeShape", "Probes", "TwinCase", "TwinProbe", "probe_dir"]
+__all__ = ["LiveProbe", "ProbeShape", "Probes", "TwinCase", "TwinProbe", "latency", "probe_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,11 @@ log = logging.getLogger(__name__)
 def probe_dir(root: Path, index: int, rate: float) -> Path:
     """The run directory of a search's ``index``-th probe (``probe-03-12.5rps``)."""
     return root / f"probe-{index:02d}-{rate:.4g}rps"
+
+
+def latency(lat: Latencies) -> ProbeLatency:
+    """The percentiles a capacity report shows of a probe's summary."""
+    return ProbeLatency(lat.ttft.p50, lat.ttft.p99, lat.tpot.p50, lat.tpot.p99)
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,10 @@ class LiveProbe:
         behind: tuple[str, ...] = ()
         if gen.degraded:
             behind = tuple(gen.reasons) or ("the generator fell behind",)
-        return ProbeResult(rate, got.met, got.judged, behind, str(out), wall, "live")
+        lat = latency(result.summary.latency)
+        return ProbeResult(
+            rate, got.met, got.judged, behind, str(out), wall, "live", lat, got.blocks
+        )
 
 
 @dataclass(frozen=True)
@@ -121,4 +130,5 @@ class TwinProbe:
         run = simulate(plan, self.case.replicas, self.case.routing(plan), self.case.options)
         w = run.window
         got = attainment(run.records, (w.start, w.end), self.slo)
-        return ProbeResult(rate, got.met, got.judged, (), None, run.cpu_s, "twin")
+        lat = latency(run.summary().latency)
+        return ProbeResult(rate, got.met, got.judged, (), None, run.cpu_s, "twin", lat, got.blocks)

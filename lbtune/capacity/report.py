@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import TypeAdapter
 
 from lbtune.capacity.fit import wilson
-from lbtune.capacity.search import SearchResult
+from lbtune.capacity.search import ProbeLatency, SearchResult
 from lbtune.records.slo import Slo
 
 __all__ = ["CapacityReport", "ProbeRow", "SearchFrame", "describe", "dumps", "frame", "write"]
@@ -31,6 +31,10 @@ class ProbeRow:
     source: str
     run_dir: str | None
     wall_s: float
+    latency: ProbeLatency | None = None
+    """TTFT and TPOT percentiles of the probe's window."""
+    blocks: tuple[tuple[int, int], ...] = ()
+    """(met, judged) per time block of the window (the CI's resampling unit)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,8 @@ def frame(result: SearchResult, source: str, wall_s: float) -> SearchFrame:
             p.source,
             p.run_dir,
             round(p.wall_s, 3),
+            p.latency,
+            p.blocks,
         )
         for p in result.probes
     )
@@ -119,7 +125,7 @@ def write(report: CapacityReport, out_dir: Path) -> Path:
 
 
 def _ms(s: float | None) -> str:
-    return "-" if s is None else (f"{s * 1000:g} ms" if s < 1 else f"{s:g} s")
+    return "-" if s is None else (f"{s * 1000:.3g}ms" if s < 1 else f"{s:.3g}s")
 
 
 def describe_slo(slo: Slo, share: float) -> str:
@@ -158,13 +164,19 @@ def describe(report: CapacityReport) -> list[str]:
         fitted = dict(f.curve)
         lines.append(
             f"  {f.source:<5} {'rate/s':>8} {'attained':>9} {ci_head:>15} {'fitted':>8} "
-            f"{'judged':>7}"
+            f"{'judged':>7} {'TTFT p50/p99':>15} {'TPOT p50/p99':>15}"
         )
         for p in sorted(f.probes, key=lambda p: p.rate):
             att = "-" if p.attainment is None else f"{p.attainment:.2%}"
             fit = "behind" if p.behind else f"{fitted.get(p.rate, float('nan')):.2%}"
             ci = f"{p.ci[0]:.1%}–{p.ci[1]:.1%}"
-            lines.append(f"  {'':<5} {p.rate:>8.4g} {att:>9} {ci:>15} {fit:>8} {p.judged:>7}")
+            lat = p.latency or ProbeLatency()
+            ttft = f"{_ms(lat.ttft_p50)}/{_ms(lat.ttft_p99)}"
+            tpot = f"{_ms(lat.tpot_p50)}/{_ms(lat.tpot_p99)}"
+            lines.append(
+                f"  {'':<5} {p.rate:>8.4g} {att:>9} {ci:>15} {fit:>8} {p.judged:>7} "
+                f"{ttft:>15} {tpot:>15}"
+            )
         lines.append(describe_capacity(f, report.confidence))
         if f.cliff is not None:
             lines.append(

@@ -32,6 +32,7 @@ from lbtune.capacity.fit import CiOptions, Estimate, Point, estimate
 
 __all__ = [
     "Probe",
+    "ProbeLatency",
     "ProbeResult",
     "Search",
     "SearchOptions",
@@ -40,6 +41,16 @@ __all__ = [
     "interleave",
     "search",
 ]
+
+
+@dataclass(frozen=True)
+class ProbeLatency:
+    """A probe's latency percentiles over its window (seconds; None: too few samples)."""
+
+    ttft_p50: float | None = None
+    ttft_p99: float | None = None
+    tpot_p50: float | None = None
+    tpot_p99: float | None = None
 
 
 @dataclass(frozen=True)
@@ -56,10 +67,13 @@ class ProbeResult:
     wall_s: float = 0.0
     source: str = "live"
     """``live`` or ``twin``."""
+    latency: ProbeLatency | None = None
+    blocks: tuple[tuple[int, int], ...] = ()
+    """(met, judged) per time block of the window (the block bootstrap's)."""
 
     @property
     def point(self) -> Point:
-        return Point(self.rate, self.met, self.judged)
+        return Point(self.rate, self.met, self.judged, self.blocks)
 
 
 class Probe(Protocol):

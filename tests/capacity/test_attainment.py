@@ -23,3 +23,5 @@ def test_attainment_judges_the_window_errors_and_cut_off_requests() -> None:
     got = attainment(records, (10.0, 20.0), slo)
     assert (got.met, got.judged, got.unjudged) == (1, 6, 1)
     assert got.share == 1 / 6
+    # five 2-s blocks of the window; blocks without a judged request are left out
+    assert got.blocks == ((1, 2), (0, 2), (0, 2))

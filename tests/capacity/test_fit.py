@@ -71,13 +71,12 @@ def test_bootstrap_interval_covers_the_crossing_about_as_often_as_it_claims() ->
     crossing in 80..98 % of 200 independent sets of probes (measured: 88 %)."""
     true_cap, target = 10.0, 0.95
     att = logistic(true_cap, target, width=1.0)
-    rates = np.array([6.0, 8.0, 9.0, 10.0, 11.0, 12.0, 14.0])
+    rates = [6.0, 8.0, 9.0, 10.0, 11.0, 12.0, 14.0]
     rng = np.random.default_rng(7)
     hits = 0
     for k in range(200):
-        judged = np.full(rates.size, 400.0)
-        met = np.array([rng.binomial(400, att(r)) for r in rates], dtype=float)
-        lo, hi = bootstrap_interval(rates, met, judged, target, CiOptions(0.9, 400, k))
+        points = [Point(r, int(rng.binomial(400, att(r))), 400) for r in rates]
+        lo, hi = bootstrap_interval(points, target, CiOptions(0.9, 400, k))
         assert hi is not None
         hits += lo <= true_cap <= hi
     assert 0.80 <= hits / 200 <= 0.98, hits / 200
@@ -87,3 +86,27 @@ def test_the_ci_holds_the_bracket_it_interpolates_in() -> None:
     """Exact counts leave no noise, but a crossing between 4 and 8 req/s is a guess."""
     est = estimate([Point(4.0, 999, 1000), Point(8.0, 40, 1000)], 0.99)
     assert est.ci == (4.0, 8.0)
+
+
+def test_blocks_that_disagree_widen_the_ci() -> None:
+    """The same totals, met evenly over the window or in a burst of misses: the burst's
+    blocks disagree, and the block bootstrap's CI is wider."""
+    even = [(95, 100)] * 10
+    burst = [(100, 100)] * 5 + [(90, 100)] * 5
+    lo_rate = Point(8.0, 995, 1000, tuple([(99, 100)] * 5 + [(100, 100)] * 5))
+
+    def width(blocks: list[tuple[int, int]]) -> float:
+        mid = Point(10.0, 950, 1000, tuple(blocks))
+        hi_rate = Point(12.0, 800, 1000, tuple([(80, 100)] * 10))
+        lo, hi = bootstrap_interval([lo_rate, mid, hi_rate], 0.95, CiOptions(seed=1))
+        assert hi is not None
+        return hi - lo
+
+    assert width(burst) > 1.5 * width(even)
+
+
+def test_attainment_blocks_pool_by_rate() -> None:
+    ps = pooled([Point(2.0, 9, 10, ((9, 10),)), Point(2.0, 5, 10, ((5, 10),))])
+    assert ps == [Point(2.0, 14, 20, ((9, 10), (5, 10)))]
+    mixed = pooled([Point(2.0, 9, 10, ((9, 10),)), Point(2.0, 5, 10)])
+    assert mixed[0].blocks == ()  # one without blocks: drawn request by request
