@@ -15,9 +15,10 @@ is cut into consecutive blocks (:mod:`lbtune.capacity.attainment`) and each bloc
 queues, so a burst that breaks the SLO breaks it for a block at once; drawing requests one
 by one would take them as independent and give a CI too narrow near the capacity, where
 such bursts decide (on the twin, two probes with other seeds attained 94 % at 19.8 req/s
-and 78 % at 19.3 req/s: the higher rate did better by ten binomial standard errors). A point without blocks (a
-hand-made one) is drawn request by request: ``Poisson(met)`` met and ``Poisson(judged -
-met)`` missed requests, the same distribution as drawing each request.
+and 78 % at 19.3 req/s: the higher rate did better by ten binomial standard errors). A
+point without blocks (a hand-made one) is drawn request by request: ``Poisson(met)`` met
+and ``Poisson(judged - met)`` missed requests, the same distribution as drawing each
+request.
 
 Between two probed rates the curve is not measured: where it crosses between the last
 rate meeting the target and the next one is an interpolation, right for a gentle curve
