@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Annotated
 
 from pydantic import Field
@@ -19,13 +19,16 @@ class Slo:
 
     ``tpot_s`` bounds each request's time per output token; only ``lbtune capacity`` reads
     it (``parse_slo(..., tpot=True)``): a stress run's SLO has no TPOT bound, and a record
-    without one (``None``) keeps the JSON form it had (no ``tpot_s`` key).
+    without one (``None``) keeps the form it had: no ``tpot_s`` key in its JSON, and its
+    repr, which golden files of summaries hold, unchanged (``repr=False``).
     """
 
     ttft_s: float | None = None
     e2e_s: float | None = None
     max_error_rate: float = 0.01
-    tpot_s: Annotated[float | None, Field(exclude_if=lambda v: v is None)] = None
+    tpot_s: Annotated[float | None, Field(exclude_if=lambda v: v is None)] = field(
+        default=None, repr=False
+    )
 
 
 # -- SLO overrides --------------------------------------------------------------
