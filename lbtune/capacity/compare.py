@@ -33,7 +33,15 @@ from lbtune.capacity.report import (
     describe_slo,
     frame,
 )
-from lbtune.capacity.search import Probe, ProbeResult, Search, SearchOptions, interleave, search
+from lbtune.capacity.search import (
+    Probe,
+    ProbeResult,
+    Search,
+    SearchOptions,
+    for_twin,
+    interleave,
+    search,
+)
 from lbtune.errors import ConfigError
 from lbtune.records.slo import Slo
 
@@ -128,7 +136,7 @@ def compare_searches(
         sopts, tf = opts, None
         if side.twin is not None:
             t0 = time.monotonic()
-            tres = search(side.twin, opts, on_probe)
+            tres = search(side.twin, for_twin(opts), on_probe)
             tf = frame(tres, "twin", time.monotonic() - t0)
             cap = tres.estimate.capacity
             if cap is not None and tres.estimate.kind == "bracketed":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lbtune.capacity.probes import LiveProbe, Probes, ProbeShape, TwinCase, TwinProbe
 from lbtune.capacity.report import CapacityReport, SearchFrame, frame, twin_error, write
-from lbtune.capacity.search import Probe, ProbeResult, SearchOptions, search
+from lbtune.capacity.search import Probe, ProbeResult, SearchOptions, for_twin, search
 from lbtune.errors import ConfigError, LbtuneError
 from lbtune.records.slo import Slo
 from lbtune.run.stress import StressOptions, check_bounds
@@ -75,7 +75,7 @@ def measure(
     twin_frame: SearchFrame | None = None
     if twin is not None:
         t0 = time.monotonic()
-        tres = search(twin, sopts, on_probe)
+        tres = search(twin, for_twin(sopts), on_probe)
         twin_frame = frame(tres, "twin", time.monotonic() - t0)
         cap = tres.estimate.capacity
         if cap is not None and tres.estimate.kind == "bracketed":

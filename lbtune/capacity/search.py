@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from lbtune.capacity.fit import CiOptions, Estimate, Point, estimate
@@ -38,6 +38,7 @@ __all__ = [
     "SearchOptions",
     "SearchResult",
     "Steps",
+    "for_twin",
     "interleave",
     "search",
 ]
@@ -255,6 +256,16 @@ class Search:
                 "stops there, and the capacity is estimated from the probes it measured "
                 "(more generator processes: --workers)"
             )
+
+
+TWIN_PROBES = 24
+"""A twin search's probe budget: a twin probe costs seconds of CPU, not a minute of load,
+so it is not held to the live search's ``max_probes``."""
+
+
+def for_twin(opts: SearchOptions) -> SearchOptions:
+    """The options of the twin search that places a live search's bracket."""
+    return replace(opts, max_probes=max(opts.max_probes, TWIN_PROBES), bracket=None)
 
 
 def _clamp(rate: float, o: SearchOptions) -> float:

@@ -37,3 +37,17 @@ def test_the_twin_places_the_live_bracket_and_its_error_is_reported(tmp_path: Pa
     assert any(line.startswith("twin: its capacity was +") for line in describe(report))
     saved = json.loads((tmp_path / "capacity.json").read_text())
     assert saved["twin_error"] == report.twin_error
+
+
+def test_the_twin_search_is_not_held_to_the_live_probe_budget(tmp_path: Path) -> None:
+    twin = CurveProbe(logistic(30.0, 0.99, width=1.0), n=5000, source="twin")
+    live = CurveProbe(logistic(30.0, 0.99, width=1.0), n=5000)
+    opts = CapacityOptions(
+        StressOptions(scenario="chat"),
+        Slo(ttft_s=1.0),
+        tmp_path,
+        SearchOptions(attainment=0.99, precision=0.05, max_probes=4),
+    )
+    report = measure(opts, live, twin)
+    assert report.twin is not None and report.twin.converged
+    assert len(report.twin.probes) > 4 and len(live.rates) <= 4
