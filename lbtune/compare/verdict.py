@@ -227,11 +227,13 @@ RESULT: TypeAdapter[CompareResult] = TypeAdapter(CompareResult)
 
 
 def _change(fig: FigureDef, a: Any, b: Any) -> Any:
-    """Relative or absolute change; works elementwise on bootstrap arrays."""
+    """Relative or absolute change; works elementwise on bootstrap arrays. A relative
+    change from zero is not finite (numpy's division, also for two plain floats: Python's
+    raised ZeroDivisionError when side A's figure was 0)."""
     if not fig.relative:
         return b - a
     with np.errstate(divide="ignore", invalid="ignore"):
-        return b / a - 1
+        return np.true_divide(b, a) - 1
 
 
 def _finite(x: float | None) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -270,3 +271,13 @@ def test_bad_input_is_one_line_exit_2(
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0]
+
+
+def test_a_figure_that_is_zero_on_side_a_has_no_ratio(runs: dict[str, Path]) -> None:
+    """A relative change from 0 (a run with no throughput on side A) is "no ratio", not a
+    ZeroDivisionError: the figures of summaries are plain floats, not numpy's."""
+    a, b = load_pair(runs["a"], runs["bare"])
+    zero = dataclasses.replace(a, figures={**a.figures, "requests_per_s": 0.0})
+    result = compare(zero, b)
+    fig = next(f for f in result.figures if f.key == "requests_per_s")
+    assert fig.change is None and fig.note == "A is zero: no ratio"

@@ -30,7 +30,7 @@ from typing import Any
 from lbtune.agent.config import AgentConfig
 from lbtune.agent.loop import AgentThread
 from lbtune.errors import TargetError
-from lbtune.records.endpoints import Endpoints
+from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
 from lbtune.targets.base import pool_names
 from lbtune.targets.haproxy.balancer import HaproxyWeights
 from lbtune.targets.haproxy.files import HaproxyFiles
@@ -129,6 +129,65 @@ def _share(a: dict[str, int], b: dict[str, int], server: str) -> float:
     return deltas.get(server, 0) / total if total else float("nan")
 
 
+def _slowed_replica(
+    ep: Endpoints, replica: str | None, model: str | None
+) -> tuple[str, str, ReplicaEndpoint]:
+    """(model, backend, replica) of the check: ``replica`` (default: the last) serving ``model``
+    (default: the first model served by two replicas or more)."""
+    if model is None:
+        shared = [m for m in ep.models if sum(m in r.models for r in ep.replicas) >= 2]
+        if not shared:
+            raise TargetError("slowdown_check needs a model served by two replicas or more")
+        model = shared[0]
+    members = [r for r in ep.replicas if model in r.models]
+    target = next((r for r in members if r.name == (replica or members[-1].name)), None)
+    if target is None:
+        raise TargetError(f"replica {replica!r} does not serve {model}")
+    return model, pool_names(ep.models)[model], target
+
+
+def _check_agent_config(ep: Endpoints) -> AgentConfig:
+    """The check's agent: 1 s interval, latency-led coefficients (see :func:`slowdown_check`)."""
+    return AgentConfig(
+        prometheus_url=ep.prometheus_url,
+        state_dir=ep.state_dir,
+        interval_s=1.0,
+        metrics_port=None,
+        ttft_window_s=4.0,
+        # Times in the sim are divided by its time scale: scale the 350 ms TTFT target too.
+        ttft_ceiling_s=0.35 / ep.time_scale,
+        a=0.2,
+        b=0.6,
+        c=0.2,
+    )
+
+
+class _Phases:
+    """The check's two phases: the replica's share of new requests over each phase's
+    second half, and its weight sampled every 0.5 s of the second phase."""
+
+    def __init__(self, rt: HaproxyRuntime, backend: str, server: str) -> None:
+        self.rt, self.backend, self.server = rt, backend, server
+        self.samples: list[tuple[float, int]] = []
+
+    def weight(self) -> int:
+        states = self.rt.servers_state(self.backend)
+        return next(s.weight for s in states if s.server == self.server)
+
+    def wait(self, seconds: float, since: float | None) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if since is not None:
+                self.samples.append((round(time.monotonic() - since, 2), self.weight()))
+            time.sleep(min(0.5, left))
+
+    def measure(self, seconds: float, since: float | None = None) -> tuple[float, int]:
+        self.wait(seconds / 2, since)
+        a = _stot(self.rt, self.backend)
+        self.wait(seconds / 2, since)
+        return _share(a, _stot(self.rt, self.backend), self.server), self.weight()
+
+
 def slowdown_check(
     ep: Endpoints,
     replica: str | None = None,
@@ -151,49 +210,14 @@ def slowdown_check(
     which the source's defaults (0.5, 0.3, 0.2) weigh most. With ``run_agent=False`` no
     agent is started (the cluster's own must be running) and ``config`` is not used.
     """
-    if model is None:
-        shared = [m for m in ep.models if sum(m in r.models for r in ep.replicas) >= 2]
-        if not shared:
-            raise TargetError("slowdown_check needs a model served by two replicas or more")
-        model = shared[0]
-    backend = pool_names(ep.models)[model]
-    members = [r for r in ep.replicas if model in r.models]
-    target = next((r for r in members if r.name == (replica or members[-1].name)), None)
-    if target is None:
-        raise TargetError(f"replica {replica!r} does not serve {model}")
+    model, backend, target = _slowed_replica(ep, replica, model)
     rt = HaproxyRuntime(HaproxyFiles.of(ep).runtime_socket)
     saved = {(s.backend, s.server): s.weight for s in rt.servers_state()}
-    cfg = config or AgentConfig(
-        prometheus_url=ep.prometheus_url,
-        state_dir=ep.state_dir,
-        interval_s=1.0,
-        metrics_port=None,
-        ttft_window_s=4.0,
-        # Times in the sim are divided by its time scale: scale the 350 ms TTFT target too.
-        ttft_ceiling_s=0.35 / ep.time_scale,
-        a=0.2,
-        b=0.6,
-        c=0.2,
-    )
+    cfg = config or _check_agent_config(ep)
     prompt = "Summarise the following text. " + "lorem ipsum dolor sit amet " * 60
-
-    def weight() -> int:
-        return next(s.weight for s in rt.servers_state(backend) if s.server == target.name)
-
-    samples: list[tuple[float, int]] = []
-
-    def wait(seconds: float, since: float | None) -> None:
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            if since is not None:
-                samples.append((round(time.monotonic() - since, 2), weight()))
-            time.sleep(min(0.5, left))
-
-    def measure(seconds: float, since: float | None = None) -> tuple[float, int]:
-        wait(seconds / 2, since)
-        a = _stot(rt, backend)
-        wait(seconds / 2, since)
-        return _share(a, _stot(rt, backend), target.name), weight()
+    phases = _Phases(rt, backend, target.name)
+    measure = phases.measure
+    samples = phases.samples
 
     try:
         with (
