@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import BeforeValidator, TypeAdapter
 
 from lbtune.errors import ConfigError
 from lbtune.keyvalue import bad_value, parse_pairs
@@ -43,49 +45,54 @@ DEFAULT_WEIGHTS: Mapping[str, float] = {"e2e": 0.45, "ttft": 0.35, "decay": 0.20
 DEFAULT_REFS: Mapping[str, float] = {"e2e": 0.8, "ttft": 0.35, "decay": 0.12}
 
 
+def _null_is_nan(value: object) -> object:
+    """A figure written as ``null`` (it was NaN or infinite) reads back as NaN."""
+    return math.nan if value is None else value
+
+
+def _no_interval(value: object) -> object:
+    """An interval with a bound written as ``null`` (not finite) reads back as no interval."""
+    return None if isinstance(value, list | tuple) and None in value else value
+
+
+# JSON quirks kept from the hand-written form: a non-finite figure is written ``null``
+# (pydantic's JSON mode); an interval with a ``null`` bound reads back as none. New: a
+# ``null`` figure reads back as NaN (the hand-written reader let ``None`` into a float).
+_Figure = Annotated[float, BeforeValidator(_null_is_nan)]
+_Interval = Annotated[tuple[float, float] | None, BeforeValidator(_no_interval)]
+
+
 @dataclass(frozen=True)
 class Figures:
-    """The few figures of one measurement the objective needs (seconds, fractions, per s)."""
+    """The few figures of one measurement the objective needs (seconds, fractions, per s).
 
-    p99_e2e_s: float
-    p99_ttft_s: float
-    decay: float = 0.0
-    error_rate: float = 0.0
-    requests_per_s: float = 0.0
+    Its JSON form (:data:`FIGURES`; in ``study.json`` and a trial's Optuna attributes) is
+    every field in field order, a non-finite figure ``null``.
+    """
+
+    p99_e2e_s: _Figure
+    p99_ttft_s: _Figure
+    decay: _Figure = 0.0
+    error_rate: _Figure = 0.0
+    requests_per_s: _Figure = 0.0
     goodput_per_s: float | None = None
-    output_tokens_per_s: float = 0.0
+    output_tokens_per_s: _Figure = 0.0
     p50_ttft_s: float | None = None
     balance: float | None = None
     """``ServerSide.replica_balance``: std-dev across replicas of SM activity, else of GPU
     utilisation (or busy fraction). Reported, not scored."""
     completed: int = 0
-    p99_e2e_ci: tuple[float, float] | None = None
+    p99_e2e_ci: _Interval = None
     """95 % bootstrap interval of ``p99_e2e_s`` (None when not computed)."""
-    p99_ttft_ci: tuple[float, float] | None = None
+    p99_ttft_ci: _Interval = None
     samples: int = 0
     """Latency samples behind the P99s (censored ones included); 0 when not known."""
     censored: int = 0
     """Of those, requests unfinished when measured (lower bounds: elapsed time)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: _finite(v) for k, v in asdict(self).items()}
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Figures:
-        names = cls.__dataclass_fields__
-        out = {k: v for k, v in data.items() if k in names}
-        for key in ("p99_e2e_ci", "p99_ttft_ci"):
-            ci = out.get(key)
-            out[key] = None if ci is None or None in ci else (float(ci[0]), float(ci[1]))
-        return cls(**out)
-
-
-def _finite(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, tuple):
-        return [_finite(x) for x in v]
-    return v
+FIGURES: TypeAdapter[Figures] = TypeAdapter(Figures)
+"""Figures to and from their JSON form (:func:`lbtune.records.jsonform.json_data`)."""
 
 
 @dataclass(frozen=True)
@@ -100,14 +107,6 @@ class ObjectiveSpec:
     @property
     def directions(self) -> list[Literal["minimize", "maximize"]]:
         return ["minimize"] * (1 if self.kind == "composite" else len(PARETO_NAMES))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "weights": dict(self.weights),
-            "refs": dict(self.refs),
-            "max_error_rate": self.max_error_rate,
-        }
 
 
 def figures_from_summary(summary: RunSummary) -> Figures:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 
@@ -9,6 +11,7 @@ import pytest
 
 from lbtune.errors import ConfigError
 from lbtune.objective import (
+    FIGURES,
     Figures,
     ObjectiveSpec,
     composite,
@@ -22,6 +25,7 @@ from lbtune.objective import (
     pick,
     values,
 )
+from lbtune.records.jsonform import json_data
 
 
 def test_composite_default_weights_and_refs() -> None:
@@ -95,3 +99,18 @@ def test_importing_the_cli_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_figures_json_form_and_what_reads_back() -> None:
+    """Every field in field order, a non-finite figure ``null``; a trial's Optuna attribute
+    (or an old ``study.json``) reads back: unknown keys ignored, an interval with a ``null``
+    bound as none, a ``null`` figure as NaN."""
+    fig = Figures(math.inf, 0.3, goodput_per_s=7.0, p99_e2e_ci=(0.8, math.nan), completed=3)
+    data = json_data(FIGURES, fig)
+    assert list(data) == list(Figures.__dataclass_fields__)
+    assert data["p99_e2e_s"] is None and data["p99_e2e_ci"] == [0.8, None]
+    back = FIGURES.validate_python(json.loads(json.dumps(data)) | {"added_later": 1})
+    assert math.isnan(back.p99_e2e_s) and back.p99_e2e_ci is None
+    assert back == Figures(back.p99_e2e_s, 0.3, goodput_per_s=7.0, completed=3)
+    old = {"p99_e2e_s": 1, "p99_ttft_s": 0.3, "p99_ttft_ci": [0.2, 0.4]}  # before `samples`
+    assert FIGURES.validate_python(old) == Figures(1.0, 0.3, p99_ttft_ci=(0.2, 0.4))

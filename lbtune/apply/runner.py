@@ -9,6 +9,7 @@ output in a log file, and sum it up as one line per host.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -109,6 +110,32 @@ def check_inventory(inventory: str | Path) -> None:
         ) from None
 
 
+def _on_event(hosts: dict[str, HostResult], event: dict[str, Any]) -> bool:
+    """ansible-runner's event handler: fold a per-host event into ``hosts`` (the first
+    failure kept, ``changed`` sticky, the module's ``lbtune`` result carried on)."""
+    status = _HOST_EVENTS.get(event.get("event", ""))
+    data = event.get("event_data") or {}
+    host = data.get("host")
+    if status is None or host is None:
+        return True
+    res = data.get("res") or {}
+    if status == "ok" and res.get("changed"):
+        status = "changed"
+    prev = hosts.get(host)
+    if status == "skipped" and prev is not None:
+        return True
+    if prev is not None and not prev.ok:
+        return True  # keep the first failure
+    lb = res.get("lbtune") if isinstance(res.get("lbtune"), dict) else None
+    if prev is not None and prev.status == "changed" and status == "ok":
+        status = "changed"
+    result = lb if lb is not None else (prev.result if prev else {})
+    failed = status in ("failed", "unreachable")
+    task = str(data.get("task", "")) if failed else ""
+    hosts[host] = HostResult(host, status, task, _msg(res) if failed else "", result)
+    return True
+
+
 def run_playbook(
     playbook: str,
     *,
@@ -141,34 +168,7 @@ def run_playbook(
     }
     cmdline = " ".join(x for x, on in (("--check", check), ("--diff", diff)) if on)
     hosts: dict[str, HostResult] = {}
-
-    def on_event(event: dict[str, Any]) -> bool:
-        status = _HOST_EVENTS.get(event.get("event", ""))
-        data = event.get("event_data") or {}
-        host = data.get("host")
-        if status is None or host is None:
-            return True
-        res = data.get("res") or {}
-        if status == "ok" and res.get("changed"):
-            status = "changed"
-        prev = hosts.get(host)
-        if status == "skipped" and prev is not None:
-            return True
-        if prev is not None and not prev.ok:
-            return True  # keep the first failure
-        lb = res.get("lbtune") if isinstance(res.get("lbtune"), dict) else None
-        if prev is not None and prev.status == "changed" and status == "ok":
-            status = "changed"
-        result = lb if lb is not None else (prev.result if prev else {})
-        task = str(data.get("task", ""))
-        hosts[host] = HostResult(
-            host,
-            status,
-            task if status in ("failed", "unreachable") else "",
-            _msg(res) if status in ("failed", "unreachable") else "",
-            result,
-        )
-        return True
+    on_event = functools.partial(_on_event, hosts)
 
     t0 = time.perf_counter()
     # ansible-runner chdirs and rewrites env; extravars are passed as a file.

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
+
+from lbtune.cli.options import JsonOpt, PrometheusOpt, StateDirOpt
 
 if TYPE_CHECKING:
     from lbtune.agent.config import AgentConfig
@@ -65,8 +67,22 @@ def _cluster_defaults(state_dir: Path | None) -> dict[str, Any]:
     return {"prometheus_url": ep.prometheus_url, "state_dir": ep.state_dir}
 
 
-def _rows(result: StepResult) -> list[dict[str, Any]]:
-    rows = []
+class DecisionRow(TypedDict):
+    """One replica's decision as ``--once`` shows it (and ``--json`` prints it)."""
+
+    replica: str
+    previous: int
+    weight: int
+    target: int | None
+    score: float | None
+    kv_norm: float | None
+    latency_norm: float | None
+    queue_norm: float | None
+    reasons: list[str]
+
+
+def _rows(result: StepResult) -> list[DecisionRow]:
+    rows: list[DecisionRow] = []
     for d in result.decisions:
         n = d.smoothed
         rows.append(
@@ -85,11 +101,11 @@ def _rows(result: StepResult) -> list[dict[str, Any]]:
     return rows
 
 
-def _print_table(rows: list[dict[str, Any]], applied: bool) -> None:
+def _print_table(rows: list[DecisionRow], applied: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    def f(v: Any) -> str:
+    def f(v: object) -> str:
         return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 
     table = Table(title="agent decisions" + ("" if applied else " (not applied)"))
@@ -122,10 +138,7 @@ def run(
             help="Agent settings (YAML or JSON; see docs/agent.md). Re-read on SIGHUP.",
         ),
     ] = None,
-    prometheus: Annotated[
-        str | None,
-        typer.Option("--prometheus", help="Prometheus URL. Default: the running cluster's."),
-    ] = None,
+    prometheus: PrometheusOpt = None,
     interval: Annotated[
         float | None, typer.Option("--interval", help="Seconds between steps (default 2).")
     ] = None,
@@ -133,30 +146,25 @@ def run(
         int | None,
         typer.Option("--port", help="Serve /metrics on 127.0.0.1:PORT (default 9492; 0 = any)."),
     ] = None,
-    state_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--state-dir",
-            help="The lbtune cluster whose balancer to steer (default: the running one).",
-        ),
-    ] = None,
+    state_dir: StateDirOpt = None,
     once: Annotated[
         bool, typer.Option("--once", help="One step: print the decision table and exit.")
     ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Compute and show decisions; set no weight.")
     ] = False,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="With --once: machine-readable output only.")
-    ] = False,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Run the agent until SIGTERM/Ctrl-C (SIGHUP re-reads --config), or one step with --once."""
+    """Run the agent until SIGTERM/Ctrl-C (SIGHUP re-reads --config), or one step with --once.
+
+    It steers the balancer of the lbtune cluster in --state-dir (default: the running one).
+    --json (with --once) prints the step's decisions as JSON.
+    """
     import threading
 
     from lbtune.agent.config import load_agent_config
-    from lbtune.agent.loop import Agent, install_signal_handlers
+    from lbtune.agent.loop import install_signal_handlers
     from lbtune.agent.loop import run as run_loop
-    from lbtune.errors import TargetError
 
     if as_json and not once:
         raise typer.BadParameter("--json goes with --once", param_hint="--json")
@@ -170,16 +178,7 @@ def run(
     defaults = _cluster_defaults(state_dir)
     cfg = load_agent_config(config, overrides, defaults)
     if once:
-        agent = Agent(cfg, connect=connect, dry_run=dry_run)
-        result = agent.step()
-        if not result.ok:
-            raise TargetError(next(iter(agent.down.values()), f"step failed ({result.error})"))
-        rows = _rows(result)
-        applied = cfg.enabled and not dry_run
-        if as_json:
-            typer.echo(json.dumps({"applied": applied, "decisions": rows}, indent=2))
-        else:
-            _print_table(rows, applied)
+        _once(cfg, dry_run, as_json)
         return
     agent_log = logging.getLogger("lbtune.agent")
     if agent_log.getEffectiveLevel() > logging.INFO:
@@ -196,3 +195,20 @@ def run(
         connect=connect,
         dry_run=dry_run,
     )
+
+
+def _once(cfg: AgentConfig, dry_run: bool, as_json: bool) -> None:
+    """``--once``: one step, its decisions printed (a table, or JSON)."""
+    from lbtune.agent.loop import Agent
+    from lbtune.errors import TargetError
+
+    agent = Agent(cfg, connect=connect, dry_run=dry_run)
+    result = agent.step()
+    if not result.ok:
+        raise TargetError(next(iter(agent.down.values()), f"step failed ({result.error})"))
+    rows = _rows(result)
+    applied = cfg.enabled and not dry_run
+    if as_json:
+        typer.echo(json.dumps({"applied": applied, "decisions": rows}, indent=2))
+    else:
+        _print_table(rows, applied)

@@ -13,38 +13,22 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from lbtune.cli.options import (
+    DEFAULT_STUDY_STORAGE,
+    DirectOpt,
+    InventoryOpt,
+    JsonOpt,
+    SpaceOpt,
+    StateDirOpt,
+    StorageOpt,
+    TargetNameOpt,
+)
+
 if TYPE_CHECKING:
     from lbtune.apply import ApplyOutcome
     from lbtune.targets.targetbase import TargetBase
 
 __all__ = ["apply_command", "rollback_command"]
-
-DEFAULT_STUDY_STORAGE = "sqlite:///reports/studies.db"
-
-TargetOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--target",
-        "-t",
-        help="Balancer target (a name in lbtune.targets.TARGETS; default: the cluster's).",
-    ),
-]
-StateDirOpt = Annotated[
-    Path | None,
-    typer.Option("--state-dir", help="The cluster's state dir (default: the running cluster)."),
-]
-InventoryOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--inventory",
-        "-i",
-        help="Ansible inventory (default: lbtune's inventory/local.yml, this machine).",
-    ),
-]
-DirectOpt = Annotated[
-    bool, typer.Option("--direct", help="Skip Ansible: apply through lbtune's Python directly.")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output only.")]
 
 
 def _target(name: str | None, state_dir: Path | None, space: Path | None = None) -> TargetBase:
@@ -132,7 +116,7 @@ def _render(outcome: ApplyOutcome, as_json: bool, what: str) -> None:
 
 
 def apply_command(
-    target: TargetOpt = None,
+    target: TargetNameOpt = None,
     params: Annotated[
         Path | None, typer.Option("--params", "-p", help="YAML file of knob: value.")
     ] = None,
@@ -140,15 +124,11 @@ def apply_command(
         str | None, typer.Option("--study", help="Apply a trial of this Optuna study.")
     ] = None,
     trial: Annotated[str, typer.Option("--trial", help="Trial number, or best.")] = "best",
-    storage: Annotated[
-        str, typer.Option("--storage", help="Optuna storage URL of --study.")
-    ] = DEFAULT_STUDY_STORAGE,
+    storage: StorageOpt = DEFAULT_STUDY_STORAGE,
     check: Annotated[bool, typer.Option("--check", help="Show the diff; change nothing.")] = False,
     inventory: InventoryOpt = None,
     direct: DirectOpt = False,
-    space: Annotated[
-        Path | None, typer.Option("--space", help="Your own parameter space file.")
-    ] = None,
+    space: SpaceOpt = None,
     show: Annotated[
         bool, typer.Option("--show", help="Print what is live now (the --params format).")
     ] = False,
@@ -212,7 +192,7 @@ def apply_command(
 
 
 def rollback_command(
-    target: TargetOpt = None,
+    target: TargetNameOpt = None,
     inventory: InventoryOpt = None,
     direct: DirectOpt = False,
     state_dir: StateDirOpt = None,

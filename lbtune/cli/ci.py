@@ -214,6 +214,18 @@ def study_exit_code(result: StudyResult) -> int:
     return 0
 
 
+def start(ci: bool, junit: Path | None) -> Console:
+    """Before a command's work: ``--junit`` must be writable (exit 2 before any load), and
+    under ``--ci`` logs become plain lines. The console for progress on stderr."""
+    from rich.console import Console
+
+    check_writable(junit)
+    if not ci:
+        return Console(stderr=True)
+    plain_logging()
+    return console(stderr=True)
+
+
 def check_writable(path: Path | None, option: str = "--junit") -> None:
     """Fail early (exit 2), before any load is sent, when ``path`` cannot be written."""
     if path is None:

@@ -183,7 +183,7 @@ def status(
 
     Exits 0 when healthy, 1 when not running or unhealthy.
     """
-    from dataclasses import asdict
+    import dataclasses
 
     from lbtune.cluster import api
     from lbtune.targets import balancer
@@ -192,7 +192,8 @@ def status(
     ep = st.endpoints
     rows = balancer(ep.balancer).replica_rows(ep) if ep is not None else []
     if as_json:
-        doc = {**st.model_dump(mode="json"), "balancer_replicas": [asdict(r) for r in rows]}
+        replicas = [dataclasses.asdict(r) for r in rows]  # ints, strings and None only
+        doc = {**st.model_dump(mode="json"), "balancer_replicas": replicas}
         typer.echo(json.dumps(doc, indent=2))
     else:
         _status_tables(st, rows)

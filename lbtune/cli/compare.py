@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from lbtune.cli.options import CiOpt, JunitOpt
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -31,12 +33,8 @@ def compare_command(
         "(default: p99=+10%,ttft=+10%,goodput=-5%,errors=+1%; see docs/ci.md).",
     ),
     fmt: str = typer.Option("table", "--format", "-f", help="table, md or json."),
-    ci: bool = typer.Option(
-        False, "--ci", envvar="LBTUNE_CI", help="CI mode: plain output, no colour."
-    ),
-    junit: Path | None = typer.Option(
-        None, "--junit", help="Write each figure as a JUnit test case to this file."
-    ),
+    ci: CiOpt = False,
+    junit: JunitOpt = None,
     level: float = typer.Option(
         0.95, "--level", help="Confidence level, family-wise over the figures."
     ),
@@ -62,9 +60,7 @@ def compare_command(
     if fmt not in FORMATS:
         raise ConfigError(f"--format: unknown format {fmt!r}. Available: {', '.join(FORMATS)}")
     gates = parse_fail_on(fail_on) if fail_on is not None else None
-    ci_mode.check_writable(junit)
-    if ci:
-        ci_mode.plain_logging()
+    ci_mode.start(ci, junit)
     began = time.monotonic()
     try:
         side_a, side_b = load_pair(a, b)

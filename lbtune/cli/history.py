@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from lbtune.cli.options import JsonOpt
+
 if TYPE_CHECKING:
     from lbtune.history.drift import DriftReport
     from lbtune.history.store import Entry
@@ -19,7 +21,7 @@ def history_command(
         None, "--scenario", "-s", help="Only this scenario (a name, or its YAML file)."
     ),
     last: int | None = typer.Option(None, "--last", "-n", help="Only the newest N entries."),
-    as_json: bool = typer.Option(False, "--json", help="Print the entries (and drift) as JSON."),
+    as_json: JsonOpt = False,
     html_path: Path | None = typer.Option(
         None, "--html", help="Also write a self-contained HTML page with plots to this path."
     ),
@@ -44,6 +46,8 @@ def history_command(
     Every `lbtune stress` that writes a report and every `lbtune optimize` is indexed in the
     studies database. Figures shown are what each measured of the live config (a study's
     baseline trial); an accepted study is one whose winner was rolled out and verified.
+
+    --json prints the entries (and, with --check-drift, the drift reports) as JSON.
 
     Example: lbtune history --scenario mixed --last 20 --html history.html --check-drift
     """
@@ -76,15 +80,24 @@ def history_command(
         html_path.write_text(page(entries, drift), encoding="utf-8")
         typer.echo(f"history page: {html_path}", err=True)
     if as_json:
-        doc: dict[str, object] = {"db": str(path), "entries": [e.to_dict() for e in entries]}
-        if check_drift:
-            doc["drift"] = [d.to_dict() for d in drift]
-            doc["drift_detected"] = any(d.drift for d in drift)
-        sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        sys.stdout.write(render_json(path, entries, drift if check_drift else None))
     else:
         _print(entries, drift if check_drift else [])
     if check_drift and any(d.drift for d in drift):
         raise typer.Exit(1)
+
+
+def render_json(db: Path, entries: list[Entry], drift: list[DriftReport] | None) -> str:
+    """``--json``: the database, its entries and (``drift`` not None) the drift reports."""
+    from lbtune.history.drift import DRIFT
+    from lbtune.history.store import ENTRY
+    from lbtune.records.jsonform import json_data
+
+    doc: dict[str, object] = {"db": str(db), "entries": [json_data(ENTRY, e) for e in entries]}
+    if drift is not None:
+        doc["drift"] = [json_data(DRIFT, d) for d in drift]
+        doc["drift_detected"] = any(d.drift for d in drift)
+    return json.dumps(doc, indent=2, default=str) + "\n"
 
 
 def _print(entries: list[Entry], drift: list[DriftReport]) -> None:

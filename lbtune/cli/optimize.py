@@ -7,111 +7,119 @@ imported inside the functions, so importing this module is cheap.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from lbtune.cli.options import (
+    DEFAULT_STUDY_STORAGE,
+    CiOpt,
+    InventoryOpt,
+    JsonOpt,
+    JunitOpt,
+    OutOpt,
+    ScenarioOpt,
+    SeedOpt,
+    SloOpt,
+    SpaceOpt,
+    SpeedupOpt,
+    StateDirOpt,
+    StorageOpt,
+    TargetNameOpt,
+    TraceFormatOpt,
+    TraceOpt,
+    scenario_or_trace,
+)
+
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from lbtune.search.result import StudyResult
-    from lbtune.tune.optimize import StudyProgress
+    from lbtune.tune.optimize import OptimizeOptions, StudyProgress
 
 
 def optimize_command(
-    budget: int | None = typer.Option(
-        None,
-        "--budget",
-        "-n",
-        help="Trials to run (references included; default 50, on --resume the study's own).",
-    ),
-    scenario: str | None = typer.Option(
-        None, "--scenario", "-s", help="Built-in scenario or a YAML file (default: mixed)."
-    ),
-    target: str | None = typer.Option(
-        None,
-        "--target",
-        help="Balancer to tune: haproxy, envoy, nginx or vllm-router (default: the cluster's own).",
-    ),
-    space: str | None = typer.Option(
-        None, "--space", help="Parameter-space YAML (default: the target's own)."
-    ),
-    objective: str | None = typer.Option(
-        None, "--objective", help="composite (weighted score) or pareto (default: composite)."
-    ),
-    sampler: str = typer.Option("tpe", "--sampler", help="tpe, gp, nsga2 or random."),
-    pruner: str = typer.Option("median", "--pruner", help="median or none."),
-    trial_duration: float | None = typer.Option(
-        None, "--trial-duration", help="Seconds of load per trial, warm-up included (default: 25)."
-    ),
-    study: str | None = typer.Option(
-        None,
-        "--study",
-        help="Study name (default: <scenario>-<target>-<time>; newest on --resume).",
-    ),
-    storage: str = typer.Option(
-        "sqlite:///reports/studies.db", "--storage", help="Optuna RDB URL (e.g. PostgreSQL)."
-    ),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted study."),
-    no_apply: bool = typer.Option(
-        False, "--no-apply", help="Stop after the confirmation: apply nothing."
-    ),
-    confirm_runs: int = typer.Option(
-        2, "--confirm-runs", help="Confirmation rounds at least: baseline + candidates (0 = skip)."
-    ),
-    confirm_top: int = typer.Option(2, "--confirm-top", help="Candidates to confirm."),
-    confirm_max_rounds: int = typer.Option(
-        6,
-        "--confirm-max-rounds",
-        help="Rounds at most, added while an arm has fewer than the 100 samples a P99 needs "
-        "(and 15 min at most).",
-    ),
-    seed: int | None = typer.Option(
-        None, "--seed", help="Traffic and sampler seed (default: the scenario's traffic seed)."
-    ),
-    slo: str | None = typer.Option(
-        None, "--slo", help="Score references and error limit, e.g. ttft=350ms,e2e=800ms,errors=1%."
-    ),
-    weights: str | None = typer.Option(
-        None, "--weights", help="Score weights, e.g. e2e=0.45,ttft=0.35,decay=0.2."
-    ),
-    trace: str | None = typer.Option(
-        None, "--trace", help="Tune on this trace's replay instead of --scenario."
-    ),
-    trace_format: str | None = typer.Option(
-        None, "--trace-format", help="azure, mooncake, burstgpt, sharegpt or lbtune."
-    ),
-    speedup: float | None = typer.Option(
-        None, "--speedup", help="With --trace: replay K times faster than recorded."
-    ),
-    state_dir: Path | None = typer.Option(None, "--state-dir", help="Embedded cluster state dir."),
-    cluster: str | None = typer.Option(
-        None, "--cluster", help="Cluster preset/file used if the cluster must be started."
-    ),
-    inventory: str | None = typer.Option(
-        None, "--inventory", help="Ansible inventory for the winner's rollout."
-    ),
-    out: Path | None = typer.Option(
-        None, "--out", "-o", help="Report dir (default: reports/<time>-optimize-<study>/)."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print study.json alone on stdout."),
-    ci: bool = typer.Option(
-        False,
-        "--ci",
-        envvar="LBTUNE_CI",
-        help="CI mode: a plain line per trial, no colour; exit 1 when the winner was rolled "
-        "back, 3 on an infrastructure failure.",
-    ),
-    junit: Path | None = typer.Option(
-        None,
-        "--junit",
-        help="Write each trial, confirmation and rollout step as a JUnit test case here.",
-    ),
+    budget: Annotated[
+        int | None,
+        typer.Option(
+            "--budget",
+            "-n",
+            help="Trials to run (references included; default 50, on --resume the study's own).",
+        ),
+    ] = None,
+    scenario: ScenarioOpt[str | None] = None,
+    target: TargetNameOpt = None,
+    space: SpaceOpt = None,
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            "--objective", help="composite (weighted score) or pareto (default: composite)."
+        ),
+    ] = None,
+    sampler: Annotated[str, typer.Option("--sampler", help="tpe, gp, nsga2 or random.")] = "tpe",
+    pruner: Annotated[str, typer.Option("--pruner", help="median or none.")] = "median",
+    trial_duration: Annotated[
+        float | None,
+        typer.Option(
+            "--trial-duration",
+            help="Seconds of load per trial, warm-up included (default: 25).",
+        ),
+    ] = None,
+    study: Annotated[
+        str | None,
+        typer.Option(
+            "--study", help="Study name (default: <scenario>-<target>-<time>; newest on --resume)."
+        ),
+    ] = None,
+    storage: StorageOpt = DEFAULT_STUDY_STORAGE,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue an interrupted study.")
+    ] = False,
+    no_apply: Annotated[
+        bool, typer.Option("--no-apply", help="Stop after the confirmation: apply nothing.")
+    ] = False,
+    confirm_runs: Annotated[
+        int,
+        typer.Option(
+            "--confirm-runs",
+            help="Confirmation rounds at least: baseline + candidates (0 = skip).",
+        ),
+    ] = 2,
+    confirm_top: Annotated[int, typer.Option("--confirm-top", help="Candidates to confirm.")] = 2,
+    confirm_max_rounds: Annotated[
+        int,
+        typer.Option(
+            "--confirm-max-rounds",
+            help="Rounds at most, added while an arm has fewer than the 100 samples a P99 needs "
+            "(and 15 min at most).",
+        ),
+    ] = 6,
+    seed: SeedOpt = None,
+    slo: SloOpt = None,
+    weights: Annotated[
+        str | None,
+        typer.Option("--weights", help="Score weights, e.g. e2e=0.45,ttft=0.35,decay=0.2."),
+    ] = None,
+    trace: TraceOpt = None,
+    trace_format: TraceFormatOpt = None,
+    speedup: SpeedupOpt = None,
+    state_dir: StateDirOpt = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", help="Cluster preset/file used if the cluster must be started."),
+    ] = None,
+    inventory: InventoryOpt = None,
+    out: OutOpt = None,
+    as_json: JsonOpt = False,
+    ci: CiOpt = False,
+    junit: JunitOpt = None,
 ) -> None:
     """Tune the balancer for your traffic: search, confirm the winner, roll it out.
 
@@ -124,25 +132,21 @@ def optimize_command(
     (exit 130); `--resume` continues. With GITHUB_STEP_SUMMARY set, a Markdown
     summary is appended to that file.
 
+    The scenario is `mixed` unless given (on --resume: the study's own). --json prints
+    study.json's content. With --ci: exit 1 when the winner was rolled back, 3 on an
+    infrastructure failure.
+
     Example: lbtune optimize --budget 50
     """
-    from rich.console import Console
+    from lbtune.cli import ci as ci_mode
+    from lbtune.tune.optimize import OptimizeOptions
 
-    from lbtune.cli.ticker import ticking
-    from lbtune.tune.optimize import OptimizeOptions, record_study, run_optimize
-
-    if trace is not None:
-        from lbtune.scenario.loader import trace_ref
-
-        scenario = trace_ref(trace, trace_format, speedup)
-    elif trace_format is not None or speedup is not None:
-        raise typer.BadParameter("--trace-format and --speedup apply to --trace")
     _check_trial_duration(trial_duration)
     opts = OptimizeOptions(
         budget=budget,
-        scenario=scenario,
+        scenario=scenario_or_trace(scenario, trace, trace_format, speedup),
         target=target,
-        space=space,
+        space=None if space is None else str(space),
         objective=objective,
         sampler=sampler,
         pruner=pruner,
@@ -159,15 +163,40 @@ def optimize_command(
         weights=weights,
         state_dir=state_dir,
         cluster_config=cluster,
-        inventory=inventory,
+        inventory=None if inventory is None else str(inventory),
         out_dir=out,
     )
-    from lbtune.cli import ci as ci_mode
+    err = ci_mode.start(ci, junit)
+    try:
+        result = _run(opts, ci, err)
+    except Exception as exc:
+        ci_mode.junit_on_error(junit, "optimize", exc)
+        raise
+    if as_json:
+        from lbtune.report.study import study_json
 
-    ci_mode.check_writable(junit)
-    if ci:
-        ci_mode.plain_logging()
-    err = ci_mode.console(stderr=True) if ci else Console(stderr=True)
+        sys.stdout.write(study_json(result))
+    else:
+        _print_result(result, ci_mode.console() if ci else None)
+    _tell(result, junit, err)
+    if result.interrupted:
+        raise typer.Exit(130)
+    code = ci_mode.study_exit_code(result) if ci else 0
+    if code:
+        r = result.rollout
+        why = "; ".join(([r.detail] if r is not None and r.detail else []) + list(result.notes))
+        err.print(f"--ci: exit {code}: {why or 'no trial could be measured'}", markup=False)
+        raise typer.Exit(code)
+
+
+def _run(opts: OptimizeOptions, ci: bool, err: Console) -> StudyResult:
+    """``run_optimize`` with the progress display that fits: a plain line per trial under
+    ``--ci``, a line every few seconds when stderr is piped, else a live panel; Ctrl-C
+    stops it gracefully (the first one); the study is indexed in the history."""
+    from lbtune.cli import ci as ci_mode
+    from lbtune.cli.ticker import ticking
+    from lbtune.tune.optimize import record_study, run_optimize
+
     stop = threading.Event()
     view = _View()
     lines = ci_mode.StudyLines() if ci else None
@@ -178,28 +207,21 @@ def optimize_command(
             lines(p)
 
     say = ci_mode.line if ci else (lambda m: view.say(err, m))
-    try:
-        with (
-            _sigint(stop),
-            _live(err, view, enabled=err.is_terminal and not ci),
-            ticking(view.render, ci_mode.line, enabled=not err.is_terminal),
-        ):
-            result = run_optimize(
-                opts,
-                on_progress=on_progress,
-                stop=stop,
-                say=say,
-                on_result=record_study,
-            )
-    except Exception as exc:
-        ci_mode.junit_on_error(junit, "optimize", exc)
-        raise
-    if as_json:
-        from lbtune.metrics.summary import to_jsonable
+    with (
+        _sigint(stop),
+        _live(err, view, enabled=err.is_terminal and not ci),
+        ticking(view.render, ci_mode.line, enabled=not err.is_terminal),
+    ):
+        return run_optimize(
+            opts, on_progress=on_progress, stop=stop, say=say, on_result=record_study
+        )
 
-        sys.stdout.write(json.dumps(to_jsonable(result.to_dict()), indent=1) + "\n")
-    else:
-        _print_result(result, ci_mode.console() if ci else None)
+
+def _tell(result: StudyResult, junit: Path | None, err: Console) -> None:
+    """On stderr, where the report is; the JUnit file (--junit) and the GitHub step summary
+    (when GITHUB_STEP_SUMMARY is set)."""
+    from lbtune.cli import ci as ci_mode
+
     if result.report_dir:
         err.print(f"report: {result.report_dir}", markup=False)
     if junit is not None:
@@ -208,14 +230,6 @@ def optimize_command(
         write_junit(junit, [study_suite(result)])
         err.print(f"junit: {junit}", markup=False)
     ci_mode.append_step_summary(ci_mode.study_markdown(result))
-    if result.interrupted:
-        raise typer.Exit(130)
-    code = ci_mode.study_exit_code(result) if ci else 0
-    if code:
-        r = result.rollout
-        why = "; ".join(([r.detail] if r is not None and r.detail else []) + list(result.notes))
-        err.print(f"--ci: exit {code}: {why or 'no trial could be measured'}", markup=False)
-        raise typer.Exit(code)
 
 
 def _check_trial_duration(seconds: float | None) -> None:
@@ -232,11 +246,9 @@ def _check_trial_duration(seconds: float | None) -> None:
 
 
 def dashboard_command(
-    study: str | None = typer.Option(None, "--study", help="Open on this study."),
-    storage: str = typer.Option(
-        "sqlite:///reports/studies.db", "--storage", help="Optuna RDB URL."
-    ),
-    port: int = typer.Option(8080, "--port", help="Port on 127.0.0.1."),
+    study: Annotated[str | None, typer.Option("--study", help="Open on this study.")] = None,
+    storage: StorageOpt = DEFAULT_STUDY_STORAGE,
+    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1.")] = 8080,
 ) -> None:
     """Open optuna-dashboard (on 127.0.0.1) on the study storage."""
     from lbtune.errors import MissingExtra
@@ -260,7 +272,7 @@ def _sigint(stop: threading.Event) -> Iterator[None]:
         yield
         return
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
@@ -283,7 +295,7 @@ class _View:
     def update(self, p: StudyProgress) -> None:
         self.p = p
 
-    def say(self, console: Any, msg: str) -> None:
+    def say(self, console: Console, msg: str) -> None:
         (self.live.console if self.live is not None else console).print(f"[dim]{msg}[/]")
 
     def __rich__(self) -> str:
@@ -317,7 +329,7 @@ def _short(v: object) -> str:
 
 
 @contextlib.contextmanager
-def _live(console: Any, view: _View, enabled: bool) -> Iterator[None]:
+def _live(console: Console, view: _View, enabled: bool) -> Iterator[None]:
     if not enabled:
         yield
         return
@@ -331,7 +343,7 @@ def _live(console: Any, view: _View, enabled: bool) -> Iterator[None]:
             view.live = None
 
 
-def _print_result(result: StudyResult, out: Any = None) -> None:
+def _print_result(result: StudyResult, out: Console | None = None) -> None:
     from rich.console import Console
 
     from lbtune.report.study import before_after, confirmation_table, headline, rounds_table

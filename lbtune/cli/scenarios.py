@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from lbtune.cli.options import JsonOpt
+
 if TYPE_CHECKING:
     from lbtune.scenario import Scenario
 
@@ -16,7 +18,6 @@ app = typer.Typer(
     help="List, inspect and validate load scenarios (built in or YAML).", no_args_is_help=True
 )
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output only.")]
 _PREVIEW_N = 1000
 _PREVIEW_PCTS = (50.0, 68.0, 90.0, 99.0, 99.9, 100.0)
 
@@ -42,7 +43,7 @@ def _summary(sc: Scenario) -> dict[str, Any]:
 
 
 @app.command("list")
-def list_(as_json: JsonFlag = False) -> None:
+def list_(as_json: JsonOpt = False) -> None:
     """List the built-in scenarios: name, loop mode, duration, models, description."""
     from lbtune.scenario import list_scenarios
 
@@ -164,7 +165,7 @@ def _tidy(value: Any) -> Any:
 @app.command()
 def show(
     name: Annotated[str, typer.Argument(help="Built-in scenario name or path to a YAML file.")],
-    as_json: JsonFlag = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show the full validated scenario and a preview of its first 1000 requests."""
     from lbtune.scenario import load_scenario

@@ -6,119 +6,130 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from lbtune.cli.options import (
+    CiOpt,
+    JsonOpt,
+    JunitOpt,
+    OutOpt,
+    PrometheusOpt,
+    ScenarioOpt,
+    SeedOpt,
+    SloOpt,
+    SpeedupOpt,
+    StateDirOpt,
+    TraceFormatOpt,
+    TraceOpt,
+    scenario_or_trace,
+)
+
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from lbtune.loadgen.collect import Progress
     from lbtune.metrics.summary import RunSummary
     from lbtune.run.stress import StressOptions, StressResult
 
 
 def stress_command(
-    scenario: str = typer.Option(
-        "chat",
-        "--scenario",
-        "-s",
-        help="Built-in scenario (see `lbtune scenarios list`) or a YAML file.",
-    ),
-    target: str | None = typer.Option(
-        None,
-        "--target",
-        help="Balancer base URL (OpenAI-compatible). Default: the embedded cluster.",
-    ),
-    duration: float | None = typer.Option(
-        None, "--duration", "-d", help="Test length in seconds (default: the scenario's)."
-    ),
-    users: int | None = typer.Option(
-        None, "--users", "-u", help="Closed loop: concurrent users (scales the scenario's shape)."
-    ),
-    rate: float | None = typer.Option(
-        None, "--rate", "-r", help="Open loop: arrival rate in req/s (scales the shape)."
-    ),
-    seed: int | None = typer.Option(
-        None, "--seed", help="Seed of the request sequence (default: the scenario's)."
-    ),
-    until_samples: int | None = typer.Option(
-        None,
-        "--until-samples",
-        help="Run the shape, then hold its last stage until the measurement window holds N "
-        "successful requests (100 for a P99); at most --max-duration.",
-    ),
-    max_duration: float | None = typer.Option(
-        None,
-        "--max-duration",
-        help="With --until-samples: the longest the run may last, in seconds (default 600).",
-    ),
-    slo: str | None = typer.Option(
-        None, "--slo", help="SLO overrides, e.g. ttft=350ms,e2e=800ms,errors=1%."
-    ),
-    prometheus: str | None = typer.Option(
-        None, "--prometheus", help="Prometheus URL (default: the embedded cluster's)."
-    ),
-    out: Path | None = typer.Option(
-        None, "--out", "-o", help="Report directory (default: reports/<time>-<scenario>/)."
-    ),
-    workers: int = typer.Option(
-        0, "--workers", help="Locust distributed mode: N local worker processes."
-    ),
-    master: bool = typer.Option(
-        False, "--master", help="Run the Locust master only; workers join from other machines."
-    ),
-    expect_workers: int | None = typer.Option(
-        None, "--expect-workers", help="With --master: how many workers to wait for (default 1)."
-    ),
-    worker: bool = typer.Option(
-        False, "--worker", help="Run a Locust worker that joins --master-host."
-    ),
-    master_host: str = typer.Option(
-        "127.0.0.1", "--master-host", help="With --worker: the master's address."
-    ),
-    master_port: int = typer.Option(5557, "--master-port", help="Locust master port."),
-    master_bind: str = typer.Option(
-        "127.0.0.1",
-        "--master-bind",
-        help="With --master: the address to listen on for workers (default loopback only).",
-    ),
-    ui: bool = typer.Option(False, "--ui", help="Also open Locust's web UI on 127.0.0.1:8089."),
-    strict: bool = typer.Option(
-        False, "--strict", help="Fail (exit 1) when the generator fell behind."
-    ),
-    tokenizer: str | None = typer.Option(
-        None, "--tokenizer", help="A Hugging Face tokenizer.json for prompt lengths."
-    ),
-    trace: str | None = typer.Option(
-        None, "--trace", help="Replay this trace file instead of --scenario (docs/scenarios.md)."
-    ),
-    trace_format: str | None = typer.Option(
-        None,
-        "--trace-format",
-        help="azure, mooncake, burstgpt, sharegpt or lbtune (default: from the file).",
-    ),
-    speedup: float | None = typer.Option(
-        None, "--speedup", help="With --trace: replay K times faster than recorded."
-    ),
-    allow_remote: bool = typer.Option(
-        False, "--allow-remote", help="Allow load against a non-loopback target."
-    ),
-    state_dir: Path | None = typer.Option(None, "--state-dir", help="Embedded cluster state dir."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary JSON alone on stdout."),
-    ci: bool = typer.Option(
-        False,
-        "--ci",
-        envvar="LBTUNE_CI",
-        help="CI mode: plain progress lines, no colour; exit 1 when an SLO check fails.",
-    ),
-    junit: Path | None = typer.Option(
-        None, "--junit", help="Write each SLO check as a JUnit test case to this file."
-    ),
+    scenario: ScenarioOpt[str] = "chat",
+    target: Annotated[
+        str | None,
+        typer.Option(
+            "--target", help="Balancer base URL (OpenAI-compatible). Default: the embedded cluster."
+        ),
+    ] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option("--duration", "-d", help="Test length in seconds (default: the scenario's)."),
+    ] = None,
+    users: Annotated[
+        int | None,
+        typer.Option(
+            "--users", "-u", help="Closed loop: concurrent users (scales the scenario's shape)."
+        ),
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option("--rate", "-r", help="Open loop: arrival rate in req/s (scales the shape)."),
+    ] = None,
+    seed: SeedOpt = None,
+    until_samples: Annotated[
+        int | None,
+        typer.Option(
+            "--until-samples",
+            help="Run the shape, then hold its last stage until the measurement window holds N "
+            "successful requests (100 for a P99); at most --max-duration.",
+        ),
+    ] = None,
+    max_duration: Annotated[
+        float | None,
+        typer.Option(
+            "--max-duration",
+            help="With --until-samples: the longest the run may last, in seconds (default 600).",
+        ),
+    ] = None,
+    slo: SloOpt = None,
+    prometheus: PrometheusOpt = None,
+    out: OutOpt = None,
+    workers: Annotated[
+        int, typer.Option("--workers", help="Locust distributed mode: N local worker processes.")
+    ] = 0,
+    master: Annotated[
+        bool,
+        typer.Option(
+            "--master", help="Run the Locust master only; workers join from other machines."
+        ),
+    ] = False,
+    expect_workers: Annotated[
+        int | None,
+        typer.Option(
+            "--expect-workers", help="With --master: how many workers to wait for (default 1)."
+        ),
+    ] = None,
+    worker: Annotated[
+        bool, typer.Option("--worker", help="Run a Locust worker that joins --master-host.")
+    ] = False,
+    master_host: Annotated[
+        str, typer.Option("--master-host", help="With --worker: the master's address.")
+    ] = "127.0.0.1",
+    master_port: Annotated[int, typer.Option("--master-port", help="Locust master port.")] = 5557,
+    master_bind: Annotated[
+        str,
+        typer.Option(
+            "--master-bind",
+            help="With --master: the address to listen on for workers (default loopback only).",
+        ),
+    ] = "127.0.0.1",
+    ui: Annotated[
+        bool, typer.Option("--ui", help="Also open Locust's web UI on 127.0.0.1:8089.")
+    ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Fail (exit 1) when the generator fell behind.")
+    ] = False,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option("--tokenizer", help="A Hugging Face tokenizer.json for prompt lengths."),
+    ] = None,
+    trace: TraceOpt = None,
+    trace_format: TraceFormatOpt = None,
+    speedup: SpeedupOpt = None,
+    allow_remote: Annotated[
+        bool, typer.Option("--allow-remote", help="Allow load against a non-loopback target.")
+    ] = False,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+    ci: CiOpt = False,
+    junit: JunitOpt = None,
 ) -> None:
     """Run one load test against the cluster and write a report.
 
-    Live progress goes to stderr; the summary table (or --json) to stdout; the
-    report directory holds summary.json, requests.parquet, report.md and report.html.
-    Ctrl-C stops the test cleanly and still writes the (partial) report.
+    Live progress goes to stderr; the summary table (or --json: summary.json's content) to
+    stdout; the report directory holds summary.json, requests.parquet, report.md and
+    report.html. Ctrl-C stops the test cleanly and still writes the (partial) report.
     With --ci an SLO breach exits 1 (without it, 0 unless --strict); with
     GITHUB_STEP_SUMMARY set, a Markdown summary is appended to that file.
 
@@ -127,19 +138,13 @@ def stress_command(
 
     Example: lbtune stress --scenario longctx --until-samples 100
     """
+    from lbtune.cli import ci as ci_mode
     from lbtune.run.stress import StressOptions
 
     if master and worker:
         raise typer.BadParameter("give --master or --worker, not both")
-
-    if trace is not None:
-        from lbtune.scenario.loader import trace_ref
-
-        scenario = trace_ref(trace, trace_format, speedup)
-    elif trace_format is not None or speedup is not None:
-        raise typer.BadParameter("--trace-format and --speedup apply to --trace")
     opts = StressOptions(
-        scenario=scenario,
+        scenario=scenario_or_trace(scenario, trace, trace_format, speedup),
         target_url=target,
         prometheus_url=prometheus,
         duration_s=duration,
@@ -162,14 +167,7 @@ def stress_command(
         tokenizer=tokenizer,
         state_dir=state_dir,
     )
-    from rich.console import Console
-
-    from lbtune.cli import ci as ci_mode
-
-    ci_mode.check_writable(junit)
-    if ci:
-        ci_mode.plain_logging()
-    err = ci_mode.console(stderr=True) if ci else Console(stderr=True)
+    err = ci_mode.start(ci, junit)
     term = _OnSigterm()
     try:
         with term:
@@ -177,36 +175,40 @@ def stress_command(
     except Exception as exc:
         ci_mode.junit_on_error(junit, "stress", exc)
         raise
-    summary = result.summary
-    if as_json:
-        from lbtune.metrics.summary_file import dumps
-
-        sys.stdout.write(dumps(summary) + "\n")
-    else:
-        stdout = Console()
-        if ci:
-            stdout = ci_mode.console()
-        elif not stdout.is_terminal:
-            stdout = Console(width=140)
-        _print_summary(stdout, summary)
-    for note in summary.notes:
-        if "too few for a P99" in note:
-            err.print(f"note: {note}", markup=False)
+    _show(result.summary, as_json, ci)
     report_dir = None if result.report is None else str(result.report.directory)
-    if report_dir is not None:
-        err.print(f"report: {report_dir}", markup=False)
-    _ci_outputs(summary, report_dir, junit, err)
+    _tell(result.summary, report_dir, junit, err)
     if result.load.stopped_early:
         why = "terminated (SIGTERM)" if term.stop.is_set() else "interrupted"
         err.print(f"{why}: the report holds what was measured until then")
         raise typer.Exit(TERMINATED_EXIT if term.stop.is_set() else 130)
-    breaches = ci_mode.slo_breaches(summary)
+    breaches = ci_mode.slo_breaches(result.summary)
     if ci and breaches:
         err.print("SLO breached (--ci: exit 1): " + ", ".join(breaches), markup=False)
         raise typer.Exit(1)
 
 
-def _run(opts: StressOptions, ci: bool, err: Any, stop: threading.Event) -> StressResult:
+def _show(summary: RunSummary, as_json: bool, ci: bool) -> None:
+    """The result on stdout: ``summary.json``'s text, or the tables (plain under ``--ci``,
+    140 columns when piped)."""
+    from rich.console import Console
+
+    from lbtune.cli import ci as ci_mode
+
+    if as_json:
+        from lbtune.metrics.summary_file import dumps
+
+        sys.stdout.write(dumps(summary) + "\n")
+        return
+    stdout = Console()
+    if ci:
+        stdout = ci_mode.console()
+    elif not stdout.is_terminal:
+        stdout = Console(width=140)
+    _print_summary(stdout, summary)
+
+
+def _run(opts: StressOptions, ci: bool, err: Console, stop: threading.Event) -> StressResult:
     """``run_stress`` with the progress display that fits: plain lines under ``--ci`` or
     when stderr is piped (every few seconds), else a live panel; the run is indexed in the
     history (:func:`lbtune.run.stress.record_stress`)."""
@@ -233,10 +235,17 @@ def _run(opts: StressOptions, ci: bool, err: Any, stop: threading.Event) -> Stre
         )
 
 
-def _ci_outputs(summary: RunSummary, report_dir: str | None, junit: Path | None, err: Any) -> None:
-    """The JUnit file (--junit) and the GitHub step summary (when GITHUB_STEP_SUMMARY is set)."""
+def _tell(summary: RunSummary, report_dir: str | None, junit: Path | None, err: Console) -> None:
+    """On stderr, a note when the window held too few requests for a P99 and where the
+    report is; the JUnit file (--junit) and the GitHub step summary (when
+    GITHUB_STEP_SUMMARY is set)."""
     from lbtune.cli import ci as ci_mode
 
+    for note in summary.notes:
+        if "too few for a P99" in note:
+            err.print(f"note: {note}", markup=False)
+    if report_dir is not None:
+        err.print(f"report: {report_dir}", markup=False)
     if junit is not None:
         from lbtune.report.junit import stress_suite, write_junit
 

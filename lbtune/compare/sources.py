@@ -30,18 +30,20 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import Field, InstanceOf, computed_field, field_serializer
 
 from lbtune.errors import ConfigError
 from lbtune.loadgen.recordio import read_records
 from lbtune.metrics.bootstrap import RunArrays
 from lbtune.metrics.summary import Window
 from lbtune.metrics.summary_file import read_summary
+from lbtune.records.jsonform import key_order
 from lbtune.scenario.runplan import read_run_plan
 
 if TYPE_CHECKING:
-    from lbtune.metrics.bootstrap import RunArrays
-    from lbtune.metrics.summary import RunSummary, Window
+    from lbtune.metrics.summary import RunSummary
     from lbtune.records.slo import Slo
     from lbtune.scenario.runplan import RunPlan
 
@@ -59,7 +61,11 @@ _STUDY_FIGURES = {
 
 @dataclass(frozen=True, eq=False)
 class Side:
-    """One side (A or B) of a comparison."""
+    """One side (A or B) of a comparison.
+
+    Its JSON form (in ``lbtune compare --format json``) says whether it had
+    :attr:`records` instead of holding its arrays, and its :attr:`slo` as an object.
+    """
 
     name: str
     label: str
@@ -68,7 +74,9 @@ class Side:
     scenario: str
     figures: Mapping[str, float | None]
     """As the report states them (keys of :data:`lbtune.metrics.bootstrap.FIGURE_KEYS`)."""
-    arrays: RunArrays | None = None
+    # JSON quirk kept from the hand-written form: the arrays left out, the computed ``records``
+    # said instead (below), this key order, ``slo`` as an object.
+    arrays: Annotated[InstanceOf[RunArrays] | None, Field(exclude=True)] = None
     runs: int = 1
     requests: int = 0
     """Requests sent in the measurement window(s), over all runs."""
@@ -76,20 +84,20 @@ class Side:
     """``(ttft_s, e2e_s)`` that goodput was judged against."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "label": self.label,
-            "path": self.path,
-            "kind": self.kind,
-            "scenario": self.scenario,
-            "runs": self.runs,
-            "requests": self.requests,
-            "records": self.arrays is not None,
-            "figures": dict(self.figures),
-            "slo": None if self.slo is None else {"ttft_s": self.slo[0], "e2e_s": self.slo[1]},
-            "notes": list(self.notes),
-        }
+    _json = key_order("name", "label", "path", "kind", "scenario", "runs", "requests", "records")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def records(self) -> bool:
+        """Whether the side has per-request records (its :attr:`arrays`)."""
+        return self.arrays is not None
+
+    @field_serializer("slo")
+    def _slo_object(
+        self, slo: tuple[float | None, float | None] | None
+    ) -> dict[str, float | None] | None:
+        """``{"ttft_s": ..., "e2e_s": ...}``, the SLO's own names."""
+        return None if slo is None else {"ttft_s": slo[0], "e2e_s": slo[1]}
 
 
 def load_pair(a: str | Path, b: str | Path | None) -> tuple[Side, Side]:

@@ -29,12 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import TypeAdapter, computed_field
 
 from lbtune.compare.sources import Side, load_pair, load_side
 from lbtune.errors import ConfigError
 from lbtune.keyvalue import bad_value, parse_pairs
 from lbtune.metrics.bootstrap import interval, point, resample, sample_counts
-from lbtune.records.quantiles import MIN_SAMPLES
+from lbtune.records.jsonform import key_order
+from lbtune.records.quantiles import MIN_SAMPLES, FloatArray
 
 __all__ = [
     "DEFAULT_FAIL_ON",
@@ -146,26 +148,13 @@ class FigureChange:
     failed: bool = False
     note: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "label": self.label,
-            "unit": self.unit,
-            "better": self.better,
-            "relative": self.relative,
-            "a": self.a,
-            "b": self.b,
-            "change": self.change,
-            "ci": None if self.ci is None else list(self.ci),
-            "status": self.status,
-            "threshold": self.threshold,
-            "failed": self.failed,
-            "note": self.note,
-        }
-
 
 @dataclass(frozen=True)
 class CompareResult:
+    """B against A. Its JSON form (:data:`RESULT`, ``--format json``) starts with
+    ``schema_version``, the computed :attr:`verdict` and :attr:`failed`, and names the
+    figures of :attr:`regressions`, :attr:`improvements` and :attr:`failures` by key."""
+
     a: Side
     b: Side
     figures: tuple[FigureChange, ...]
@@ -175,6 +164,12 @@ class CompareResult:
     seed: int
     fail_on: Mapping[str, float] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+
+    # JSON quirk kept from the hand-written form: the computed keys (below), this order.
+    _json = key_order(
+        "schema_version", "verdict", "failed", "a", "b", "level", "resamples", "seed",
+        "fail_on", "regressions", "improvements", "failures", "figures", "notes",
+    )  # fmt: skip
 
     @property
     def failures(self) -> tuple[FigureChange, ...]:
@@ -188,10 +183,12 @@ class CompareResult:
     def improvements(self) -> tuple[FigureChange, ...]:
         return tuple(f for f in self.figures if f.status == "improvement")
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def failed(self) -> bool:
         return bool(self.failures)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def verdict(self) -> str:
         if self.failed:
@@ -204,23 +201,29 @@ class CompareResult:
             return "not tested (no records)"
         return "no significant change"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "verdict": self.verdict,
-            "failed": self.failed,
-            "a": self.a.to_dict(),
-            "b": self.b.to_dict(),
-            "level": self.level,
-            "resamples": self.resamples,
-            "seed": self.seed,
-            "fail_on": dict(self.fail_on),
-            "regressions": [f.key for f in self.regressions],
-            "improvements": [f.key for f in self.improvements],
-            "failures": [f.key for f in self.failures],
-            "figures": [f.to_dict() for f in self.figures],
-            "notes": list(self.notes),
-        }
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def schema_version(self) -> int:
+        return SCHEMA_VERSION
+
+    @computed_field(alias="regressions")  # type: ignore[prop-decorator]
+    @property
+    def regression_keys(self) -> list[str]:
+        return [f.key for f in self.regressions]
+
+    @computed_field(alias="improvements")  # type: ignore[prop-decorator]
+    @property
+    def improvement_keys(self) -> list[str]:
+        return [f.key for f in self.improvements]
+
+    @computed_field(alias="failures")  # type: ignore[prop-decorator]
+    @property
+    def failure_keys(self) -> list[str]:
+        return [f.key for f in self.failures]
+
+
+RESULT: TypeAdapter[CompareResult] = TypeAdapter(CompareResult)
+"""A comparison to its JSON form (:func:`lbtune.records.jsonform.json_text`)."""
 
 
 def _change(fig: FigureDef, a: Any, b: Any) -> Any:
@@ -233,6 +236,22 @@ def _change(fig: FigureDef, a: Any, b: Any) -> Any:
 
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class _Judging:
+    """What every figure of one comparison is judged with."""
+
+    tested: bool
+    """Both sides have per-request records: changes get intervals."""
+    few: Mapping[str, str]
+    """Percentile figures without enough samples, and why."""
+    boots_a: Mapping[str, FloatArray]
+    boots_b: Mapping[str, FloatArray]
+    alpha: float
+    """Per-figure error rate (Bonferroni over the figures tested)."""
+    resamples: int
+    gates: Mapping[str, float]
 
 
 def compare(
@@ -257,8 +276,8 @@ def compare(
     shown = [
         f for f in FIGURES if pa.get(f.key) is not None or pb.get(f.key) is not None or f.key in few
     ]
-    boots_a: Mapping[str, np.ndarray[Any, Any]] = {}
-    boots_b: Mapping[str, np.ndarray[Any, Any]] = {}
+    boots_a: Mapping[str, FloatArray] = {}
+    boots_b: Mapping[str, FloatArray] = {}
     if tested:
         assert a.arrays is not None and b.arrays is not None
         rng_a, rng_b = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
@@ -269,65 +288,66 @@ def compare(
     n_tested = sum(
         1 for f in shown if _finite(pa.get(f.key)) and _finite(pb.get(f.key)) and f.key not in few
     )
-    alpha = (1 - level) / max(1, n_tested)
-    out: list[FigureChange] = []
-    for fig in shown:
-        va, vb = pa.get(fig.key), pb.get(fig.key)
-        change = _change(fig, va, vb) if _finite(va) and _finite(vb) else None
-        if change is not None and not math.isfinite(change):
-            change = None
-        ci: tuple[float, float] | None = None
-        note = ""
-        status: Status = "untested"
-        if fig.key in few:
-            note = few[fig.key]
-        elif change is None:
-            note = "missing on one side" if va is None or vb is None else "A is zero: no ratio"
-            if (va is None or vb is None) and fig.key in _PERCENTILE_FIGURES:
-                note += " (too few samples for this percentile, see docs/metrics.md)"
-        elif not tested:
-            note = NO_RECORDS
-        else:
-            draws = _change(fig, boots_a[fig.key], boots_b[fig.key])
-            draws = draws[np.isfinite(draws)]
-            if draws.size < resamples // 2:
-                note = "too few requests to resample"
-            else:
-                lo, hi = ci = interval(draws, 1 - alpha)
-                status = "noise"
-                if lo > 0 or hi < 0:
-                    up_is_worse = fig.better == "lower"
-                    status = "regression" if (lo > 0) == up_is_worse else "improvement"
-        limit = gates.get(fig.key)
-        worse_by = None if change is None else (change if fig.better == "lower" else -change)
-        failed = status == "regression" and limit is not None and worse_by is not None
-        failed = failed and worse_by > limit  # type: ignore[operator]
-        out.append(
-            FigureChange(
-                key=fig.key,
-                label=fig.label,
-                unit=fig.unit,
-                better=fig.better,
-                relative=fig.relative,
-                a=va,
-                b=vb,
-                change=change,
-                ci=ci,
-                status=status,
-                threshold=limit,
-                failed=bool(failed),
-                note=note,
-            )
-        )
+    judging = _Judging(
+        tested, few, boots_a, boots_b, (1 - level) / max(1, n_tested), resamples, gates
+    )
     return CompareResult(
         a=a,
         b=b,
-        figures=tuple(out),
+        figures=tuple(_judge(fig, pa.get(fig.key), pb.get(fig.key), judging) for fig in shown),
         level=level,
         resamples=resamples,
         seed=seed,
         fail_on=gates,
         notes=_notes(a, b, tested),
+    )
+
+
+def _judge(fig: FigureDef, va: float | None, vb: float | None, j: _Judging) -> FigureChange:
+    """One figure's change, its interval, its status and whether it fails its gate."""
+    change = _change(fig, va, vb) if _finite(va) and _finite(vb) else None
+    if change is not None and not math.isfinite(change):
+        change = None
+    ci: tuple[float, float] | None = None
+    note = ""
+    status: Status = "untested"
+    if fig.key in j.few:
+        note = j.few[fig.key]
+    elif change is None:
+        note = "missing on one side" if va is None or vb is None else "A is zero: no ratio"
+        if (va is None or vb is None) and fig.key in _PERCENTILE_FIGURES:
+            note += " (too few samples for this percentile, see docs/metrics.md)"
+    elif not j.tested:
+        note = NO_RECORDS
+    else:
+        draws = _change(fig, j.boots_a[fig.key], j.boots_b[fig.key])
+        draws = draws[np.isfinite(draws)]
+        if draws.size < j.resamples // 2:
+            note = "too few requests to resample"
+        else:
+            lo, hi = ci = interval(draws, 1 - j.alpha)
+            status = "noise"
+            if lo > 0 or hi < 0:
+                up_is_worse = fig.better == "lower"
+                status = "regression" if (lo > 0) == up_is_worse else "improvement"
+    limit = j.gates.get(fig.key)
+    worse_by = None if change is None else (change if fig.better == "lower" else -change)
+    failed = status == "regression" and limit is not None and worse_by is not None
+    failed = failed and worse_by > limit  # type: ignore[operator]
+    return FigureChange(
+        key=fig.key,
+        label=fig.label,
+        unit=fig.unit,
+        better=fig.better,
+        relative=fig.relative,
+        a=va,
+        b=vb,
+        change=change,
+        ci=ci,
+        status=status,
+        threshold=limit,
+        failed=bool(failed),
+        note=note,
     )
 
 

@@ -20,21 +20,24 @@ else completed requests/s; it has no CI.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field, TypeAdapter, computed_field, field_serializer
 
 from lbtune.errors import ConfigError
 from lbtune.history.store import Entry, KeyFigures
 from lbtune.loadgen.recordio import read_records
 from lbtune.metrics.bootstrap import percentile_diff_interval
+from lbtune.records.jsonform import key_order
 from lbtune.scenario.runplan import read_run_plan
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "DRIFT",
     "ERROR_RATE_POINTS",
     "DriftReport",
     "FigureCheck",
@@ -59,25 +62,21 @@ class FigureCheck:
     limit: float
     beyond: bool
     """Worse than the reference by more than ``limit``."""
-    ci: tuple[float, float] | None = None
+    # JSON quirk kept from the hand-written form: ``ci`` written as ``ci95``.
+    ci: Annotated[tuple[float, float] | None, Field(serialization_alias="ci95")] = None
     """Bootstrap CI of ``current - reference`` (seconds), P99 figures with records only."""
     drifted: bool = False
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "current": self.current,
-            "reference": self.reference,
-            "change": self.change,
-            "limit": self.limit,
-            "beyond": self.beyond,
-            "ci95": None if self.ci is None else list(self.ci),
-            "drifted": self.drifted,
-        }
+
+_ENTRY_REF = ("id", "kind", "time", "study", "report_dir", "config_hash")
+"""What a drift report's JSON says of the entries it compared (the entries are listed apart)."""
 
 
 @dataclass(frozen=True)
 class DriftReport:
+    """The newest entry of a scenario against its reference. In JSON (:data:`DRIFT`), the
+    computed :attr:`drifted` names follow ``drift``, and an entry is a short reference."""
+
     scenario: str
     current: Entry | None
     reference: Entry | None
@@ -85,32 +84,21 @@ class DriftReport:
     drift: bool = False
     notes: tuple[str, ...] = ()
 
+    # JSON quirk kept from the hand-written form: ``drifted`` after ``drift``.
+    _json = key_order("scenario", "drift", "drifted", "current", "reference")
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def drifted(self) -> list[str]:
         return [c.name for c in self.checks if c.drifted]
 
-    def to_dict(self) -> dict[str, Any]:
-        def ref(e: Entry | None) -> dict[str, Any] | None:
-            if e is None:
-                return None
-            return {
-                "id": e.id,
-                "kind": e.kind,
-                "time": e.time,
-                "study": e.study,
-                "report_dir": e.report_dir,
-                "config_hash": e.config_hash,
-            }
+    @field_serializer("current", "reference")
+    def _entry_ref(self, e: Entry | None) -> dict[str, object] | None:
+        return None if e is None else {k: getattr(e, k) for k in _ENTRY_REF}
 
-        return {
-            "scenario": self.scenario,
-            "drift": self.drift,
-            "drifted": self.drifted,
-            "current": ref(self.current),
-            "reference": ref(self.reference),
-            "checks": [c.to_dict() for c in self.checks],
-            "notes": list(self.notes),
-        }
+
+DRIFT: TypeAdapter[DriftReport] = TypeAdapter(DriftReport)
+"""A drift report to its JSON form (``lbtune history --check-drift --json``)."""
 
 
 def check_drift(
@@ -137,7 +125,12 @@ def check_drift(
         )
     cur, ref = current.current, reference.reference
     assert cur is not None and ref is not None
-    checks = [_p99(name, cur, ref, threshold, n_boot, seed) for name in ("p99_e2e_s", "p99_ttft_s")]
+
+    def ci(xa: Array, xb: Array) -> tuple[float, float]:
+        _, lo, hi = bootstrap_p99_diff(xa, xb, n_boot=n_boot, seed=seed)
+        return lo, hi
+
+    checks = [_p99(name, cur, ref, threshold, ci) for name in ("p99_e2e_s", "p99_ttft_s")]
     checks.append(_throughput(cur, ref, threshold))
     checks.append(_error_rate(cur, ref))
     notes = []
@@ -154,8 +147,14 @@ def check_drift(
 
 
 def _p99(
-    name: str, cur: KeyFigures, ref: KeyFigures, threshold: float, n_boot: int, seed: int
+    name: str,
+    cur: KeyFigures,
+    ref: KeyFigures,
+    threshold: float,
+    interval_of: Callable[[Array, Array], tuple[float, float]],
 ) -> FigureCheck:
+    """A P99 figure drifts beyond the threshold and, where both runs have their records,
+    when ``interval_of`` them (the bootstrap CI of the difference) lies above zero."""
     a, b = getattr(cur, name), getattr(ref, name)
     if a is None or b is None or b <= 0:
         return FigureCheck(name, a, b, None, threshold, False)
@@ -166,8 +165,7 @@ def _p99(
         metric = "e2e" if name == "p99_e2e_s" else "ttft"
         xa, xb = samples(cur, metric), samples(ref, metric)
         if xa is not None and xb is not None:
-            _, lo, hi = bootstrap_p99_diff(xa, xb, n_boot=n_boot, seed=seed)
-            ci = (lo, hi)
+            ci = interval_of(xa, xb)
     drifted = beyond and (ci is None or ci[0] > 0)
     return FigureCheck(name, a, b, change, threshold, beyond, ci, drifted)
 

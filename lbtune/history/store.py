@@ -23,9 +23,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from lbtune.errors import ConfigError
+from pydantic import TypeAdapter
 
-__all__ = ["SCHEMA_VERSION", "Entry", "HistoryStore", "KeyFigures", "Role"]
+from lbtune.errors import ConfigError
+from lbtune.records.jsonform import key_order
+
+__all__ = ["ENTRY", "SCHEMA_VERSION", "Entry", "HistoryStore", "KeyFigures", "Role"]
 
 SCHEMA_VERSION = 1
 Role = Literal["run", "baseline", "winner", "verification"]
@@ -91,13 +94,10 @@ class KeyFigures:
     """Measurement window, seconds after the first request was sent."""
     window_end_s: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
 
 @dataclass(frozen=True)
 class Entry:
-    """One indexed stress run or study."""
+    """One indexed stress run or study (in JSON, :data:`ENTRY`: its ``figures`` last)."""
 
     kind: Kind
     time: float
@@ -123,6 +123,9 @@ class Entry:
     lbtune_version: str = ""
     id: int | None = None
 
+    # JSON quirk kept from the hand-written form: ``figures`` last, after ``id``.
+    _json = key_order(last=("figures",))
+
     @property
     def current(self) -> KeyFigures | None:
         """What this entry measured of the live config: ``run`` or a study's ``baseline``."""
@@ -135,12 +138,9 @@ class Entry:
             return None
         return self.figures.get("verification") or self.figures.get("winner")
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "figures"}
-        out["params"] = None if self.params is None else dict(self.params)
-        out["load"] = dict(self.load)
-        out["figures"] = {role: fig.to_dict() for role, fig in self.figures.items()}
-        return out
+
+ENTRY: TypeAdapter[Entry] = TypeAdapter(Entry)
+"""An entry to its JSON form (``lbtune history --json``)."""
 
 
 _RUN_COLS = (

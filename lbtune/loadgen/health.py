@@ -29,25 +29,32 @@ matter only through the effects above. The dataclasses here are pure; only
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from time import perf_counter, time
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, TypeAdapter, computed_field
 
 from lbtune.records import quantiles
+from lbtune.records.jsonform import key_order
 
 __all__ = [
     "BOUND_FLOOR_S",
     "BOUND_SHARE_LIMIT",
+    "GENERATOR_HEALTH",
     "IDLE_SHARE_LIMIT",
     "LATENESS_P99_LIMIT_S",
+    "WORKER_HEALTH",
     "GeneratorHealth",
     "HealthMonitor",
     "HealthSample",
     "TimingBound",
     "WorkerHealth",
     "assess",
+    "health_json",
     "percentile",
     "timing_bound",
 ]
@@ -153,9 +160,18 @@ def assess(
     return bool(reasons), reasons
 
 
+def _none_is_empty(value: object) -> object:
+    """A worker's report with ``null`` reasons or samples reads as none."""
+    return () if value is None else value
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerHealth:
-    """Summary of one generator process over the whole run."""
+    """Summary of one generator process over the whole run.
+
+    A worker sends it to the runner as its final report (:data:`WORKER_HEALTH`: every
+    field, in field order); ``reasons`` and ``samples`` may be missing or ``null`` there.
+    """
 
     worker: str
     pid: int
@@ -168,8 +184,11 @@ class WorkerHealth:
     cpu_p90_percent: float | None
     in_flight_cap_hits: int
     degraded: bool
-    reasons: tuple[str, ...]
-    samples: tuple[HealthSample, ...] = field(default_factory=tuple)
+    # JSON quirk kept from the hand-written form: a report without reasons or samples reads.
+    reasons: Annotated[tuple[str, ...], BeforeValidator(_none_is_empty)] = ()
+    samples: Annotated[tuple[HealthSample, ...], BeforeValidator(_none_is_empty)] = field(
+        default_factory=tuple
+    )
     timing: str = ""
     """``kernel``, ``loop`` or ``mixed``: where response stamps came from ("" = none)."""
     ttft_p50_s: float | None = None
@@ -182,15 +201,10 @@ class WorkerHealth:
     """Closed loop: Σ idle / Σ (idle + e2e) over users' consecutive requests."""
     idle_max_s: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> WorkerHealth:
-        d = dict(d)
-        d["reasons"] = tuple(d.get("reasons") or ())
-        d["samples"] = tuple(HealthSample(**s) for s in d.get("samples") or ())
-        return WorkerHealth(**d)
+WORKER_HEALTH: TypeAdapter[WorkerHealth] = TypeAdapter(WorkerHealth)
+"""A worker's health to and from its report (``dump_python(mode="json")`` keeps NaN, as
+the line's ``json.dumps`` and ``json.loads`` do)."""
 
 
 def _worst(values: Sequence[float | None]) -> float | None:
@@ -200,45 +214,54 @@ def _worst(values: Sequence[float | None]) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class GeneratorHealth:
-    """All generator processes of one run; degraded if any one was."""
+    """All generator processes of one run; degraded if any one was.
+
+    Written to ``health.json`` (:func:`health_json`): the computed verdict, then the workers.
+    """
 
     workers: tuple[WorkerHealth, ...]
 
+    # JSON quirk kept from the hand-written form: the computed verdict (below), then the workers.
+    _json = key_order(last=("workers",))
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def degraded(self) -> bool:
         return any(w.degraded for w in self.workers)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def reasons(self) -> tuple[str, ...]:
         return tuple(f"{w.worker}: {r}" for w in self.workers for r in w.reasons)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def timing(self) -> str:
         kinds = {w.timing for w in self.workers if w.timing}
         return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "")
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def ttft_bound_p50_s(self) -> float | None:
         return _worst([w.ttft_bound_p50_s for w in self.workers])
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def ttft_bound_p99_s(self) -> float | None:
         return _worst([w.ttft_bound_p99_s for w in self.workers])
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def idle_share(self) -> float | None:
         return _worst([w.idle_share for w in self.workers])
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "degraded": self.degraded,
-            "reasons": list(self.reasons),
-            "timing": self.timing,
-            "ttft_bound_p50_s": self.ttft_bound_p50_s,
-            "ttft_bound_p99_s": self.ttft_bound_p99_s,
-            "idle_share": self.idle_share,
-            "workers": [w.to_dict() for w in self.workers],
-        }
+
+GENERATOR_HEALTH: TypeAdapter[GeneratorHealth] = TypeAdapter(GeneratorHealth)
+
+
+def health_json(health: GeneratorHealth) -> str:
+    """``health.json``'s text (as ever without a final newline; NaN kept as ``NaN``)."""
+    return json.dumps(GENERATOR_HEALTH.dump_python(health, mode="json"), indent=1)
 
 
 def summarize(

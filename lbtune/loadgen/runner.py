@@ -25,7 +25,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import queue
 import signal
@@ -42,7 +41,14 @@ from lbtune.errors import ConfigError
 from lbtune.loadgen.children import Child, start_children
 from lbtune.loadgen.collect import Progress, RecordTail
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
-from lbtune.loadgen.health import GeneratorHealth, HealthSample, WorkerHealth, summarize
+from lbtune.loadgen.health import (
+    WORKER_HEALTH,
+    GeneratorHealth,
+    HealthSample,
+    WorkerHealth,
+    health_json,
+    summarize,
+)
 from lbtune.loadgen.preflight import served_models
 from lbtune.loadgen.recordio import finalize
 from lbtune.loadgen.settings import (
@@ -194,7 +200,7 @@ def _health(
         if c.name == "master":
             continue
         if c.final is not None and c.final.get("health"):
-            workers.append(WorkerHealth.from_dict(c.final["health"]))
+            workers.append(WORKER_HEALTH.validate_python(c.final["health"]))
             sent += int(c.final.get("sent", 0))
         else:  # crashed or killed: what its status lines said, and its records
             wh = summarize(c.name, [], [], samples.get(c.name, []), 0)
@@ -229,7 +235,7 @@ def run_load(
         run.end()
     records_path = finalize(rdir)
     health, sent = _health(run.children, run.samples, run.tail)
-    (rdir / "health.json").write_text(json.dumps(health.to_dict(), indent=1))
+    (rdir / "health.json").write_text(health_json(health))
     return LoadResult(
         records_dir=rdir,
         records_path=records_path,

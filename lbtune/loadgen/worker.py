@@ -43,7 +43,7 @@ import gevent.event  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 from lbtune.errors import ConfigError  # noqa: E402
-from lbtune.loadgen.health import HealthSample  # noqa: E402
+from lbtune.loadgen.health import WORKER_HEALTH, HealthSample  # noqa: E402
 from lbtune.loadgen.settings import GeneratorSettings, read_settings  # noqa: E402
 from lbtune.loadgen.source import Source, open_source  # noqa: E402
 from lbtune.loadgen.user import STATE, LLMUser, OpenLoopUser, PlanShape  # noqa: E402
@@ -319,7 +319,9 @@ def _run_worker(
 def _final() -> int:
     STATE.close()
     mon = STATE.monitor
-    health = mon.summary(STATE.cap_hits).to_dict() if mon is not None else None
+    health = (
+        None if mon is None else WORKER_HEALTH.dump_python(mon.summary(STATE.cap_hits), mode="json")
+    )
     _emit(
         {
             "type": "final",

@@ -30,6 +30,7 @@ from lbtune.metrics.summary import (
     RunSummary,
     ServerSide,
     SloCheck,
+    StageStats,
     Throughput,
     Window,
 )
@@ -249,12 +250,11 @@ def summarize(
         recovery_step_s=recovery_step_s,
     )
     knee = stage_figures.knee(stage_stats)
-    spikes = [s for s in stage_stats if s.label == stage_figures.SPIKE_LABEL]
-    recoveries = [s.recovery_s for s in spikes]
+    recovery_s, recovered = _spike_recovery(stage_stats, slo)
     all_notes = list(notes)
     if not in_window:
         all_notes.append("no request was sent in the measurement window")
-    if spikes and (slo is None or slo.ttft_s is None):
+    if recovered is None and any(s.label == stage_figures.SPIKE_LABEL for s in stage_stats):
         all_notes.append("spike stage without a TTFT SLO: recovery time not computed")
     gen = generator or GeneratorHealth()
     if gen.lateness_p99_s is None and late is not None and late.p99 is not None:
@@ -286,18 +286,31 @@ def summarize(
         throughput_decay=stage_figures.throughput_decay(stage_stats),
         knee_stage=None if knee is None else knee.index,
         knee_offered_load=None if knee is None else knee.offered_load,
-        recovery_s=max((r for r in recoveries if r is not None), default=None)
-        if spikes and None not in recoveries
-        else None,
-        recovered=None
-        if not spikes or slo is None or slo.ttft_s is None
-        else None not in recoveries,
+        recovery_s=recovery_s,
+        recovered=recovered,
         server=server,
         cross_check=cross,
         incomplete=incomplete or (server is not None and server.incomplete),
         notes=tuple(all_notes),
         lbtune_version=__version__,
     )
+
+
+def _spike_recovery(
+    stage_stats: Sequence[StageStats], slo: Slo | None
+) -> tuple[float | None, bool | None]:
+    """(the longest recovery of the spike stages, whether every one recovered).
+
+    ``(None, None)`` without spike stages or without a TTFT SLO to recover to; the time
+    is ``None`` too when a spike never recovered.
+    """
+    spikes = [s for s in stage_stats if s.label == stage_figures.SPIKE_LABEL]
+    if not spikes or slo is None or slo.ttft_s is None:
+        return None, None
+    recoveries = [s.recovery_s for s in spikes]
+    if None in recoveries:
+        return None, False
+    return max(r for r in recoveries if r is not None), True
 
 
 def records_to_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:

@@ -1,21 +1,18 @@
-"""The run summary: frozen dataclasses passed around in code, and their JSON form.
+"""The run summary: frozen dataclasses passed around in code.
 
-``RunSummary.to_dict()`` is what ``summary.json`` holds (the CI contract, see
-``docs/summary-schema.md``); ``RunSummary.from_dict()`` reads it back. All times
-are in seconds, all fractions in 0..1, timestamps are Unix wall-clock seconds.
-A figure that could not be computed is ``None`` (JSON ``null``), never NaN.
+``summary.json`` is their JSON form (the CI contract, see ``docs/summary-schema.md``),
+written and read by :mod:`lbtune.metrics.summary_file` through a pydantic ``TypeAdapter``
+of :class:`RunSummary`: every field, in field order. All times are in seconds, all
+fractions in 0..1, timestamps are Unix wall-clock seconds. A figure that could not be
+computed is ``None`` (JSON ``null``), never NaN.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Literal
 
-from lbtune.errors import ConfigError
 from lbtune.records.quantiles import LatencyStats
 from lbtune.records.slo import Slo
 
@@ -347,72 +344,3 @@ class RunSummary:
     notes: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
     lbtune_version: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready form (only dicts, lists, str, int, float, bool, None)."""
-        out = to_jsonable(self)
-        assert isinstance(out, dict)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
-        version = data.get("schema_version")
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
-            raise ConfigError(
-                f"summary schema_version {version!r} is not supported by this lbtune "
-                f"(it reads versions up to {SCHEMA_VERSION}): upgrade lbtune"
-            )
-        try:
-            return from_jsonable(cls, data)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"summary is malformed: {exc}") from exc
-
-
-def to_jsonable(obj: object) -> Any:
-    """Dataclasses to dicts, tuples to lists, non-finite floats to ``None``."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, list | tuple):
-        return [to_jsonable(x) for x in obj]
-    if isinstance(obj, Mapping):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
-T = TypeVar("T")
-
-
-def from_jsonable(tp: type[T], data: Any) -> T:
-    """Inverse of :func:`to_jsonable`, guided by the dataclasses' type hints."""
-    return _from(tp, data)  # type: ignore[no-any-return]
-
-
-def _from(tp: Any, data: Any) -> Any:
-    origin = get_origin(tp)
-    if origin is Union or origin is types.UnionType:
-        args = get_args(tp)
-        if data is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _from(inner, data)
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(data, Mapping):
-            raise TypeError(f"{tp.__name__}: expected an object, got {type(data).__name__}")
-        hints = get_type_hints(tp)
-        kwargs = {
-            f.name: _from(hints[f.name], data[f.name])
-            for f in dataclasses.fields(tp)
-            if f.init and f.name in data
-        }
-        return tp(**kwargs)
-    if origin is tuple:
-        (inner, _ellipsis) = get_args(tp)
-        return tuple(_from(inner, x) for x in data)
-    if origin is Mapping or origin is dict:
-        _key, inner = get_args(tp)
-        return {str(k): _from(inner, v) for k, v in data.items()}
-    if tp is float:
-        return float(data)
-    return data

@@ -8,10 +8,10 @@ the figures that regressed first; :func:`render_json` is the machine-readable fo
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
-from lbtune.metrics.summary import to_jsonable
+from lbtune.compare.verdict import RESULT
+from lbtune.records.jsonform import json_text
 from lbtune.report.frame import Table
 from lbtune.report.markdown import table
 
@@ -133,4 +133,4 @@ def render_markdown(result: CompareResult) -> str:
 
 
 def render_json(result: CompareResult) -> str:
-    return json.dumps(to_jsonable(result.to_dict()), indent=1, allow_nan=False) + "\n"
+    return json_text(RESULT, result, indent=1)

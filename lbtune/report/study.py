@@ -10,7 +10,6 @@ Agg backend.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lbtune.errors import ConfigError
-from lbtune.metrics.summary import to_jsonable
+from lbtune.records.jsonform import json_text
 from lbtune.report.frame import Cell, Table
 from lbtune.report.html import CSS, esc, img
 from lbtune.report.html import table as html_table
@@ -31,6 +30,7 @@ from lbtune.report.study_plots import (
     slice_plot,
 )
 from lbtune.scenario.runplan import read_run_plan
+from lbtune.search.result import STUDY
 
 if TYPE_CHECKING:
     from lbtune.objective import Figures
@@ -299,12 +299,16 @@ def headline(result: StudyResult) -> str:
 # --- renderers ----------------------------------------------------------------------
 
 
+def study_json(result: StudyResult) -> str:
+    """``study.json``'s text (also what ``lbtune optimize --json`` prints)."""
+    return json_text(STUDY, result, indent=1)
+
+
 def write_study_report(out_dir: Path | str, result: StudyResult) -> StudyReportPaths:
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     paths = StudyReportPaths(d, d / "study.json", d / "report.md", d / "report.html")
-    data = to_jsonable(result.to_dict())
-    paths.study_json.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    paths.study_json.write_text(study_json(result))
     paths.report_md.write_text(render_markdown(result))
     paths.report_html.write_text(render_html(result))
     return paths

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lbtune.errors import LbtuneError
 from lbtune.report.frame import Table
@@ -25,6 +25,7 @@ from lbtune.report.html import table as html_table
 from lbtune.report.markdown import table as md_table
 from lbtune.report.plots import _figure, _no_data, _png
 from lbtune.targets import TARGETS
+from lbtune.targets.params import ParamValue
 from lbtune.targets.space import ParameterSpace
 
 if TYPE_CHECKING:
@@ -121,16 +122,16 @@ def _space_of(result: StudyResult, names: Sequence[str]) -> ParameterSpace | Non
 
 def split_by_space(
     space: ParameterSpace | None,
-    params: Mapping[str, Any],
+    params: Mapping[str, ParamValue],
     unmoved: Mapping[str, str] | None = None,
-) -> tuple[dict[str, Any], dict[str, str]]:
+) -> tuple[dict[str, ParamValue], dict[str, str]]:
     """``(effective, folded)``: the knobs that act under ``params``; the rest, each with why.
 
     Folded: a knob whose ``when`` condition fails under ``params``, one the space marks
     ``fixed`` (the target fixes the agent's knobs while no agent runs), and the names in
     ``unmoved`` (with their reason).
     """
-    effective: dict[str, Any] = {}
+    effective: dict[str, ParamValue] = {}
     folded: dict[str, str] = {}
     for name, value in params.items():
         spec = None if space is None else space.params.get(name)
@@ -150,8 +151,8 @@ def split_by_space(
 
 
 def split_params(
-    result: StudyResult, params: Mapping[str, Any]
-) -> tuple[dict[str, Any], dict[str, str]]:
+    result: StudyResult, params: Mapping[str, ParamValue]
+) -> tuple[dict[str, ParamValue], dict[str, str]]:
     """:func:`split_by_space` for a study: also folds knobs no trial moved."""
     done = _done(result) or list(result.trials)
     unmoved = {
@@ -178,7 +179,7 @@ def _shown(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def explain_changes(result: StudyResult, params: Mapping[str, Any]) -> list[KnobChange]:
+def explain_changes(result: StudyResult, params: Mapping[str, ParamValue]) -> list[KnobChange]:
     """The winner's acting knobs that differ from live, each with its meaning (space order).
 
     A knob that acts under the winner but did not act under the live parameters (the
@@ -209,7 +210,7 @@ def changes_table(changes: Sequence[KnobChange]) -> Table:
     )
 
 
-def best_params_markdown(result: StudyResult, params: Mapping[str, Any]) -> list[str]:
+def best_params_markdown(result: StudyResult, params: Mapping[str, ParamValue]) -> list[str]:
     """The "Best parameters" section: what the winner changes and why it matters, the
     effective knobs as JSON, the folded ones listed after."""
     import json
@@ -233,7 +234,7 @@ def best_params_markdown(result: StudyResult, params: Mapping[str, Any]) -> list
     return lines
 
 
-def best_params_html(result: StudyResult, params: Mapping[str, Any]) -> str:
+def best_params_html(result: StudyResult, params: Mapping[str, ParamValue]) -> str:
     """``<pre>`` of the effective knobs and a closed ``<details>`` with the rest."""
     import json
 

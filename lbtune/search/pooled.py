@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from lbtune.objective import Figures
+from lbtune.objective import FIGURES, Figures
 from lbtune.search.paired import finite_percentile
 from lbtune.search.trial import Measurement, Samples
 
@@ -63,7 +63,9 @@ def mean_figures(ms: Sequence[Measurement]) -> Figures | None:
             out[k] = int(sum(vals))
         else:
             out[k] = sum(vals) / len(vals)
-    return Figures.from_dict({k: v for k, v in out.items() if v is not None or k in _OPTIONAL})
+    return FIGURES.validate_python(
+        {k: v for k, v in out.items() if v is not None or k in _OPTIONAL}
+    )
 
 
 _COUNTS = frozenset({"completed", "samples", "censored"})

@@ -1,27 +1,35 @@
 """What a study produces, as frozen dataclasses passed around in code and written to study.json.
 
-``StudyResult.to_dict()`` is the content of ``study.json`` (the CI contract,
-documented in ``docs/optimize.md``). Figures are seconds, fractions and per-second
-rates; a figure that does not exist is ``None``.
+:data:`STUDY` (a pydantic ``TypeAdapter``, :func:`lbtune.records.jsonform.json_text`)
+writes the content of ``study.json`` (the CI contract, documented in ``docs/optimize.md``).
+Figures are seconds, fractions and per-second rates; a figure that does not exist is
+``None``. Where the JSON form is not the fields in field order, the dataclass says so with
+pydantic's means, each kept for the files already written: a renamed key
+(``serialization_alias``), a computed one (``computed_field``), a left-out field
+(``exclude``) and the key order (:func:`~lbtune.records.jsonform.key_order`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Annotated, Literal
+
+from pydantic import Field, InstanceOf, TypeAdapter, computed_field
 
 from lbtune.objective import Figures, ObjectiveSpec
+from lbtune.records.jsonform import key_order
 from lbtune.scenario.runplan import RunPlan
+from lbtune.search.trial import Samples
 from lbtune.targets.base import ParamSet
-
-if TYPE_CHECKING:
-    from lbtune.search.trial import Samples
 
 STUDY_SCHEMA_VERSION = 1
 
 Role = Literal["live", "round-robin", "least-conn", "sampled", "retry"]
 Verdict = Literal["improved", "no significant improvement", "baseline is best", "not run"]
+_Pair = tuple[float, float]
+_STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
+"""The trial states ``study.json`` counts."""
 
 
 @dataclass(frozen=True)
@@ -43,22 +51,6 @@ class TrialResult:
     plan: RunPlan | None = None
     """The run plan the trial's measurement ran (started, measured window, target), where
     one came back (not for a trial that failed before)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "state": self.state,
-            "role": self.role,
-            "params": dict(self.params),
-            "objective": self.objective,
-            "values": None if self.values is None else list(self.values),
-            "figures": None if self.figures is None else self.figures.to_dict(),
-            "feasible": self.feasible,
-            "fail_reason": self.fail_reason,
-            "duration_s": self.duration_s,
-            "intermediate": {str(k): v for k, v in self.intermediate.items()},
-            "plan": None if self.plan is None else self.plan.model_dump(mode="json", by_alias=True),
-        }
 
 
 @dataclass(frozen=True)
@@ -88,24 +80,6 @@ class RoundRun:
     window: tuple[float, float] | None = None
     """The measurement window (wall-clock seconds), as the run recorded it."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "round": self.round,
-            "arm": self.arm,
-            "trial": self.trial,
-            "label": self.label,
-            "measured": self.measured,
-            "reason": self.reason,
-            "requests": self.requests,
-            "sent": self.sent,
-            "errors": self.errors,
-            "tail_e2e_s": self.tail_e2e_s,
-            "tail_ttft_s": self.tail_ttft_s,
-            "requests_per_s": self.requests_per_s,
-            "score": self.score,
-            "window": None if self.window is None else list(self.window),
-        }
-
 
 @dataclass(frozen=True)
 class Pooled:
@@ -125,19 +99,6 @@ class Pooled:
     """Errors over requests sent, pooled."""
     score: float | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rounds": list(self.rounds),
-            "requests": self.requests,
-            "ttft_requests": self.ttft_requests,
-            "tail_e2e_s": self.tail_e2e_s,
-            "tail_ttft_s": self.tail_ttft_s,
-            "p50_ttft_s": self.p50_ttft_s,
-            "requests_per_s": self.requests_per_s,
-            "error_rate": self.error_rate,
-            "score": self.score,
-        }
-
 
 @dataclass(frozen=True)
 class Comparison:
@@ -152,8 +113,11 @@ class Comparison:
     """Objective of the baseline's runs in the same rounds."""
     diff: float
     """Objective of the pooled candidate runs minus the pooled baseline runs (< 0 = better)."""
-    ci_low: float
-    ci_high: float
+    # JSON quirk kept from the hand-written form: ``ci_low``, ``ci_high`` written as
+    # the pair ``ci95``.
+    ci_low: Annotated[float, Field(exclude=True)]
+    """In JSON with ``ci_high`` as the pair :attr:`ci95`."""
+    ci_high: Annotated[float, Field(exclude=True)]
     relative: float
     """``diff`` relative to the baseline's pooled objective."""
     feasible: bool
@@ -172,27 +136,16 @@ class Comparison:
     """The baseline's figures over the same rounds, pooled like :attr:`figures`."""
     level: float = 0.95
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "trial": self.trial,
-            "arm": self.arm,
-            "params": dict(self.params),
-            "rounds": list(self.rounds),
-            "runs": list(self.runs),
-            "baseline_runs": list(self.baseline_runs),
-            "diff": self.diff,
-            "ci95": [self.ci_low, self.ci_high],
-            "level": self.level,
-            "relative": self.relative,
-            "feasible": self.feasible,
-            "significant": self.significant,
-            "figures": None if self.figures is None else self.figures.to_dict(),
-            "candidate": None if self.candidate is None else self.candidate.to_dict(),
-            "baseline": None if self.baseline is None else self.baseline.to_dict(),
-            "baseline_figures": None
-            if self.baseline_figures is None
-            else self.baseline_figures.to_dict(),
-        }
+    # JSON quirk kept from the hand-written form: this key order.
+    _json = key_order(
+        "trial", "arm", "params", "rounds", "runs", "baseline_runs", "diff", "ci95", "level"
+    )
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def ci95(self) -> tuple[float, float]:
+        """``(ci_low, ci_high)``: the interval of :attr:`diff`."""
+        return self.ci_low, self.ci_high
 
 
 @dataclass(frozen=True)
@@ -207,7 +160,10 @@ class Confirmation:
     """Rounds run (every arm once per round)."""
     order: tuple[str, ...] = ()
     """The interleaved run order actually used, e.g. ``("A", "B1", "B2", "A", ...)``."""
-    baseline_samples: tuple[Samples, ...] = field(default=(), compare=False, repr=False)
+    # JSON quirk kept from the hand-written form: the samples left out (arrays, not figures).
+    baseline_samples: Annotated[tuple[InstanceOf[Samples], ...], Field(exclude=True)] = field(
+        default=(), compare=False, repr=False
+    )
     """The baseline's per-request samples (for the verification after rollout; not in JSON)."""
     rounds: tuple[RoundRun, ...] = ()
     """Every run of every round, measured or not (the report's rounds table)."""
@@ -216,21 +172,11 @@ class Confirmation:
     note: str = ""
     """Why confirmation was skipped, or why the tail is not P99 (one line; empty if neither)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "baseline_trial": self.baseline_trial,
-            "baseline_figures": None
-            if self.baseline_figures is None
-            else self.baseline_figures.to_dict(),
-            "comparisons": [c.to_dict() for c in self.comparisons],
-            "winner": self.winner,
-            "runs_per_arm": self.runs_per_arm,
-            "order": list(self.order),
-            "quantile": self.quantile,
-            "note": self.note,
-            "rounds": [r.to_dict() for r in self.rounds],
-        }
+    # JSON quirk kept from the hand-written form: ``rounds`` last.
+    _json = key_order(
+        "verdict", "baseline_trial", "baseline_figures", "comparisons", "winner",
+        "runs_per_arm", "order", "quantile", "note", "rounds",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -242,19 +188,8 @@ class Rollout:
     detail: str = ""
     verification: Figures | None = None
     verify_diff: float | None = None
-    verify_ci: tuple[float, float] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "applied": self.applied,
-            "via": self.via,
-            "verified": self.verified,
-            "rolled_back": self.rolled_back,
-            "detail": self.detail,
-            "verification": None if self.verification is None else self.verification.to_dict(),
-            "verify_diff": self.verify_diff,
-            "verify_ci95": None if self.verify_ci is None else list(self.verify_ci),
-        }
+    # JSON quirk kept from the hand-written form: ``verify_ci`` written as ``verify_ci95``.
+    verify_ci: Annotated[_Pair | None, Field(serialization_alias="verify_ci95")] = None
 
 
 @dataclass(frozen=True)
@@ -264,12 +199,15 @@ class StudyResult:
     target: str
     scenario: str
     sampler: str
-    spec: ObjectiveSpec
+    # JSON quirk kept from the hand-written form: ``spec`` written as ``objective``,
+    # ``best`` and ``baseline`` as ``best_trial`` and ``baseline_trial``; computed keys
+    # (below); this key order.
+    spec: Annotated[ObjectiveSpec, Field(serialization_alias="objective")]
     budget: int
     trials: tuple[TrialResult, ...]
-    best: int | None
+    best: Annotated[int | None, Field(serialization_alias="best_trial")]
     """Trial number of the best feasible completed trial (pick rule in pareto mode)."""
-    baseline: int | None
+    baseline: Annotated[int | None, Field(serialization_alias="baseline_trial")]
     """Trial number of the live-configuration trial."""
     pareto_front: tuple[int, ...] = ()
     importances: Mapping[str, float] = field(default_factory=dict)
@@ -281,12 +219,43 @@ class StudyResult:
     notes: tuple[str, ...] = ()
     started_at: str = ""
 
+    _json = key_order(
+        "schema_version", "study", "storage", "target", "scenario", "sampler", "objective",
+        "budget", "started_at", "elapsed_s", "interrupted", "counts", "baseline_trial",
+        "best_trial", "best_params", "best_objective", "improvement_vs_baseline",
+        "pareto_front", "importances", "confirmation", "rollout", "report_dir", "notes",
+    )  # fmt: skip
+
     def trial(self, number: int | None) -> TrialResult | None:
         return next((t for t in self.trials if t.number == number), None)
 
     def count(self, state: str) -> int:
         return sum(t.state == state for t in self.trials)
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def schema_version(self) -> int:
+        return STUDY_SCHEMA_VERSION
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def counts(self) -> dict[str, int]:
+        """Trials by state (``complete``, ``pruned``, ``fail``, ``running``)."""
+        return {s.lower(): self.count(s) for s in _STATES}
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def best_params(self) -> ParamSet | None:
+        best = self.trial(self.best)
+        return None if best is None else dict(best.params)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def best_objective(self) -> float | None:
+        best = self.trial(self.best)
+        return None if best is None else best.objective
+
+    @computed_field(alias="improvement_vs_baseline")  # type: ignore[prop-decorator]
     @property
     def improvement(self) -> float | None:
         """Relative objective change of the best trial over the baseline trial (< 0 = better)."""
@@ -295,31 +264,6 @@ class StudyResult:
             return None
         return best.objective / base.objective - 1
 
-    def to_dict(self) -> dict[str, Any]:
-        best = self.trial(self.best)
-        return {
-            "schema_version": STUDY_SCHEMA_VERSION,
-            "study": self.study,
-            "storage": self.storage,
-            "target": self.target,
-            "scenario": self.scenario,
-            "sampler": self.sampler,
-            "objective": self.spec.to_dict(),
-            "budget": self.budget,
-            "started_at": self.started_at,
-            "elapsed_s": self.elapsed_s,
-            "interrupted": self.interrupted,
-            "counts": {s.lower(): self.count(s) for s in ("COMPLETE", "PRUNED", "FAIL", "RUNNING")},
-            "baseline_trial": self.baseline,
-            "best_trial": self.best,
-            "best_params": None if best is None else dict(best.params),
-            "best_objective": None if best is None else best.objective,
-            "improvement_vs_baseline": self.improvement,
-            "pareto_front": list(self.pareto_front),
-            "importances": dict(self.importances),
-            "confirmation": None if self.confirmation is None else self.confirmation.to_dict(),
-            "rollout": None if self.rollout is None else self.rollout.to_dict(),
-            "report_dir": self.report_dir,
-            "notes": list(self.notes),
-            "trials": [t.to_dict() for t in self.trials],
-        }
+
+STUDY: TypeAdapter[StudyResult] = TypeAdapter(StudyResult)
+"""A study to its JSON form (``study.json``, ``lbtune optimize --json``)."""

@@ -35,7 +35,16 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from lbtune.errors import BalancerDown, ConfigError, DependencyError, TrialFailed
-from lbtune.objective import Figures, ObjectiveSpec, composite, constraints, feasible, values
+from lbtune.objective import (
+    FIGURES,
+    Figures,
+    ObjectiveSpec,
+    composite,
+    constraints,
+    feasible,
+    values,
+)
+from lbtune.records.jsonform import json_data
 from lbtune.scenario.runplan import RunPlan
 from lbtune.search.pruning import INTERVAL_ATTR, window_interval, window_value
 from lbtune.search.result import TrialResult
@@ -390,7 +399,7 @@ def trial_objective(m: Measurement, spec: ObjectiveSpec) -> float | None:
 
 def _tell(study: optuna.Study, trial: Any, m: Measurement, spec: ObjectiveSpec) -> None:
     assert m.figures is not None
-    trial.set_user_attr("figures", m.figures.to_dict())
+    trial.set_user_attr("figures", json_data(FIGURES, m.figures))
     cons = constraints(m.figures, spec)
     trial.set_user_attr("constraints", cons)
     if _trial_constraints():
@@ -404,7 +413,9 @@ def collect(study: optuna.Study, spec: ObjectiveSpec) -> list[TrialResult]:
     out = []
     for t in study.get_trials(deepcopy=False):
         ua: Mapping[str, Any] = t.user_attrs
-        fig = Figures.from_dict(ua["figures"]) if isinstance(ua.get("figures"), dict) else None
+        fig = (
+            FIGURES.validate_python(ua["figures"]) if isinstance(ua.get("figures"), dict) else None
+        )
         params = ua.get("params") or ua.get("enqueued_params") or dict(t.params)
         out.append(
             TrialResult(

@@ -7,10 +7,14 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+import typer
+from typer.models import OptionInfo
 from typer.testing import CliRunner
 
-from lbtune.cli import PIPED_COLUMNS, app
+from lbtune.cli import PIPED_COLUMNS, app, options
 
 
 def _option_line(text: str, option: str) -> str:
@@ -46,3 +50,72 @@ def test_piped_help_is_wider_than_80_columns() -> None:
     ).stdout
     widths = {len(line) for line in out.splitlines()}
     assert max(widths) == PIPED_COLUMNS
+
+
+def _commands() -> dict[str, Any]:
+    """Every command of the app by its path (``stress``, ``agent run``, ...); duck-typed:
+    typer may vendor its own click."""
+    out: dict[str, Any] = {}
+
+    def walk(cmd: Any, path: str) -> None:
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                walk(sub, f"{path} {name}".strip())
+        else:
+            out[path] = cmd
+
+    walk(typer.main.get_command(app), "")
+    return out
+
+
+def _shared() -> dict[str, tuple[OptionInfo, list[str]]]:
+    """The options of lbtune.cli.options, by their flag, with all their flags."""
+    out = {}
+    for name in options.__all__:
+        alias = getattr(options, name)
+        for info in getattr(alias, "__metadata__", ()):
+            if isinstance(info, OptionInfo):  # Annotated: the first flag is its `default`
+                flags = [str(info.default), *(info.param_decls or ())]
+                out[flags[0]] = (info, flags)
+    return out
+
+
+def test_a_shared_option_is_the_same_in_every_command_that_takes_it() -> None:
+    """Declared once (lbtune.cli.options): flag, short form and help cannot drift apart.
+    Options of the same name but another meaning are the listed exceptions."""
+    other_meaning = {
+        ("--target", "stress"),  # a balancer URL, not a target name
+        ("--seed", "compare"),  # the bootstrap's seed
+        ("--json", "cluster up"),
+        ("--json", "cluster status"),
+        ("--state-dir", "cluster up"),
+        ("--state-dir", "cluster down"),
+        ("--state-dir", "cluster status"),
+        ("--storage", "history"),  # a path or URL, default from the environment
+        ("--scenario", "history"),  # a filter
+        ("--out", "scenarios fit"),  # a scenario file
+    }
+    shared = _shared()
+    assert {"--scenario", "--json", "--ci", "--junit", "--state-dir", "--seed"} <= set(shared)
+    users: dict[str, list[str]] = {}
+    for path, cmd in _commands().items():
+        for p in cmd.params:
+            flag = next((o for o in p.opts if o in shared), None)
+            if flag is None or (flag, path) in other_meaning:
+                continue
+            info, flags = shared[flag]
+            assert p.help == info.help, f"{path} {flag}: not the shared option"
+            assert sorted(p.opts) == sorted(flags), f"{path} {flag}"
+            users.setdefault(flag, []).append(path)
+    assert {"stress", "optimize"} <= set(users["--scenario"]) & set(users["--trace"])
+    assert {"stress", "optimize", "compare"} <= set(users["--ci"]) & set(users["--junit"])
+    assert len(users["--json"]) >= 5 and len(users["--state-dir"]) >= 5
+    assert all(len(paths) > 1 for paths in users.values()), users  # shared means shared
+
+
+@pytest.mark.parametrize("command", ["stress", "optimize"])
+@pytest.mark.parametrize("flag", [["--speedup", "2"], ["--trace-format", "azure"]])
+def test_trace_options_need_a_trace(command: str, flag: list[str]) -> None:
+    out = CliRunner().invoke(app, [command, *flag], env={"COLUMNS": "200"})
+    assert out.exit_code == 2
+    assert "--trace-format and --speedup apply to --trace" in out.output

@@ -10,9 +10,10 @@ import pytest
 from lbtune.compare.verdict import compare, load_pair, load_side
 from lbtune.loadgen.recordio import write_parquet
 from lbtune.metrics.bootstrap import RunArrays, point
-from lbtune.metrics.summary import Window, to_jsonable
+from lbtune.metrics.summary import Window
 from lbtune.objective import Figures, ObjectiveSpec
 from lbtune.records.requests import RequestRecord
+from lbtune.report.study import study_json
 from lbtune.search.result import Comparison, Confirmation, StudyResult, TrialResult
 from tests.metrics.records import rec
 
@@ -92,7 +93,7 @@ def study_dir(tmp_path: Path) -> Path:
         baseline=0,
         confirmation=Confirmation("improved", 0, fig, (comp,), winner=2, runs_per_arm=2),
     )
-    (d / "study.json").write_text(json.dumps(to_jsonable(result.to_dict())))
+    (d / "study.json").write_text(study_json(result))
     return d
 
 

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from lbtune.loadgen.health import (
+    WORKER_HEALTH,
     GeneratorHealth,
+    HealthSample,
+    WorkerHealth,
     assess,
+    health_json,
     percentile,
     summarize,
     timing_bound,
 )
 from lbtune.records import quantiles
+from tests import golden
 
 
 def test_percentile_is_the_one_estimator() -> None:
@@ -73,5 +81,42 @@ def test_cap_hits_degrade_and_workers_combine() -> None:
     g = GeneratorHealth((w, ok))
     assert g.degraded and g.reasons == ("w0: " + w.reasons[0],)
     assert g.ttft_bound_p99_s == pytest.approx(0.0008) and g.timing == "kernel"
-    d = g.to_dict()
+    d = json.loads(health_json(g))
     assert d["degraded"] and d["ttft_bound_p99_s"] == pytest.approx(0.0008)
+
+
+def workers() -> tuple[WorkerHealth, WorkerHealth]:
+    """Two generator processes (fixed pids): one degraded, with per-second samples."""
+    samples = [
+        HealthSample(
+            1_700_000_000.0 + i, "w0", 50.0 + i, 0.001, 0.004, None if i else 0.02, 8, 10 * i,
+            9 * i, 0,
+        )
+        for i in range(3)
+    ]  # fmt: skip
+    w0 = summarize("w0", [0.001, 0.03, 0.002], [0.001, 0.002], samples, cap_hits=2)
+    w1 = summarize("w1", [], [], [], 0, ttfts=[(0.05, 0.0008)] * 100, timings=["kernel"])
+    return replace(w0, pid=101), replace(w1, pid=102)
+
+
+def test_health_json_is_the_golden_text() -> None:
+    """``health.json``: the computed verdict first, then every worker with every field."""
+    golden.check("health.json", health_json(GeneratorHealth(workers())))
+
+
+def test_a_worker_report_crosses_the_pipe_unchanged() -> None:
+    """A worker's final report (one JSON line on its stdout) reads back as it was sent."""
+    for w in workers():
+        line = json.dumps(WORKER_HEALTH.dump_python(w, mode="json"))
+        assert WORKER_HEALTH.validate_python(json.loads(line)) == w
+    golden.check(
+        "worker-health.jsonl", json.dumps(WORKER_HEALTH.dump_python(w, mode="json")) + "\n"
+    )
+
+
+def test_a_worker_report_without_reasons_or_samples_reads() -> None:
+    doc = WORKER_HEALTH.dump_python(workers()[1], mode="json")
+    doc["reasons"], doc["samples"] = None, None
+    assert WORKER_HEALTH.validate_python(doc) == workers()[1]
+    del doc["reasons"], doc["samples"]
+    assert WORKER_HEALTH.validate_python(doc) == workers()[1]

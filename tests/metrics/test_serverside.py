@@ -13,6 +13,7 @@ from lbtune.metrics.promql import BalancerSeries
 from lbtune.metrics.serverside import collect
 from lbtune.metrics.stats import summarize
 from lbtune.metrics.summary import BalancerSide, GeneratorHealth, RunSummary, Window
+from lbtune.metrics.summary_file import dumps, summary_from_data
 from lbtune.records.slo import Slo
 from tests.metrics.records import rec
 
@@ -164,8 +165,7 @@ def _summary() -> RunSummary:
 
 def test_summary_round_trips_through_json() -> None:
     summary = _summary()
-    text = json.dumps(summary.to_dict(), allow_nan=False)
-    back = RunSummary.from_dict(json.loads(text))
+    back = summary_from_data(json.loads(dumps(summary)))
     assert back == summary
     assert summary.incomplete  # the server side had a failed query
     assert summary.cross_check is not None
@@ -173,21 +173,21 @@ def test_summary_round_trips_through_json() -> None:
 
 
 def test_newer_schema_is_refused() -> None:
-    data = _summary().to_dict()
+    data = json.loads(dumps(_summary()))
     data["schema_version"] = 99
     with pytest.raises(ConfigError, match="schema_version 99"):
-        RunSummary.from_dict(data)
+        summary_from_data(data)
     del data["schema_version"]
     with pytest.raises(ConfigError):
-        RunSummary.from_dict(data)
+        summary_from_data(data)
 
 
 def test_a_version_1_summary_still_reads_without_its_haproxy_sections() -> None:
-    data = _summary().to_dict()
+    data = json.loads(dumps(_summary()))
     data["schema_version"] = 1
     del data["server"]["balancer"]
     data["server"]["haproxy_queues"] = [{"proxy": "llm", "avg": 1.0, "max": 2.0}]
     data["server"]["haproxy_servers"] = []
-    back, now = RunSummary.from_dict(data).server, _summary().server
+    back, now = summary_from_data(data).server, _summary().server
     assert back is not None and now is not None
     assert back.balancer is None and back.replicas == now.replicas

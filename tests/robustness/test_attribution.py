@@ -22,6 +22,7 @@ from lbtune.cli.stress import _print_summary
 from lbtune.metrics.replica_events import ReplicaSample, ReplicaTimeline, events, owners
 from lbtune.metrics.stats import replica_stats, summarize
 from lbtune.metrics.summary import RunSummary, Window
+from lbtune.metrics.summary_file import dumps, summary_from_data
 from lbtune.records.endpoints import ReplicaEndpoint
 from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 from lbtune.report.frame import replica_events as event_lines
@@ -168,11 +169,11 @@ def test_the_events_survive_summary_json() -> None:
     records = [_proxy_503(0, 4.5), rec(1, sent=T0 + 1, replica="b")]
     s = _summary(records, TIMELINE)
     assert s.replica_events is not None and s.replica_events.outages[0].replica == "a"
-    back = RunSummary.from_dict(json.loads(json.dumps(s.to_dict())))
+    back = summary_from_data(json.loads(dumps(s)))
     assert back.replica_events == s.replica_events
     assert {r.replica: r.balancer_errors for r in back.replicas} == {"a": 1, "b": 0}
-    old = {k: v for k, v in s.to_dict().items() if k != "replica_events"}
-    assert RunSummary.from_dict(old).replica_events is None  # a summary from before
+    old = {k: v for k, v in json.loads(dumps(s)).items() if k != "replica_events"}
+    assert summary_from_data(old).replica_events is None  # a summary from before
 
 
 def _summary(records: list[RequestRecord], timeline: ReplicaTimeline) -> RunSummary:

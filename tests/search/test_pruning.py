@@ -85,10 +85,13 @@ def test_score_interval_brackets_the_score() -> None:
 def test_figures_with_intervals_round_trip_through_json() -> None:
     import json
 
+    from lbtune.objective import FIGURES
+    from lbtune.records.jsonform import json_data
+
     fig = Figures(1.0, 0.3, p99_e2e_ci=(0.8, 1.4), p99_ttft_ci=(0.25, 0.5), samples=120)
-    back = Figures.from_dict(json.loads(json.dumps(fig.to_dict())))
+    back = FIGURES.validate_python(json.loads(json.dumps(json_data(FIGURES, fig))))
     assert back == fig
-    assert Figures.from_dict({"p99_e2e_s": 1.0, "p99_ttft_s": 0.3}).p99_e2e_ci is None
+    assert FIGURES.validate_python({"p99_e2e_s": 1.0, "p99_ttft_s": 0.3}).p99_e2e_ci is None
 
 
 @pytest.mark.parametrize("name", ["none"])
