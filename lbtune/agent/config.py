@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lbtune.errors import ConfigError, validation_error, validation_message
+from lbtune.records.addresses import check_url
 from lbtune.safeyaml import load_yaml_file
 
 __all__ = [
@@ -43,6 +44,9 @@ class AgentConfig(BaseModel):
     )
     prometheus_url: str = Field(
         default="http://127.0.0.1:9490", description="Prometheus scraping the replicas."
+    )
+    allow_remote: bool = Field(
+        default=False, description="Let prometheus_url be on another machine (--allow-remote)."
     )
     state_dir: str | None = Field(
         default=None,
@@ -123,6 +127,13 @@ class AgentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentConfig:
+        try:
+            check_url(
+                self.prometheus_url, "prometheus_url", allow_remote=self.allow_remote,
+                opt_in="--allow-remote (allow_remote: true)",
+            )  # fmt: skip
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         if self.a + self.b + self.c <= 0:
             raise ValueError("a + b + c must be > 0")
         if self.min_weight > self.max_weight:

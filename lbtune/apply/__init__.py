@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lbtune.apply.claim import refuse_if_leased
 from lbtune.apply.lock import apply_lock
 from lbtune.apply.runner import LOCAL_INVENTORY, HostResult, check_inventory, run_playbook
 from lbtune.apply.serving import cluster_endpoints, probe_models, refuse_unservable
-from lbtune.errors import ApplyError
+from lbtune.errors import ApplyError, ConfigError, LbtuneError
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets import balancer
 from lbtune.targets.base import ApplyResult, ParamSet, RejectedBeforeApply
@@ -144,26 +145,33 @@ def apply_params(
     extravars: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ApplyOutcome:
-    """Validate (ConfigError, nothing touched), lock, apply, verify, record the LKG.
+    """Apply ``params`` as one transaction: validate, lock, apply, verify, record the LKG.
 
-    Refused before anything is touched: a set that leaves a served model with no replica
-    able to take traffic. Verified after the apply by read-back and by one real request
-    per served model through the balancer. On a failure after the balancer may have been
-    touched, re-apply the last known good and raise ApplyError saying so. The first apply
-    on a fresh cluster first records what is live as the last known good (``baseline``).
+    Refused before anything is touched: knobs or values outside the target's space
+    (ConfigError naming ``source``) or outside what the balancer itself accepts
+    (:meth:`~lbtune.targets.targetbase.TargetBase.limits`, whatever the space allows); a
+    set that leaves a served model with no replica able to take traffic; a cluster whose
+    lease a study of another process holds (:class:`~lbtune.apply.claim.ClusterBusy`).
+    Verified after the apply by read-back and by one real request per served model through
+    the balancer. On any failure once the balancer may have been touched, the state that
+    was live before is put back (on a remote inventory, whose live state lbtune cannot
+    read: the last known good, on the hosts the rollout touched) and ApplyError says so.
+    The first apply on a fresh cluster first records what is live as the last known good
+    (``baseline``).
     """
-    space = target.space()
-    checked = space.validate(params, source=source)  # errors name the source
-    target.validate(checked)  # the balancer's own refusals, before the lock
+    checked = target.space().validate(params, source=source)  # errors name the source
+    target.validate(checked)  # the balancer's own limits and refusals, before the lock
     if via == "ansible" and inventory is not None:
         check_inventory(inventory)
+    if not check:
+        refuse_if_leased(target.state_dir, target.name, "apply")
     say = progress or log.info
     with apply_lock(target.state_dir):
         store = LkgStore(target.state_dir, target.name)
         lkg = store.get()
         local = _is_local(inventory)
         live = target.read_live() if local else None
-        expected = space.complete(checked, live) if live is not None else None
+        expected = target.limits().complete(checked, live) if live is not None else None
         ep = cluster_endpoints(target) if local else None
         if expected is not None and ep is not None:
             refuse_unservable(target, expected, ep)  # before anything, the LKG included
@@ -171,47 +179,97 @@ def apply_params(
             lkg = store.record(live, "baseline (live before the first apply)")
         try:
             result, hosts, log_path = _run(
-                target,
-                checked,
-                via=via,
-                check=check,
-                inventory=inventory,
-                extravars=extravars,
+                target, checked, via=via, check=check, inventory=inventory, extravars=extravars
             )
             if not check:
                 _verify(target, expected, ep)
-        except RejectedBeforeApply:
-            raise
-        except ApplyError as exc:
-            if check or lkg is None:
+        except (RejectedBeforeApply, ConfigError):
+            raise  # refused before the balancer was touched
+        except (Exception, KeyboardInterrupt) as exc:
+            if check:
                 raise
-            # Only the hosts this rollout touched: the others are still on the last known
-            # good (or unreachable), and a host that refused the set may refuse again.
-            touched = exc.touched if isinstance(exc, PlaybookFailed) else None
-            if touched == []:
-                raise ApplyError(f"{exc}; no host was changed: nothing to roll back") from None
-            only = {"lbtune_hosts": ",".join(touched)} if touched else None
-            which = f" (hosts {', '.join(touched)})" if touched else ""
-            back = f"rolling back to the last known good {lkg.describe()}{which}"
-            say(f"apply failed ({exc}); {back}")
-            try:
-                _run(
-                    target,
-                    lkg.params,
-                    via=via,
-                    check=False,
-                    inventory=inventory,
-                    rollback=True,
-                    extravars=only,
-                )
-            except ApplyError as exc2:
-                raise ApplyError(f"{exc}; the rollback failed too: {exc2}") from None
-            raise ApplyError(
-                f"{exc}; rolled back to the last known good {lkg.describe()}{which}"
-            ) from None
+            undo = _Undo(target, via, inventory, live, lkg, say)
+            message = undo.run(exc)
+            if not isinstance(exc, LbtuneError):
+                raise  # a bug keeps its traceback (the previous state is back)
+            raise ApplyError(message) from None
         if record and not check and (lkg is None or lkg.sha256 != params_hash(result.applied)):
             lkg = store.record(result.applied, source)
         return ApplyOutcome(result=result, hosts=hosts, via=via, lkg=lkg, log_path=log_path)
+
+
+@dataclass(frozen=True)
+class _Undo:
+    """Puts back what was live before a failed apply: the state read before it (on this
+    machine), else the last known good on the hosts the rollout touched."""
+
+    target: TargetBase
+    via: Via
+    inventory: str | Path | None
+    live: ParamSet | None
+    lkg: Lkg | None
+    say: Callable[[str], None]
+
+    def run(self, exc: BaseException) -> str:
+        """Undo after ``exc``; the one-line message that says what happened."""
+        if self.live is not None:
+            return self._restore_live(exc)
+        if self.lkg is None:
+            return f"{exc}; no last known good recorded: nothing to roll back to"
+        return self._rollback_hosts(exc, self.lkg)
+
+    def _restore_live(self, exc: BaseException) -> str:
+        assert self.live is not None
+        if isinstance(exc, PlaybookFailed) and exc.touched == []:
+            return f"{exc}; no host was changed: nothing to put back"
+        self.say(f"apply failed ({exc}); putting back the state live before it")
+        try:
+            self.target.apply(self.live)  # checked against the balancer's limits only
+            bad = self.target.mismatches(self.live, self.target.read_live())
+            if bad:
+                raise ApplyError("read-back after the restore: " + "; ".join(bad[:3]))
+        except (LbtuneError, OSError) as exc2:
+            if self.lkg is None:
+                return f"{exc}; putting back the previous state failed too: {exc2}"
+            self.say(f"putting back the previous state failed ({exc2}); rolling back")
+            try:
+                self.target.rollback()
+            except (LbtuneError, OSError) as exc3:
+                return (
+                    f"{exc}; putting back the previous state failed ({exc2}) and so did the "
+                    f"rollback to the last known good: {exc3}"
+                )
+            return (
+                f"{exc}; putting back the previous state failed ({exc2}): rolled back to "
+                f"the last known good {self.lkg.describe()}"
+            )
+        if self.lkg is not None and self.lkg.sha256 == params_hash(self.live):
+            return f"{exc}; rolled back to the last known good {self.lkg.describe()}"
+        return f"{exc}; put back the state that was live before the apply"
+
+    def _rollback_hosts(self, exc: BaseException, lkg: Lkg) -> str:
+        # Only the hosts this rollout touched: the others are still on the last known
+        # good (or unreachable), and a host that refused the set may refuse again.
+        touched = exc.touched if isinstance(exc, PlaybookFailed) else None
+        if touched == []:
+            return f"{exc}; no host was changed: nothing to roll back"
+        only = {"lbtune_hosts": ",".join(touched)} if touched else None
+        which = f" (hosts {', '.join(touched)})" if touched else ""
+        back = f"rolling back to the last known good {lkg.describe()}{which}"
+        self.say(f"apply failed ({exc}); {back}")
+        try:
+            _run(
+                self.target,
+                lkg.params,
+                via=self.via,
+                check=False,
+                inventory=self.inventory,
+                rollback=True,
+                extravars=only,
+            )
+        except ApplyError as exc2:
+            return f"{exc}; the rollback failed too: {exc2}"
+        return f"{exc}; rolled back to the last known good {lkg.describe()}{which}"
 
 
 def rollback(
@@ -223,6 +281,8 @@ def rollback(
 ) -> ApplyOutcome:
     """:meth:`TargetBase.rollback` on every host (ApplyError when no last known good was
     recorded); ``check``: only the diff."""
+    if not check:
+        refuse_if_leased(target.state_dir, target.name, "rollback")
     with apply_lock(target.state_dir):
         lkg = LkgStore(target.state_dir, target.name).get()
         if lkg is None:

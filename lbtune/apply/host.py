@@ -69,7 +69,7 @@ def run_on_host(req: HostRequest, make_target: MakeTarget | None = None) -> Appl
         )
     target = make_target(ep, req.options) if make_target else get_target(req.target, ep)
     if not req.rollback:
-        full = target.space().complete(target.validate(req.params), target.read_live())
+        full = target.limits().complete(target.validate(req.params), target.read_live())
         refuse_unservable(target, full, ep)  # this host's own model -> replicas map
         return target.apply(req.params, check=req.check)
     if req.params and not req.check:

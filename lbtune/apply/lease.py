@@ -3,7 +3,9 @@ it and renews it; a small guard process restores the last known good when the ho
 (``kill -9`` included) or stops renewing, then exits.
 
 The lease is ``<state>/lease/<target>.json`` (holder pid and its start time, last renewal,
-ttl). :func:`hold` writes it, starts the guard in its own session (so a signal to the
+ttl; :mod:`lbtune.apply.claim` reads it: while it is held, ``apply``, ``rollback`` and
+``stress`` of other processes refuse, and so does a second study's :func:`hold`).
+:func:`hold` writes it, starts the guard in its own session (so a signal to the
 holder's process group does not reach it), and renews it from a daemon thread every
 ``ttl/4``; its release callable removes the file, and the guard then exits touching
 nothing. The guard checks every :data:`POLL_S`: the file gone → exit; the holder dead (or
@@ -17,6 +19,7 @@ Its log is ``<state>/logs/lease-guard-<target>.log``.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -28,11 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lbtune.apply import rollback
+from lbtune.apply.claim import ClusterBusy, holder, lease_path, start_time, why_gone
 from lbtune.errors import ApplyError, LbtuneError
 from lbtune.records.statedir import StatePaths, read_endpoints
 from lbtune.targets import get_target
 
-__all__ = ["LEASE_TTL_S", "POLL_S", "hold", "lease_path", "main"]
+__all__ = ["LEASE_TTL_S", "POLL_S", "hold", "main"]
 
 LEASE_TTL_S = 15.0
 """A holder that has not renewed for this long is taken for dead."""
@@ -41,23 +45,6 @@ RESTORE_WAIT_S = 60.0
 """How long the guard waits for another apply's lock before it gives up."""
 
 log = logging.getLogger(__name__)
-
-
-def lease_path(state_dir: str | Path, target: str) -> Path:
-    return Path(state_dir) / "lease" / f"{target}.json"
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time (``/proc/<pid>/stat`` field 22), ``None`` when it is gone
-    or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return fields[19]
 
 
 def _write(path: Path, doc: dict[str, object]) -> None:
@@ -74,17 +61,27 @@ def hold(
     ttl_s: float = LEASE_TTL_S,
 ) -> Callable[[], None]:
     """Take the lease for this process and start its guard; returns the release (call it
-    once the balancer is back on a known good state)."""
+    once the balancer is back on a known good state). :class:`ClusterBusy` when a study of
+    another live process holds it: two studies never share a cluster."""
     path = lease_path(state_dir, target)
     path.parent.mkdir(parents=True, exist_ok=True)
     pid = os.getpid()
     doc: dict[str, object] = {
         "holder": pid,
-        "holder_start": _start_time(pid),
+        "holder_start": start_time(pid),
         "renewed_at": time.time(),
         "ttl_s": ttl_s,
     }
-    _write(path, doc)
+    with path.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # check and take at once: two studies may race
+        other = holder(state_dir, target)
+        if other is not None and other != pid:
+            raise ClusterBusy(
+                f"a study (lbtune optimize, pid {other}) already holds the {target} of the "
+                f"cluster in {state_dir}: two studies never share a cluster; wait until it "
+                "ends, or run this one on another cluster (--state-dir)"
+            )
+        _write(path, doc)
     logs = Path(state_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     argv = [
@@ -132,17 +129,6 @@ def hold(
     return release
 
 
-def _holder_gone(doc: dict[str, object]) -> str | None:
-    """Why the holder no longer holds the lease, or ``None``."""
-    holder = int(str(doc["holder"]))
-    if _start_time(holder) is None or _start_time(holder) != doc.get("holder_start"):
-        return f"its holder (pid {holder}) died"
-    age = time.time() - float(str(doc["renewed_at"]))
-    if age > float(str(doc["ttl_s"])):
-        return f"its holder (pid {holder}) stopped renewing it {age:.0f} s ago"
-    return None
-
-
 def _restore(state_dir: Path, target: str, space_file: Path | None, why: str) -> None:
     ep = read_endpoints(StatePaths(state_dir))
     if ep is None:
@@ -178,7 +164,7 @@ def watch(state_dir: Path, target: str, holder: int, space_file: Path | None = N
             continue
         if doc.get("holder") != holder:
             return 0
-        why = _holder_gone(doc)
+        why = why_gone(doc)
         if why is not None:
             try:
                 _restore(state_dir, target, space_file, why)

@@ -154,6 +154,10 @@ def run(
         bool, typer.Option("--dry-run", help="Compute and show decisions; set no weight.")
     ] = False,
     as_json: JsonOpt = False,
+    allow_remote: Annotated[
+        bool,
+        typer.Option("--allow-remote", help="Allow a --prometheus on another machine."),
+    ] = False,
 ) -> None:
     """Run the agent until SIGTERM/Ctrl-C (SIGHUP re-reads --config), or one step with --once.
 
@@ -173,6 +177,7 @@ def run(
         "state_dir": str(state_dir) if state_dir is not None else None,
         "interval_s": interval,
         "metrics_port": port,
+        "allow_remote": allow_remote or None,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     defaults = _cluster_defaults(state_dir)

@@ -58,14 +58,18 @@ def _study_params(study: str, trial: str, storage: str) -> tuple[dict[str, Any],
     import optuna
 
     from lbtune.errors import ConfigError
+    from lbtune.records.addresses import without_userinfo
+    from lbtune.search.study import sqlite_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sqlite_dir(storage)  # a URL Optuna can open, its driver there: else one line
     try:
         s = optuna.load_study(study_name=study, storage=storage)
     except KeyError:
         names = [x.study_name for x in optuna.get_all_study_summaries(storage=storage)]
+        where = without_userinfo(storage)
         raise ConfigError(
-            f"No study {study!r} in {storage}. Available: {', '.join(names) or '(none)'}"
+            f"No study {study!r} in {where}. Available: {', '.join(names) or '(none)'}"
         ) from None
     if trial == "best":
         try:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lbtune import targets
-from lbtune.cluster import agent, health, render, vllm
+from lbtune.cluster import agent, health, render, restore, vllm
 from lbtune.cluster.config import (
     DEFAULT_PRESET,
     LOOPBACK,
@@ -217,6 +217,8 @@ def up(
         cluster = resolve(cfg)
         _check_ports(cluster, source)
         spec = launch_spec(cluster, paths, entry)
+        if read_config_json(paths) != cfg.model_dump(mode="json"):
+            restore.forget_last_known_good(paths.root)  # another cluster: starts untuned
         _write_configs(cluster, paths, entry, spec)
         started: list[ProcessRecord] = []
         try:
@@ -227,6 +229,7 @@ def up(
                 supervisor.stop(rec, paths)
             paths.endpoints.unlink(missing_ok=True)
             raise
+        restore.restore_last_known_good(ep, lambda m: _say(progress, m))
         _say(progress, f"cluster {cfg.name} is up: {ep.balancer_url}")
         return ep
 
@@ -280,13 +283,10 @@ def _write_configs(
     write_json_atomic(paths.config, cluster.config.model_dump_json(indent=2) + "\n")
     jobs = entry.scrape_jobs(spec)
     paths.prometheus_yml.write_text(render.render_prometheus(cluster, jobs), encoding="utf-8")
-    # A fresh start is untuned and has no history: no old series, no agent settings.
+    # A fresh start has no history: no old series, no agent settings (the last known good
+    # of the same cluster is put back after the launch: lbtune.cluster.restore).
     paths.ground_truth.unlink(missing_ok=True)
     paths.agent_config.unlink(missing_ok=True)
-    # ... and no last known good: the one of an earlier incarnation describes a balancer
-    # that no longer runs (its history file stays, for the record).
-    for current in (paths.root / "lkg").glob("*.json"):
-        current.unlink(missing_ok=True)
     shutil.rmtree(paths.prometheus_data, ignore_errors=True)
     paths.prometheus_data.mkdir(parents=True, exist_ok=True)
     if cluster.simulated:

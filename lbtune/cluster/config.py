@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from lbtune import targets
 from lbtune.agent.config import check_settings
 from lbtune.errors import ConfigError, validation_error
+from lbtune.records.addresses import check_host, check_url, without_userinfo
 from lbtune.resources import clusters_dir
 from lbtune.safeyaml import load_yaml_file
 from lbtune.sim import profiles
@@ -170,11 +171,15 @@ class ExternalReplica(BaseModel):
     @field_validator("url")
     @classmethod
     def _valid_url(cls, v: str) -> str:
-        parts = urlsplit(v)
-        if parts.scheme != "http" or not parts.hostname or parts.port is None:
-            raise ValueError(f"Expected http://HOST:PORT, got {v!r}")
+        try:  # its form and no credentials; whether it may be remote: ClusterConfig
+            parts = check_url(v, "url", allow_remote=True)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        shown = without_userinfo(v)
+        if parts.scheme != "http" or parts.port is None:
+            raise ValueError(f"Expected http://HOST:PORT, got {shown!r}")
         if parts.path not in ("", "/") or parts.query:
-            raise ValueError(f"Expected no path in {v!r}: the balancer forwards /v1/... as is")
+            raise ValueError(f"Expected no path in {shown!r}: the balancer forwards /v1/... as is")
         return f"http://{parts.netloc}"
 
 
@@ -206,6 +211,7 @@ class VllmReplicas(BaseModel):
 
 AGENT_RESERVED = {
     "prometheus_url": "the cluster's Prometheus",
+    "allow_remote": "the cluster's Prometheus is on loopback",
     "state_dir": "the cluster's state dir: the agent steers this cluster's balancer",
     "metrics_port": "ports.agent",
 }
@@ -248,6 +254,9 @@ class ClusterConfig(BaseModel):
     replicas: list[ReplicaGroup] = Field(default_factory=list)
     external: list[ExternalReplica] = Field(default_factory=list)
     vllm: VllmReplicas | None = Field(default=None, description="Real vLLM CPU servers.")
+    allow_remote: bool = Field(
+        default=False, description="Let 'external' replicas be on other machines (load goes there)."
+    )
 
     @field_validator("name")
     @classmethod
@@ -281,6 +290,14 @@ class ClusterConfig(BaseModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"Duplicate replica names: {', '.join(dupes)}")
+        for ext in self.external:
+            try:
+                check_host(
+                    urlsplit(ext.url).hostname or "", f"external {ext.name} url {ext.url}",
+                    allow_remote=self.allow_remote, opt_in="allow_remote: true in the cluster file",
+                )  # fmt: skip
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
         entry = targets.balancer(self.balancer)
         if self.agent.enabled and not entry.live_weights:
             live = [n for n in targets.TARGETS if targets.balancer(n).live_weights]

@@ -35,9 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from time import time
 from typing import Any
-from urllib.parse import urlsplit
 
-from lbtune.errors import ConfigError
 from lbtune.loadgen.children import Child, start_children
 from lbtune.loadgen.collect import Progress, RecordTail
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
@@ -58,12 +56,12 @@ from lbtune.loadgen.settings import (
     write_settings,
 )
 from lbtune.loadgen.source import open_source
+from lbtune.records.addresses import check_host, check_url
 from lbtune.records.requests import OpenRequest, RequestRecord
 
 __all__ = ["LoadConfig", "LoadResult", "Progress", "run_load"]
 
 log = logging.getLogger(__name__)
-_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _STOP_SLACK_S = 10.0
 """After a stop: the generators have ``grace_s`` to drain and this long to write their
 records and exit before they are killed."""
@@ -139,14 +137,12 @@ def _free_port() -> int:
 
 
 def _check_target(cfg: LoadConfig) -> None:
-    u = urlsplit(cfg.target_url)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise ConfigError(f"target must be http(s)://host[:port], found {cfg.target_url!r}")
-    if u.hostname not in _LOOPBACK and not cfg.allow_remote:
-        raise ConfigError(
-            f"target {u.hostname} is not on loopback; pass allow_remote (--allow-remote) "
-            "to load-test a remote cluster"
-        )
+    check_url(cfg.target_url, "target", allow_remote=cfg.allow_remote, opt_in="allow_remote")
+    role = _role(cfg)
+    if role == "master":
+        check_host(cfg.master_bind_host, "master_bind_host", allow_remote=cfg.allow_remote)
+    if role == "worker":
+        check_host(cfg.master_host, "master_host", allow_remote=cfg.allow_remote)
     served_models(cfg.target_url, timeout_s=5)  # a real request: a bare connect is an ereq
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from lbtune.apply.claim import load_claim, refuse_if_busy
 from lbtune.errors import ConfigError, NothingMeasured, TargetError
 from lbtune.history import add_entry, db_path
 from lbtune.history.index import stress_entry
@@ -173,6 +174,7 @@ def run_stress(
     check_remote_options(opts)
     plan = plan_run(opts)
     target = resolve_target(opts, say)
+    refuse_if_busy(target.endpoints, "stress")  # a study holds it, or another load test
     check_models(plan.scenario.model_names(), target.models, f"target {target.url}")
     prom = prometheus(target.prometheus_url)
     plan = plan.with_target(*target_facts(target))
@@ -189,7 +191,7 @@ def run_stress(
     say(f"load: {plan.scenario_name} against {target.url} {bound} ({plan.load.mode} loop)")
     inner = StopEither(stop)
     counter = None if until is None else WindowCounter(plan, until, inner)
-    with ReplicaWatch(target.endpoints) as watch:
+    with load_claim(target.endpoints), ReplicaWatch(target.endpoints) as watch:
         load = run_load(cfg, on_progress=chain(counter, on_progress), stop=inner)
     reached_at = None if counter is None else counter.reached_at
     if reached_at is not None and not (stop is not None and stop.is_set()):

@@ -13,12 +13,12 @@ from urllib.parse import urlsplit
 from lbtune.cluster import api
 from lbtune.errors import ConfigError
 from lbtune.loadgen.preflight import served_models
+from lbtune.records.addresses import check_url, is_loopback
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets import get_target
 from lbtune.targets.lkg import LkgStore, params_hash
 
 __all__ = [
-    "LOOPBACK_HOSTS",
     "ResolvedTarget",
     "TargetRequest",
     "check_reachable",
@@ -30,8 +30,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
 class TargetRequest(Protocol):
@@ -68,37 +66,26 @@ class ResolvedTarget:
 
 
 def check_target_allowed(url: str, allow_remote: bool) -> None:
-    """Refuse load against a non-loopback host unless explicitly allowed."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(
-            f"--target: expected an http(s) URL like http://127.0.0.1:8000, got {url!r}"
-        )
-    try:
-        parts.port  # noqa: B018 (urlsplit checks the port only when asked)
-    except ValueError:
-        raise ConfigError(
-            f"--target {url}: the port must be a number in 1..65535, e.g. http://127.0.0.1:8000"
-        ) from None
-    if parts.hostname not in LOOPBACK_HOSTS and not allow_remote:
-        raise ConfigError(
-            f"--target {url}: {parts.hostname} is not a loopback address; sending load to "
-            "another machine needs --allow-remote"
-        )
+    """Refuse load against a non-loopback host unless explicitly allowed, and a URL with
+    credentials in it (:func:`lbtune.records.addresses.check_url`)."""
+    check_url(url, "--target", allow_remote=allow_remote)
 
 
 def check_remote_options(opts: TargetRequest) -> None:
     """Every option that opens lbtune to another machine needs ``allow_remote``: a master
-    listening beyond loopback, a worker joining a remote master, a remote Prometheus."""
+    listening beyond loopback, a worker joining a remote master, a remote Prometheus
+    (which may not carry credentials in its URL either)."""
+    if opts.prometheus_url is not None:
+        check_url(opts.prometheus_url, "--prometheus", allow_remote=True)  # its form
     if opts.allow_remote:
         return
     asks = []
-    if opts.role == "master" and opts.master_bind not in LOOPBACK_HOSTS:
+    if opts.role == "master" and not is_loopback(opts.master_bind):
         asks.append(f"--master-bind {opts.master_bind} listens beyond loopback")
-    if opts.role == "worker" and opts.master_host not in LOOPBACK_HOSTS:
+    if opts.role == "worker" and not is_loopback(opts.master_host):
         asks.append(f"--master-host {opts.master_host} is another machine")
     prom = urlsplit(opts.prometheus_url).hostname if opts.prometheus_url else None
-    if opts.prometheus_url is not None and prom not in LOOPBACK_HOSTS:
+    if opts.prometheus_url is not None and not is_loopback(prom):
         asks.append(f"--prometheus {opts.prometheus_url} is not on loopback")
     if asks:
         raise ConfigError("; ".join(asks) + ": that needs --allow-remote")

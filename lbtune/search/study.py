@@ -44,6 +44,7 @@ from lbtune.objective import (
     feasible,
     values,
 )
+from lbtune.records.addresses import without_userinfo
 from lbtune.records.jsonform import json_data
 from lbtune.scenario.runplan import RunPlan
 from lbtune.search.pruning import INTERVAL_ATTR, window_interval, window_value
@@ -138,17 +139,18 @@ def sqlite_dir(storage: str) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
+    shown = without_userinfo(storage)  # never print a password
     try:
         url = make_url(storage)
         url.get_dialect().import_dbapi()
     except ImportError as exc:
         raise ConfigError(
-            f"--storage {storage}: its database driver is not installed ({exc}); install it, "
+            f"--storage {shown}: its database driver is not installed ({exc}); install it, "
             f"or use the default {DEFAULT_STORAGE}"
         ) from None
     except ArgumentError as exc:  # NoSuchModuleError too: an unknown database
         raise ConfigError(
-            f"--storage {storage!r}: not a database URL Optuna can open ({exc}); "
+            f"--storage {shown!r}: not a database URL Optuna can open ({exc}); "
             f"e.g. {DEFAULT_STORAGE} or postgresql://user@host/db"
         ) from None
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
@@ -160,7 +162,7 @@ def sqlite_dir(storage: str) -> None:
         parent.mkdir(parents=True, exist_ok=True)
         return
     raise ConfigError(
-        f"--storage {storage}: directory {parent} does not exist; create it first "
+        f"--storage {shown}: directory {parent} does not exist; create it first "
         "(lbtune does not create directories for a storage URL)"
     )
 
@@ -179,15 +181,16 @@ def open_study(
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sqlite_dir(storage)
+    shown = without_userinfo(storage)  # never print a password
     names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
     if resume and name not in names:
         raise ConfigError(
-            f"--resume: no study {name!r} in {storage}; "
+            f"--resume: no study {name!r} in {shown}; "
             f"existing: {', '.join(sorted(names)) or 'none'}"
         )
     if not resume and name in names:
         raise ConfigError(
-            f"study {name!r} already exists in {storage}: add --resume to continue it, "
+            f"study {name!r} already exists in {shown}: add --resume to continue it, "
             "or pick another --study name"
         )
     if resume:

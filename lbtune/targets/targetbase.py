@@ -4,6 +4,10 @@ Like Optuna's ``BaseSampler``, each is the contract itself: what every balancer 
 is abstract, and the usual answers are defaults, so that a policy the balancers share is
 written once, here:
 
+* **what the balancer accepts** — :meth:`TargetBase.limits`, the balancer's own knobs and
+  ranges whatever space file the target was made with: every apply is checked against
+  it before anything is touched, and every state the target reads or records is a full
+  set of its knobs, so a recorded state is restorable whatever space recorded it;
 * **rollback** — re-apply the last known good (:class:`~lbtune.targets.lkg.LkgStore`);
 * **who owns the weights** — while the cluster's feedback agent pushes weights
   (:func:`lbtune.agent.config.owns_weights` on the target's :attr:`~TargetBase.agent_settings`),
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from lbtune.agent.config import owns_weights
-from lbtune.errors import ApplyError, TargetError
+from lbtune.errors import ApplyError, ConfigError, TargetError
 from lbtune.metrics.promql import BalancerSeries
 from lbtune.targets.base import (
     DEFAULT_REPLICA_HEADER,
@@ -83,12 +87,18 @@ class TargetBase(ABC):
     """Where the target keeps its files; ``lbtune.apply`` puts the lock, the last known
     good (``lkg/<name>.json``) and its logs there."""
     space_file: Path
-    """The space this target loads (its packaged ``space.yaml`` or the user's own)."""
+    """The space this target loads (its packaged ``space.yaml`` or the user's own): what
+    a study searches and what a request (``lbtune apply``) may ask for."""
+    packaged_space: ClassVar[Path | None] = None
+    """The balancer's own space file (``lbtune/targets/<name>/space.yaml``): its knobs and
+    the values it accepts (:meth:`limits`). ``None`` only for a test fake, whose
+    :meth:`space` is then all it knows."""
     agent_settings: Path | None = None
     """The feedback agent's settings file when the cluster runs the agent
     (``Endpoints.agent_config``); ``None``: no agent, lbtune owns every knob."""
 
     _space: ParameterSpace | None = None
+    _limits: ParameterSpace | None = None
     _warned_owned: bool = False
 
     # -- required -----------------------------------------------------------------------
@@ -100,16 +110,18 @@ class TargetBase(ABC):
 
     @abstractmethod
     def read_live(self) -> ParamSet:
-        """Every knob of the space as it is live now (read from the balancer itself where
-        it can say, else from the target's record of what it last applied), in the format
-        :meth:`apply` accepts. ``apply(read_live())`` is a no-op."""
+        """Every knob of the balancer (:meth:`limits`, not only the space's) as it is live
+        now (read from the balancer itself where it can say, else from the target's record
+        of what it last applied), in the format :meth:`apply` accepts.
+        ``apply(read_live())`` is a no-op."""
 
     @abstractmethod
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
         """Make ``params`` live (knobs not given keep their live value) and verify by
         read-back; raise ApplyError when the read-back differs.
 
-        Validates first (:meth:`validate`): a refused set touches nothing. Knobs the
+        Validates first (:meth:`validate`, against :meth:`limits`: any state the balancer
+        accepts, whatever the space): a refused set touches nothing. Knobs the
         balancer can change live go through its live API; structural ones reload or
         restart it without dropping requests where the balancer allows
         (``ApplyResult.reloaded``). With nothing to change it touches nothing and returns
@@ -140,15 +152,37 @@ class TargetBase(ABC):
         """Prefixes of the knobs to fix in the space: the weights while the agent owns them."""
         return (WEIGHT_PREFIX,) if self.agent_owns_weights() else ()
 
-    def validate(self, params: Mapping[str, object]) -> ParamSet:
-        """Check ``params`` against the space, touching nothing; return them typed.
+    def limits(self) -> ParameterSpace:
+        """Every knob this balancer has and the values it accepts, for this cluster's
+        replicas: its packaged space (:attr:`packaged_space`), whatever space file the
+        target was made with. A user's space may search less, never more: an apply is
+        checked against this before anything is touched, and :meth:`read_live` and every
+        recorded state (the last known good) hold a full set of these knobs. Loaded once."""
+        if self._limits is None:
+            if self.packaged_space is None:
+                return self.space()
+            self._limits = ParameterSpace.load(self.packaged_space, self.replica_names())
+        return self._limits
 
-        Out-of-range or unknown knobs: ConfigError. Knobs another controller owns
-        (:meth:`owned_elsewhere`): a set of nothing else is refused
-        (RejectedBeforeApply); in a larger set they are dropped, with a warning.
-        :meth:`apply` calls it first; ``lbtune apply`` calls it before taking the lock.
+    def validate(self, params: Mapping[str, object]) -> ParamSet:
+        """Check ``params`` against what the balancer accepts (:meth:`limits`), touching
+        nothing; return them typed.
+
+        Unknown knobs or values the balancer does not accept: ConfigError (also when the
+        space file allows them). Knobs another controller owns (:meth:`owned_elsewhere`):
+        a set of nothing else is refused (RejectedBeforeApply); in a larger set they are
+        dropped, with a warning. :meth:`apply` calls it first; ``lbtune apply`` calls it
+        before taking the lock. The user's space (:meth:`space`) bounds what a *request*
+        may ask (``lbtune.apply.apply_params`` and the study check that); a recorded state
+        (a last known good, the state before a failed apply) is checked here only, so it
+        can always be put back.
         """
-        checked = self.space().validate(params)
+        try:
+            checked = self.limits().validate(params)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"{self.name} does not accept this (nothing was touched): {exc}"
+            ) from None
         owned = self.owned_elsewhere()
         given = [k for k in checked if k in owned]
         if not given:
@@ -180,7 +214,7 @@ class TargetBase(ABC):
         value and :meth:`validate` drops them."""
         if not self.agent_owns_weights():
             return frozenset()
-        return frozenset(n for n in self.space().params if n.startswith(WEIGHT_PREFIX))
+        return frozenset(n for n in self.limits().params if n.startswith(WEIGHT_PREFIX))
 
     def replicas_out(self, params: ParamSet) -> frozenset[str]:
         """The replicas that the full parameter set ``params`` leaves unable to take a new

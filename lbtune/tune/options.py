@@ -15,6 +15,7 @@ from lbtune.cluster import api
 from lbtune.cluster.config import load_config
 from lbtune.errors import ConfigError
 from lbtune.objective import ObjectiveSpec, make_spec
+from lbtune.records.addresses import without_userinfo
 from lbtune.records.slo import Slo
 from lbtune.search.harness import Harness
 from lbtune.search.study import sqlite_dir
@@ -133,7 +134,7 @@ def _stored_attrs(storage: str, name: str | None) -> tuple[str | None, dict[str,
     if name is None:
         dated = [s for s in summaries if s.datetime_start is not None]
         if not dated:
-            raise ConfigError(f"--resume: no study in {storage} to resume")
+            raise ConfigError(f"--resume: no study in {without_userinfo(storage)} to resume")
         name = max(dated, key=lambda s: s.datetime_start).study_name  # type: ignore[arg-type,return-value]
     found = next((s for s in summaries if s.study_name == name), None)
     return name, dict(found.user_attrs) if found is not None else {}

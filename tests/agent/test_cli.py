@@ -87,15 +87,15 @@ def test_precedence_defaults_file_flags(tmp_path: Path) -> None:
     from lbtune.agent.config import load_agent_config
 
     path = tmp_path / "agent.json"
-    path.write_text('{"agent": {"interval_s": 5, "prometheus_url": "http://file:1"}}')
+    path.write_text('{"agent": {"interval_s": 5, "prometheus_url": "http://127.0.0.2:1"}}')
     cfg = load_agent_config(
         path,
         overrides={"interval_s": 0.5, "state_dir": None},
-        defaults={"prometheus_url": "http://cluster:1", "state_dir": "/cluster"},
+        defaults={"prometheus_url": "http://127.0.0.3:1", "state_dir": "/cluster"},
     )
     assert (cfg.interval_s, cfg.prometheus_url, cfg.state_dir) == (
         0.5,
-        "http://file:1",
+        "http://127.0.0.2:1",
         "/cluster",
     )
     assert (cfg.a, cfg.b, cfg.c, cfg.z_threshold) == (0.5, 0.3, 0.2, 3.5)

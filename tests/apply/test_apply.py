@@ -213,17 +213,26 @@ def test_an_unreachable_host_is_reported_and_no_host_is_left_half_applied(
     assert fresh.read_live()["weight.h100-0"] == 70, "localhost must be back on the last known good"
 
 
-def test_a_fresh_cluster_up_forgets_the_previous_last_known_good(tmp_path: Path) -> None:
-    """The LKG of an earlier incarnation must not be restored onto a freshly started cluster."""
+def test_the_last_known_good_survives_cluster_down_and_up(tmp_path: Path) -> None:
+    """Issue 29 (item 5): the same cluster brought down and up comes back on its last known
+    good (before: untuned, its last known good lost); another cluster in the same state
+    dir starts untuned, the earlier record forgotten (its history kept)."""
     state = tmp_path / "state"
+    mini2 = load_config("mini2")[0]
     try:
-        first = HaproxyTarget(api.up(load_config("mini2")[0], state))
-        apply_params(first, {"algorithm": "leastconn"}, via="direct", source="earlier")
-        assert LkgStore(state, "haproxy").get() is not None
+        first = HaproxyTarget(api.up(mini2, state))
+        good = apply_params(first, {"algorithm": "leastconn"}, via="direct", source="earlier").lkg
+        assert good is not None
         api.down(state)
-        second = HaproxyTarget(api.up(load_config("mini2")[0], state))
+        said: list[str] = []
+        second = HaproxyTarget(api.up(mini2, state, progress=said.append))
+        assert LkgStore(state, "haproxy").get() == good
+        assert second.read_live()["algorithm"] == "leastconn"
+        assert any("back on its last known good" in m and good.sha256[:12] in m for m in said)
+        api.down(state)
+        other = HaproxyTarget(api.up(mini2.model_copy(update={"time_scale": 8.0}), state))
         assert LkgStore(state, "haproxy").get() is None
         assert (state / "lkg" / "haproxy-history.jsonl").exists()
-        assert second.read_live()["algorithm"] == "roundrobin"
+        assert other.read_live()["algorithm"] == "roundrobin"
     finally:
         api.down(state)

@@ -120,7 +120,8 @@ def test_auto_ports_are_distinct_and_groups_are_named_by_gpu_family(tmp_path: Pa
 def test_external_replicas_keep_their_urls(tmp_path: Path) -> None:
     path = write(
         tmp_path,
-        "name: byo\nexternal:\n  - {name: gpu-a, url: 'http://10.0.0.5:8000/', models: [m1, m2]}\n",
+        "name: byo\nallow_remote: true\n"
+        "external:\n  - {name: gpu-a, url: 'http://10.0.0.5:8000/', models: [m1, m2]}\n",
     )
     cluster = resolve(load_config(path)[0])
     (r,) = cluster.replicas

@@ -14,6 +14,11 @@ from typing import Any
 
 import pytest
 
+from lbtune.cluster import api
+from lbtune.errors import DependencyError
+from lbtune.records.endpoints import Endpoints
+from lbtune.targets import balancer, names
+
 LBTUNE = [sys.executable, "-m", "lbtune"]
 
 
@@ -96,3 +101,21 @@ def haproxy_frontends(ep: Any) -> dict[str, dict[str, str]]:
 
 def frontend_total(ep: Any, column: str) -> int:
     return sum(int(r[column] or 0) for r in haproxy_frontends(ep).values())
+
+
+@pytest.fixture(scope="module", params=names())
+def deployed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Endpoints]:
+    """Each registered balancer's own test preset, up for the module (skipped where the
+    balancer's program is missing)."""
+    entry = balancer(request.param)
+    state = tmp_path_factory.mktemp(f"safety-{request.param}")
+    try:
+        try:
+            ep = api.up(entry.test_preset, state)
+        except DependencyError as exc:
+            pytest.skip(f"{request.param}: {exc}")
+        yield ep
+    finally:
+        api.down(state)

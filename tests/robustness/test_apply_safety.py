@@ -25,11 +25,11 @@ from lbtune.apply.paramfile import read_params_for
 from lbtune.apply.runner import PlaybookRun, check_inventory
 from lbtune.apply.serving import models_without_replica
 from lbtune.cluster import api
-from lbtune.errors import ConfigError, DependencyError
+from lbtune.errors import ConfigError
 from lbtune.process.probes import http_get
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import StatePaths, read_endpoints, write_endpoints
-from lbtune.targets import balancer, get_target, names
+from lbtune.targets import get_target
 from lbtune.targets.base import zero_weight_replicas
 from lbtune.targets.lkg import LkgStore
 from lbtune.targets.targetbase import TargetBase
@@ -103,22 +103,6 @@ def test_a_play_that_ran_on_no_host_does_not_say_successful(tmp_path: Path) -> N
 
 
 # --- every target: a set that leaves a model unserved is refused ---------------------------
-
-
-@pytest.fixture(scope="module", params=names())
-def deployed(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Endpoints]:
-    entry = balancer(request.param)
-    state = tmp_path_factory.mktemp(f"safety-{request.param}")
-    try:
-        try:
-            ep = api.up(entry.test_preset, state)
-        except DependencyError as exc:
-            pytest.skip(f"{request.param}: {exc}")
-        yield ep
-    finally:
-        api.down(state)
 
 
 def _target(ep: Endpoints) -> TargetBase:

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from lbtune.apply import apply_params
-from lbtune.apply.lease import lease_path
+from lbtune.apply.claim import lease_path
 from lbtune.cluster import api
 from lbtune.errors import DependencyError
 from lbtune.records.endpoints import Endpoints
@@ -36,7 +36,7 @@ from lbtune.targets import get_target
 from lbtune.targets.base import ParamSet
 from lbtune.targets.lkg import LkgStore
 from lbtune.targets.targetbase import TargetBase
-from tests.robustness.conftest import LBTUNE
+from tests.robustness.conftest import LBTUNE, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -245,3 +245,46 @@ def test_structural_applies_under_traffic_drop_no_request(cluster: Endpoints) ->
             th.join(timeout=60)
         t.apply(good)
     assert statuses and all(s == 200 for s in statuses), [s for s in statuses if s != 200][:5]
+
+
+def test_while_a_study_holds_the_cluster_nothing_else_changes_or_loads_it(
+    cluster: Endpoints, tmp_path: Path
+) -> None:
+    """Issue 29 (item 1): ``apply``, ``rollback`` and ``stress`` of another process refuse
+    in one line (exit 3) while a study holds the cluster's lease, and a second study does
+    not take it over (before: ``apply`` became the last known good the study then
+    "restored"; a second study died with ``Address already in use``)."""
+    t = _target(cluster)
+    _lkg(t)
+    proc = _start_holder(cluster)
+    lease = lease_path(cluster.state_dir, t.name)
+    try:
+        params = tmp_path / "p.yaml"
+        params.write_text("weight.l4-0: 50\n")
+        before = t.read_live(), LkgStore(t.state_dir, t.name).get()
+        state = ["--state-dir", cluster.state_dir]
+        for args in (
+            ["apply", "--direct", "--params", str(params)],
+            ["apply", "--params", str(params)],
+            ["rollback", "--direct"],
+            ["stress", "-d", "2", "--out", str(tmp_path / "stress")],
+        ):
+            r = run_cli(*args, *state)
+            assert r.rc == 3, (args, r.stderr)
+            assert len(r.lines()) == 1 and f"pid {proc.pid}" in r.stderr, (args, r.stderr)
+        assert not (tmp_path / "stress").exists()
+        r = run_cli(
+            "optimize", *state, "--budget", "2", "--trial-duration", "2",
+            "--storage", f"sqlite:///{tmp_path / 'studies.db'}", "--study", "second",
+            "--out", str(tmp_path / "second"), cwd=tmp_path,
+        )  # fmt: skip
+        assert r.rc == 3, r.stderr
+        assert "two studies never share a cluster" in r.lines()[-1], r.stderr
+        assert "Traceback" not in r.stderr and "Address already in use" not in r.stderr
+        assert json.loads(lease.read_text())["holder"] == proc.pid
+        assert (t.read_live(), LkgStore(t.state_dir, t.name).get()) == before
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        assert _wait(lambda: not lease.exists(), 60)  # its guard restored the last known good
+    assert apply_params(t, {}, via="direct")  # free again

@@ -54,6 +54,7 @@ class EnvoyTarget(TargetBase):
     """
 
     name = "envoy"
+    packaged_space = SPACE_FILE
     max_weight = 256
     """The largest weight of the space (LiveWeights)."""
 
@@ -85,7 +86,7 @@ class EnvoyTarget(TargetBase):
         """(every knob as live now, what is not settled: clusters still warming or
         disagreeing with ``all``). Knobs Envoy's config does not show (inactive ones) come
         from lbtune's record, else the baseline."""
-        space = self.space()
+        space = self.limits()
         clusters = [c["cluster"] for c in self.admin.config_dump("dynamic_active_clusters")]
         routes = [c["route_config"] for c in self.admin.config_dump("dynamic_route_configs")]
         warming = self.admin.config_dump("dynamic_warming_clusters")
@@ -111,7 +112,7 @@ class EnvoyTarget(TargetBase):
         began = time.perf_counter()
         checked = self.validate(params)
         live = self.read_live()
-        desired = self.space().complete(checked, live)
+        desired = self.limits().complete(checked, live)
         files = config.render(self.layout, desired)
         on_disk = deploy.current_files(self.layout, list(files))
         differ = [n for n in files if files[n] != on_disk[n]]
@@ -156,7 +157,7 @@ class EnvoyTarget(TargetBase):
             raise RejectedBeforeApply(f"Unknown replica(s) {', '.join(unknown)}")
         params = self.read_live()
         params.update({WEIGHT_PREFIX + r: int(w) for r, w in weights.items()})
-        self.space().validate({WEIGHT_PREFIX + r: int(w) for r, w in weights.items()})
+        self.limits().validate({WEIGHT_PREFIX + r: int(w) for r, w in weights.items()})
         files = config.render(self.layout, params)
         eds = {n: t for n, t in files.items() if n not in deploy.STRUCTURAL_FILES}
         deploy.write_files(self.layout, eds)

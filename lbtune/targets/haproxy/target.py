@@ -79,6 +79,7 @@ class HaproxyTarget(TargetBase):
     """
 
     name = "haproxy"
+    packaged_space = SPACE_FILE
 
     def __init__(
         self,
@@ -142,7 +143,7 @@ class HaproxyTarget(TargetBase):
         """Weights and maxconn from the runtime API; ``agent.*`` from the agent's file; the
         other knobs from lbtune's record of the config it wrote (the baseline when
         haproxy.cfg is not lbtune's)."""
-        space = self.space()
+        space = self.limits()
         rec = self._record()
         base = dict(rec["params"]) if rec else {}
         weights, maxconn, _ = self._runtime_values()
@@ -166,7 +167,7 @@ class HaproxyTarget(TargetBase):
         began = time.perf_counter()
         checked = self.validate(params)
         live = self.read_live()
-        desired = self.space().complete(checked, live)
+        desired = self.limits().complete(checked, live)
         text = config.render_config(self.site, desired, self.template_overrides)
         try:
             current = self.cfg_path.read_text(encoding="utf-8")

@@ -50,6 +50,7 @@ class NginxTarget(TargetBase):
     """
 
     name = "nginx"
+    packaged_space = SPACE_FILE
 
     def __init__(
         self,
@@ -84,7 +85,7 @@ class NginxTarget(TargetBase):
     def read_live(self) -> ParamSet:
         """Every knob, parsed from the live ``nginx.conf``."""
         parsed = readback.parse_config(self.live_text(), self.site.replicas)
-        space = self.space()
+        space = self.limits()
         return space.complete({}, {k: v for k, v in parsed.items() if k in space.params})
 
     def render(self, params: ParamSet) -> str:
@@ -99,7 +100,7 @@ class NginxTarget(TargetBase):
         with self._locked():
             current = self.live_text()
             live = self.read_live()
-            desired = self.space().complete(checked, live)
+            desired = self.limits().complete(checked, live)
             text = self.render(desired)
             plan = Plan(live, desired, reload=True, began=began, drift=text != current)
             if check or not plan.changed:

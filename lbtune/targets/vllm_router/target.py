@@ -46,6 +46,7 @@ class VllmRouterTarget(TargetBase):
     """``VllmRouterTarget(endpoints)``: the cluster's vllm-router as a tunable target."""
 
     name = "vllm-router"
+    packaged_space = SPACE_FILE
 
     def __init__(
         self,
@@ -72,11 +73,11 @@ class VllmRouterTarget(TargetBase):
         """The running router's flags (every knob), verified against its recorded start."""
         _, command = router.live_command(self.paths)
         live: ParamSet = dict(command.params)
-        return self.space().complete({}, live)
+        return self.limits().complete({}, live)
 
     def apply(self, params: Mapping[str, object], *, check: bool = False) -> ApplyResult:
         began = time.perf_counter()
-        space = self.space()
+        space = self.limits()
         checked = self.validate(params)
         _, current = router.live_command(self.paths)
         live = space.complete({}, dict(current.params))

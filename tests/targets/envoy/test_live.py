@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from lbtune.errors import ConfigError
-from lbtune.targets.base import RejectedBeforeApply, ReplicaAddress
+from lbtune.targets.base import ParamSet, RejectedBeforeApply, ReplicaAddress
 from lbtune.targets.envoy import deploy
 from lbtune.targets.envoy.admin import EnvoyAdmin
 from tests.targets._cluster_fixtures import M8, M70
@@ -177,15 +177,21 @@ def test_bad_params_are_refused_and_leave_envoy_untouched(
         target.apply({"max_requests": 0})
     with pytest.raises(ConfigError, match="unknown knob"):
         target.apply({"lb_polcy": "RANDOM"})
-    # A space that lets through what Envoy refuses: Envoy's own validation says no.
+    # A space that lets through what Envoy refuses: the target knows Envoy's own limits
+    # (issue 29) and refuses before anything is touched ...
     loose = tmp_path / "space.yaml"
     text = target.space_file.read_text().replace(
         "hash_balance_factor:\n    type: int\n    low: 100",
         "hash_balance_factor:\n    type: int\n    low: 10",
     )
     loose.write_text(text)
+    wanted: ParamSet = {"lb_policy": "RING_HASH", "hash_balance_factor": 50}
+    with pytest.raises(ConfigError, match="envoy does not accept") as refused:
+        envoy.target(space_file=loose).apply(wanted)
+    assert "\n" not in str(refused.value)
+    # ... and Envoy's own validation says no too, in one line.
     with pytest.raises(RejectedBeforeApply, match="Envoy rejects") as exc:
-        envoy.target(space_file=loose).apply({"lb_policy": "RING_HASH", "hash_balance_factor": 50})
+        deploy.validate(envoy.layout, {**target.read_live(), **wanted})
     assert "\n" not in str(exc.value)
     assert deploy.current_files(envoy.layout, list(files)) == files
     assert target.read_live() == before
