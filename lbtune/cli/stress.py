@@ -172,6 +172,12 @@ def stress_command(
     try:
         with term:
             result = _run(opts, ci, err, term.stop)
+    except KeyboardInterrupt:
+        if not term.stop.is_set():
+            raise
+        # A second SIGTERM while something before the load (or its drain) was still busy.
+        err.print("terminated (SIGTERM, twice): stopped without waiting", markup=False)
+        raise typer.Exit(TERMINATED_EXIT) from None
     except Exception as exc:
         ci_mode.junit_on_error(junit, "stress", exc)
         raise

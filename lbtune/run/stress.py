@@ -49,7 +49,7 @@ from lbtune.run.target import ResolvedTarget, check_remote_options, resolve_targ
 from lbtune.run.target import check_reachable as check_reachable  # re-exported
 from lbtune.run.target import check_target_allowed as check_target_allowed  # re-exported
 from lbtune.run.until import StopEither, WindowCounter, chain
-from lbtune.scenario.models import MAX_ARRIVALS, MAX_DURATION_S, MAX_RATE, MAX_USERS
+from lbtune.scenario.limits import MAX_ARRIVALS, MAX_DURATION_S, MAX_RATE, MAX_USERS
 from lbtune.scenario.runplan import RunPlan, write_run_plan
 
 log = logging.getLogger(__name__)

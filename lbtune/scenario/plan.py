@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lbtune.errors import ConfigError
+from lbtune.scenario.limits import MAX_ARRIVALS, MAX_DURATION_S
 from lbtune.scenario.models import Scenario
 from lbtune.scenario.shapes import Arrival, RampShape, RateShape, Segment, SpikeShape, StepsShape
 from lbtune.scenario.traces.replay import replay_of
@@ -205,6 +206,13 @@ def _trace_plan(
         raise ConfigError("--until-samples does not apply to a trace replay (use a longer window)")
     replay = replay_of(scenario, seed)
     duration = default_duration(scenario) if duration_s is None else float(duration_s)
+    if not duration <= MAX_DURATION_S:
+        raise ConfigError(
+            f"{src.trace}: the replay would last {duration:.3g} s (its requests span "
+            f"{replay.span_s * src.speedup:.3g} s of trace time at speedup {src.speedup:g}), "
+            f"more than the {MAX_DURATION_S:g} s a run may last; set duration_s (--duration), "
+            "start and limit, or a higher speedup"
+        )
     warmup, cooldown = scenario.warmup_s, scenario.cooldown_s
     if warmup + cooldown >= duration:
         raise ConfigError(
@@ -212,6 +220,11 @@ def _trace_plan(
             f"({warmup:g}) and cooldown_s ({cooldown:g})"
         )
     times = tuple(t for t in replay.offsets or () if t < duration)
+    if len(times) > MAX_ARRIVALS:
+        raise ConfigError(
+            f"{src.trace}: {len(times)} requests to replay, more than the {MAX_ARRIVALS} a "
+            "plan may hold; set limit or rate_scale"
+        )
     label = f"trace {src.format} x{src.speedup:g}"
     stage = Stage(0.0, duration, None, len(times) / duration, label)
     return LoadPlan("open", duration, (stage,), warmup, cooldown, times, None, None)

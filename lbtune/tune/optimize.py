@@ -11,7 +11,7 @@ known good exists, open or resume the Optuna study (references enqueued first), 
 the ask/tell loop (:mod:`lbtune.search.study`), re-run the best candidates against the
 baseline (:mod:`lbtune.search.confirm`), roll a confirmed winner out through the
 target's Ansible path and verify it (rolling back when it is worse beyond the noise),
-otherwise put the last known good back, and write the report. ``stop`` (Ctrl-C)
+otherwise put the last known good back, and write the report. ``stop`` (Ctrl-C, SIGTERM)
 ends the running trial, restores the last known good and writes the report.
 """
 
@@ -111,7 +111,7 @@ def run_optimize(
     release_lease()
     if stop.is_set():
         after.notes.append(
-            "interrupted (Ctrl-C): the running trial was stopped; --resume continues"
+            "interrupted (Ctrl-C or SIGTERM): the running trial was stopped; --resume continues"
         )
     result = run.result(study, trials, after, stop.is_set())
     if opts.write_report:
