@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lbtune.errors import ConfigError
-from lbtune.scenario.limits import MAX_ARRIVALS, MAX_DURATION_S
+from lbtune.scenario.limits import MAX_ARRIVALS, MAX_DURATION_S, MAX_RATE, MAX_USERS
 from lbtune.scenario.models import Scenario
 from lbtune.scenario.shapes import Arrival, RampShape, RateShape, Segment, SpikeShape, StepsShape
 from lbtune.scenario.traces.replay import replay_of
@@ -163,6 +163,7 @@ def plan_load(
         rate_ = level if mode == "open" else None
         stages = (*stages, Stage(duration, float(hold_until_s), users_, rate_, "hold"))
         duration = float(hold_until_s)
+    _check_levels(stages, mode)
     if mode == "closed":
         return LoadPlan("closed", duration, stages, warmup, cooldown)
     arrival: Arrival = "poisson"
@@ -230,6 +231,21 @@ def _trace_plan(
     return LoadPlan("open", duration, (stage,), warmup, cooldown, times, None, None)
 
 
+def _check_levels(stages: tuple[Stage, ...], mode: str) -> None:
+    """The load scaled by ``--users``/``--rate`` stays within what lbtune runs."""
+    peak = max((max(s.level_at(s.start_s), s.level_at(s.end_s)) for s in stages), default=0.0)
+    if mode == "closed" and peak > MAX_USERS:
+        raise ConfigError(
+            f"load: the shape scaled to {peak:g} users at its peak, more than the {MAX_USERS} "
+            "lbtune runs; lower --users"
+        )
+    if mode == "open" and peak > MAX_RATE:
+        raise ConfigError(
+            f"load: the shape scaled to {peak:g} req/s at its peak, more than the {MAX_RATE:g} "
+            "lbtune sends; lower --rate"
+        )
+
+
 def _stage(seg: Segment, stretch: float, scale: float, mode: str) -> Stage:
     level = seg.level1 * scale
     ramp_from = seg.level0 * scale if seg.level0 != seg.level1 else None
@@ -256,6 +272,11 @@ def _arrivals(
     total = bounds[-1]
     if total <= 0:
         return ()
+    if total > MAX_ARRIVALS:
+        raise ConfigError(
+            f"load: about {total:.3g} requests in {duration:g} s, more than the {MAX_ARRIVALS} "
+            "an open-loop plan may hold; lower the rate or the duration"
+        )
     import numpy as np  # lazily: importing lbtune.scenario stays light for the load generator
 
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, _ARRIVAL_TAG])))
