@@ -195,22 +195,26 @@ def _creatable(p: Path, what: str) -> None:
         )
 
 
-def check_out_dir(path: str | Path | None, what: str = "--out", *, fresh: bool = True) -> Path:
+def check_out_dir(
+    path: str | Path | None, what: str = "--out", *, fresh: bool = True, writable: bool = True
+) -> Path:
     """``path`` as a directory a command may write into, checked before any work: not empty
-    text, not a file or device, writable (or creatable); with ``fresh``, empty or new, so
-    an earlier report is never overwritten silently. Creates nothing."""
+    text, not a file or device, writable (or creatable; ``writable=False``: only its kind);
+    with ``fresh``, empty or new, so an earlier report is never overwritten silently.
+    Creates nothing."""
     p = _check_text(path, what)
     try:
         st = os.stat(p)
     except FileNotFoundError:
-        _creatable(p, what)
+        if writable:
+            _creatable(p, what)
         return p
     except OSError as exc:
         raise ConfigError(f"{what} {printable(str(p))}: cannot be used ({_why(exc)})") from None
     if not stat.S_ISDIR(st.st_mode):
         kind = "a file" if stat.S_ISREG(st.st_mode) else kind_of(st.st_mode)
         raise ConfigError(f"{what} {printable(str(p))}: {kind}, not a directory")
-    if not os.access(p, os.W_OK | os.X_OK):
+    if writable and not os.access(p, os.W_OK | os.X_OK):
         raise ConfigError(f"{what} {printable(str(p))}: not writable")
     if fresh:
         held = sorted(e.name for e in os.scandir(p))

@@ -35,6 +35,7 @@ from lbtune.cli.options import (
     TargetNameOpt,
     TraceFormatOpt,
     TraceOpt,
+    check_outputs,
     scenario_or_trace,
 )
 
@@ -143,6 +144,8 @@ def optimize_command(
     from lbtune.tune.optimize import OptimizeOptions
 
     _check_trial_duration(trial_duration)
+    check_outputs(out)
+    _check_study(study, storage)
     opts = OptimizeOptions(
         budget=budget,
         scenario=scenario_or_trace(scenario, trace, trace_format, speedup),
@@ -256,6 +259,20 @@ def _check_trial_duration(seconds: float | None) -> None:
         )
 
 
+def _check_study(study: str | None, storage: str) -> None:
+    """``--study`` is a name a terminal shows and a report directory is named after: no
+    control characters, at most 200 characters; ``--storage``, a SQLite file, must be
+    lbtune's or Optuna's (a foreign database is refused untouched)."""
+    from lbtune.errors import ConfigError, printable
+    from lbtune.history.dbfile import check_studies_db
+
+    if study is not None and (printable(study) != study or not 0 < len(study) <= 200):
+        raise ConfigError(
+            f"--study {printable(study)[:200]!r}: a name of 1..200 printable characters"
+        )
+    check_studies_db(storage)
+
+
 def dashboard_command(
     study: Annotated[str | None, typer.Option("--study", help="Open on this study.")] = None,
     storage: StorageOpt = DEFAULT_STUDY_STORAGE,
@@ -263,6 +280,9 @@ def dashboard_command(
 ) -> None:
     """Open optuna-dashboard (on 127.0.0.1) on the study storage."""
     from lbtune.errors import MissingExtra
+    from lbtune.history.dbfile import check_studies_db
+
+    check_studies_db(storage)
 
     try:
         from optuna_dashboard import run_server

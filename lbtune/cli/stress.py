@@ -23,6 +23,7 @@ from lbtune.cli.options import (
     StateDirOpt,
     TraceFormatOpt,
     TraceOpt,
+    check_outputs,
     scenario_or_trace,
 )
 
@@ -143,6 +144,7 @@ def stress_command(
 
     if master and worker:
         raise typer.BadParameter("give --master or --worker, not both")
+    check_outputs(out)
     opts = StressOptions(
         scenario=scenario_or_trace(scenario, trace, trace_format, speedup),
         target_url=target,

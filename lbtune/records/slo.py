@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from lbtune.keyvalue import bad_value, parse_pairs
+from lbtune.keyvalue import bad_value, in_range, parse_pairs
 
 __all__ = ["Slo", "parse_slo"]
 
@@ -25,6 +25,8 @@ _SLO_KEYS = {"ttft": "ttft_s", "e2e": "e2e_s", "errors": "max_error_rate"}
 
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
+MAX_SLO_S = 86_400.0
+"""Longest SLO target ``--slo`` takes (a day; the scenario's own bound too)."""
 
 
 def parse_slo(text: str | None, base: Slo) -> Slo:
@@ -49,5 +51,6 @@ def parse_slo(text: str | None, base: Slo) -> Slo:
         if not m:
             raise bad_value("--slo", key, value, "a duration like 350ms or 2s")
         number = float(m.group(1))
-        changes[_SLO_KEYS[key]] = number / 1000 if m.group(2) == "ms" else number
+        seconds = number / 1000 if m.group(2) == "ms" else number
+        changes[_SLO_KEYS[key]] = in_range("--slo", key, value, seconds, 0, MAX_SLO_S, "s")
     return replace(base, **changes)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lbtune.errors import ConfigError, NothingMeasured, TargetError
+from lbtune.files import inside, name_part
 from lbtune.history import add_entry, db_path
 from lbtune.history.index import stress_entry
 from lbtune.loadgen.preflight import check_models
@@ -159,8 +159,7 @@ def check_bounds(opts: StressOptions) -> None:
 
 def default_out_dir(root: Path, scenario: str, now: float | None = None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", scenario).strip("-") or "scenario"
-    return root / f"{stamp}-{safe}"
+    return inside(root, f"{stamp}-{name_part(scenario, 'scenario')}", "scenario name")
 
 
 def run_stress(

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lbtune.errors import BalancerDown, LbtuneError
+from lbtune.files import inside, name_part
 from lbtune.history import add_entry, db_path
 from lbtune.history.index import study_entry
 from lbtune.objective import ObjectiveSpec, pareto_front, pareto_values, pick
@@ -88,7 +89,9 @@ def run_optimize(
     assert trial_opts.plan is not None
     spec = objective_spec(opts.objective, trial_opts.plan.slo_value(), opts.weights)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out_dir = opts.out_dir or opts.reports_root / f"{stamp}-optimize-{opts.study}"
+    out_dir = opts.out_dir or inside(
+        opts.reports_root, f"{stamp}-optimize-{name_part(opts.study, 'study')}", "--study"
+    )
     h = harness or real_harness(opts, trial_opts, out_dir / "runs", stop, say)
     release_lease = h.lease()  # if this process dies, a guard restores the last known good
     show = _Progress(StudyProgress(study=opts.study, budget=opts.budget), on_progress, say)
