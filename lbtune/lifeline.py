@@ -6,7 +6,8 @@ parent dies, then checks that the parent did not die before that request (the ra
 death signal alone leaves open). On other systems it does nothing; the child's own
 watchdog (:mod:`lbtune.loadgen.worker`) remains.
 
-Only for what a command starts for itself (the load generator and its workers): the
+Only for what a command starts for itself (the load generator and its workers, the
+twin's process pool, the short checks and builds a target runs): the
 embedded cluster's processes are meant to outlive ``lbtune cluster up``, and the lease
 guard is meant to outlive the study it guards.
 
@@ -23,7 +24,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-__all__ = ["arm", "die_with_parent"]
+__all__ = ["arm", "die_with_parent", "hold"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -59,3 +60,10 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None]:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
+
+
+def hold(parent: int) -> None:
+    """A process pool's ``initializer`` (module level, so a ``spawn`` context can pickle it):
+    the worker gets SIGKILL when ``parent`` dies, and exits at once if it is already gone."""
+    if not arm(parent):
+        os._exit(1)

@@ -34,6 +34,7 @@ from pathlib import Path
 import lbtune
 from lbtune.cluster.config import ResolvedCluster
 from lbtune.errors import ClusterError, DependencyError
+from lbtune.lifeline import die_with_parent
 from lbtune.process import supervisor
 from lbtune.process.supervisor import ProcessRecord
 from lbtune.records.statedir import StatePaths, state_root
@@ -149,6 +150,7 @@ def ensure_model(path: Path | None = None) -> Path:
                     timeout=MODEL_BUILD_TIMEOUT,
                     env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
                     check=False,
+                    preexec_fn=die_with_parent(),  # a build never outlives lbtune
                 )
         except subprocess.TimeoutExpired:
             raise ClusterError(

@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from lbtune.errors import ClusterError, DependencyError
+from lbtune.lifeline import die_with_parent
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets.base import LaunchSpec, ReplicaAddress, pool_names
 
@@ -131,7 +132,9 @@ class Site:
 
 def _check(cfg: Path, quiet: bool) -> subprocess.CompletedProcess[str]:
     cmd = [require(), "-c", *(["-q"] if quiet else []), "-f", str(cfg)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=30, check=False, preexec_fn=die_with_parent()
+    )
 
 
 def config_alerts(cfg: Path) -> list[str] | None:
