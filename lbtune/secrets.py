@@ -12,16 +12,22 @@ logs, reports, error lines, the simulated replica's ground-truth log):
 * :func:`without_userinfo` drops the ``user:password@`` of every URL in a text.
 
 :func:`scrub` is all three for this process: the keys of its environment, whatever
-:func:`register` added (a URL's password), and URL userinfo.
+:func:`register` added (a URL's password), and URL userinfo. :func:`scrub_data` applies it
+to every string (keys too) of a JSON document before it is written (``summary.json``,
+``study.json``, the compare result), :class:`ScrubFilter` to every log line a handler
+emits; the reports' Markdown, HTML and JUnit texts and the CLI's error line go through
+:func:`scrub` whole.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import string
 from collections.abc import Iterable
 from functools import lru_cache
+from typing import Any
 from urllib.parse import urlsplit
 
 from lbtune.errors import ConfigError
@@ -29,12 +35,14 @@ from lbtune.errors import ConfigError
 __all__ = [
     "ENV_KEYS",
     "MIN_FRAGMENT",
+    "ScrubFilter",
     "Scrubber",
     "api_key_from_env",
     "check_key",
     "process_scrubber",
     "register",
     "scrub",
+    "scrub_data",
     "url_secrets",
     "without_userinfo",
 ]
@@ -155,3 +163,37 @@ def _scrubber(secrets: frozenset[str]) -> Scrubber:
 def scrub(text: str) -> str:
     """``text`` without this process's secrets and without URL userinfo."""
     return without_userinfo(process_scrubber()(text))
+
+
+def scrub_data(data: Any) -> Any:
+    """JSON-like ``data`` (dicts, lists, strings, numbers) with every string, keys
+    included, passed through :func:`scrub`; other values as they are."""
+    scrubber = process_scrubber()
+
+    def clean(text: str) -> str:
+        return without_userinfo(scrubber(text))
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return clean(value)
+        if isinstance(value, dict):
+            return {clean(k) if isinstance(k, str) else k: walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [walk(v) for v in value]
+        return value
+
+    return walk(data)
+
+
+class ScrubFilter(logging.Filter):
+    """A handler's filter: the line a record becomes holds no secret of this process (the
+    message is formatted here, scrubbed, and handed on without its arguments)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = scrub(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = scrub(logging.Formatter().formatException(record.exc_info))
+        return True

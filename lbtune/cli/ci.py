@@ -32,6 +32,7 @@ from lbtune.report import frame
 from lbtune.report.junit import _check_text, error_suite, write_junit
 from lbtune.report.markdown import table
 from lbtune.report.study import before_after, confirmation_table, headline
+from lbtune.secrets import ScrubFilter
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -68,6 +69,7 @@ def plain_logging() -> None:
     handler.setFormatter(
         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
     )
+    handler.addFilter(ScrubFilter())  # no secret of this process in a log line
     root.handlers[:] = [handler]
 
 

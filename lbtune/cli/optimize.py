@@ -144,7 +144,7 @@ def optimize_command(
     from lbtune.tune.optimize import OptimizeOptions
 
     _check_trial_duration(trial_duration)
-    check_outputs(out)
+    check_outputs(out, state_dir=state_dir)
     _check_study(study, storage)
     opts = OptimizeOptions(
         budget=budget,
@@ -268,7 +268,7 @@ def _check_study(study: str | None, storage: str) -> None:
 
     if study is not None and (printable(study) != study or not 0 < len(study) <= 200):
         raise ConfigError(
-            f"--study {printable(study)[:200]!r}: a name of 1..200 printable characters"
+            f"--study {printable(study)[:200]}: a name of 1..200 printable characters"
         )
     check_studies_db(storage)
 

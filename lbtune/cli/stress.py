@@ -144,7 +144,7 @@ def stress_command(
 
     if master and worker:
         raise typer.BadParameter("give --master or --worker, not both")
-    check_outputs(out)
+    check_outputs(out, state_dir=state_dir)
     opts = StressOptions(
         scenario=scenario_or_trace(scenario, trace, trace_format, speedup),
         target_url=target,
