@@ -8,7 +8,8 @@ nothing written, a foreign file left byte for byte as it was. No cluster is reac
 ``LBTUNE_STATE_DIR`` is an empty directory and the one target URL is a closed port, so a
 case that were wrongly accepted fails fast instead of sending load.
 
-Hypothesis settings are the fuzz pass's (``LBTUNE_FUZZ_RANDOM=1`` for a fresh hunt).
+A fresh seed on every run (``FRESH``: new cases over time; a failure prints the blob that
+reproduces it; ``LBTUNE_FUZZ_FIXED=1`` repeats the examples).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import lbtune.run.stress as run_stress_module
 import lbtune.tune.optimize as optimize_module
 from lbtune.files import inside, name_part
 from lbtune.history.dbfile import HISTORY_TABLES, OPTUNA_TABLES
-from tests.robustness.test_fuzz import FUZZ
+from tests.robustness.test_fuzz import FRESH
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -144,7 +145,7 @@ def _out_argv(command: str, option: str, path: str, d: Path) -> list[str] | None
     return None
 
 
-@FUZZ
+@FRESH
 @given(OUT_CASES)
 def test_a_bad_output_path_is_one_line_before_any_work(
     box: Path, capsys: pytest.CaptureFixture[str], case: tuple[str, str, str]
@@ -197,7 +198,7 @@ def _foreign(d: Path, kind: str, content: object) -> Path:
     return p
 
 
-@FUZZ
+@FRESH
 @given(FOREIGN, st.sampled_from(["history", "apply", "optimize"]))
 def test_a_foreign_storage_file_is_refused_untouched(
     box: Path, capsys: pytest.CaptureFixture[str], foreign: tuple[str, object], command: str
@@ -240,7 +241,7 @@ READERS = st.sampled_from(
 )
 
 
-@FUZZ
+@FRESH
 @given(NOT_FILES, READERS)
 def test_an_input_that_is_not_a_regular_file_is_one_line(
     box: Path,
@@ -268,7 +269,7 @@ NAMES = st.text(max_size=120) | st.sampled_from(
 )
 
 
-@FUZZ
+@FRESH
 @given(NAMES)
 def test_a_name_never_leaves_its_directory(tmp_path: Path, name: str) -> None:
     part = name_part(name, "study")
@@ -278,7 +279,7 @@ def test_a_name_never_leaves_its_directory(tmp_path: Path, name: str) -> None:
     assert joined.resolve().parent == tmp_path.resolve()
 
 
-@FUZZ
+@FRESH
 @given(st.sampled_from(["\x1b[2J", "\n", "\r", "\x00", "\u202e"]), st.text(max_size=20))
 def test_a_study_name_with_a_control_character_is_refused_escaped(
     box: Path, capsys: pytest.CaptureFixture[str], control: str, text: str

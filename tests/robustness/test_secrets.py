@@ -26,7 +26,7 @@ from lbtune.errors import ConfigError
 from lbtune.records.jsonform import json_text
 from lbtune.report.junit import JUnitCase, JUnitSuite, write_junit
 from lbtune.secrets import MIN_FRAGMENT, Scrubber, ScrubFilter, check_key
-from tests.robustness.test_fuzz import FUZZ
+from tests.robustness.test_fuzz import FRESH
 
 KEY = "sk-LiveKey0123456789abcdefXYZ"
 VISIBLE = string.ascii_letters + string.digits + string.punctuation
@@ -53,14 +53,14 @@ def carried(draw: st.DrawFn, key: str) -> str:
     return draw(around) + piece + draw(around) + draw(st.sampled_from(["", piece, key]))
 
 
-@FUZZ
+@FRESH
 @given(st.data(), KEYS)
 def test_no_piece_of_a_key_survives_the_scrubber(data: st.DataObject, key: str) -> None:
     text = data.draw(carried(key))
     assert _pieces_left(key, Scrubber([key])(text)) == []
 
 
-@FUZZ
+@FRESH
 @given(KEYS, st.text(alphabet=VISIBLE + " \n", max_size=60))
 def test_text_without_a_piece_of_the_key_is_left_alone(key: str, text: str) -> None:
     if not _pieces_left(key, text):
