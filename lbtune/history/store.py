@@ -173,7 +173,7 @@ class HistoryStore:
 
     @contextmanager
     def _connect(self, create: bool) -> Iterator[sqlite3.Connection]:
-        check_studies_db(self.path, "history")  # another program's database stays untouched
+        check_studies_db(self.path, "the history database")  # another program's: untouched
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif not self.path.exists():
