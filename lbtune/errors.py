@@ -13,9 +13,20 @@ escapes is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from typing import Any
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on one line of a terminal: control characters (an ANSI escape,
+    CR/LF, a bidi override...) are shown as escapes (``\\x1b``, ``\\u202e``), never sent raw."""
+    return _UNPRINTABLE.sub(
+        lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 256 else f"\\u{ord(m[0]):04x}", text
+    )
 
 
 class LbtuneError(Exception):
@@ -116,9 +127,9 @@ def _one(err: Any, data: Any, model: type) -> str:
         msg = "required field is missing"
     elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(kind, "<=")
-        bound = next(iter(ctx.values()), "?")
-        bound = f"{bound:g}" if isinstance(bound, int | float) else bound
-        msg = f"must be {op} {bound} (got {got!r})"
+        bound = _number(next(iter(ctx.values()), "?"))
+        unit = _unit(tuple(err["loc"]), model) if op.startswith("<") else None
+        msg = f"must be {op} {bound}{f' {unit}' if unit else ''} (got {got!r})"
     elif kind == "too_short":
         msg = "must not be empty (give at least one entry)"
     elif kind == "union_tag_invalid":
@@ -132,6 +143,15 @@ def _one(err: Any, data: Any, model: type) -> str:
     else:
         msg = f"{err['msg']} (got {got!r})" if not isinstance(got, dict | list) else err["msg"]
     return f"{loc}: {msg}" if loc else msg
+
+
+def _number(value: Any) -> Any:
+    """A bound as a person reads it: ``1048576``, ``2147483647``, ``0.5``, ``1e+09``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    if isinstance(value, int) or (value.is_integer() and abs(value) < 1e8):
+        return str(int(value))
+    return f"{value:g}"
 
 
 def _walk(loc: tuple[Any, ...], data: Any, model: type) -> tuple[str, list[str], list[str]]:
@@ -204,6 +224,31 @@ def _pick_tagged(ann: Any, tag: Any) -> Any:
             if f is not None and tag in typing.get_args(f.annotation):
                 return a
     return ann
+
+
+def _unit(loc: tuple[Any, ...], model: type) -> str | None:
+    """The ``unit`` a field declares (``Field(json_schema_extra={"unit": "req/s"})``) at the
+    end of ``loc``, if any."""
+    ann: Any = model
+    info: Any = None
+    for el in loc:
+        found = None
+        for a in _args(ann):
+            if _is_model(a):
+                f = a.model_fields.get(el) if isinstance(el, str) else None
+                f = f or next((v for v in a.model_fields.values() if v.alias == el), None)
+                if f is None and isinstance(el, str):
+                    tagged = _pick_tagged(ann, el)
+                    found = (tagged, None) if tagged is not ann else found
+                    continue
+                found = (f.annotation, f) if f is not None else found
+            elif isinstance(el, int) and typing.get_origin(a) in (list, tuple):
+                found = (typing.get_args(a)[0], None)
+        if found is None:
+            return None
+        ann, info = found
+    extra = getattr(info, "json_schema_extra", None)
+    return extra.get("unit") if isinstance(extra, dict) else None
 
 
 def _field(ann: Any, key: Any) -> Any:

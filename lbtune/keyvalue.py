@@ -16,7 +16,7 @@ from collections.abc import Collection
 
 from lbtune.errors import ConfigError
 
-__all__ = ["FlagError", "bad_value", "parse_pairs"]
+__all__ = ["FlagError", "bad_value", "in_range", "parse_pairs"]
 
 
 class FlagError(ConfigError):
@@ -68,3 +68,15 @@ def bad_value(flag: str, key: str, value: str, expected: str, problem: str = "")
     would do."""
     found = f"{value!r} {problem}" if problem else f"cannot read {value!r}"
     return FlagError(flag, found, expected, key=key)
+
+
+def in_range(
+    flag: str, key: str, value: str, number: float, low: float, high: float, unit: str = ""
+) -> float:
+    """``number`` (read from ``value``) when it is finite and within ``low..high``, else the
+    one-line error of :func:`bad_value` saying the range: every number of a ``KEY=VALUE``
+    option has both bounds (``--slo``, ``--weights``, ``--fail-on``)."""
+    if not (low <= number <= high):  # NaN fails too
+        expected = f"{low:g}..{high:g}{f' {unit}' if unit else ''}"
+        raise bad_value(flag, key, value, expected, "is out of range")
+    return number

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import BeforeValidator, TypeAdapter
 
 from lbtune.errors import ConfigError
-from lbtune.keyvalue import bad_value, parse_pairs
+from lbtune.keyvalue import bad_value, in_range, parse_pairs
 
 if TYPE_CHECKING:
     from lbtune.metrics.summary import RunSummary
@@ -212,6 +212,10 @@ def pick(candidates: Sequence[Figures], spec: ObjectiveSpec) -> int | None:
     return min(ok, key=lambda i: composite(candidates[i], scoring))
 
 
+MAX_SCORE_WEIGHT = 1000.0
+"""Largest weight ``--weights`` takes (weights are relative: only their ratios count)."""
+
+
 def parse_weights(
     text: str | None, base: Mapping[str, float] = DEFAULT_WEIGHTS
 ) -> dict[str, float]:
@@ -226,9 +230,7 @@ def parse_weights(
             number = float(value)
         except ValueError:
             raise bad_value(flag, key, value, "a number >= 0") from None
-        if number < 0 or not math.isfinite(number):
-            raise bad_value(flag, key, value, "a finite number >= 0", "is out of range")
-        out[key] = number
+        out[key] = in_range(flag, key, value, number, 0, MAX_SCORE_WEIGHT)
     if sum(out.values()) <= 0:
         raise ConfigError("--weights: at least one weight must be > 0")
     return out

@@ -69,21 +69,24 @@ class AgentConfig(BaseModel):
     )
     query_timeout_s: float = Field(default=2.0, gt=0, le=60)
     # score coefficients (source material: 0.5 / 0.3 / 0.2)
-    a: float = Field(default=0.5, ge=0, description="Weight of KV-cache headroom.")
-    b: float = Field(default=0.3, ge=0, description="Weight of latency headroom.")
-    c: float = Field(default=0.2, ge=0, description="Weight of queue headroom.")
+    a: float = Field(default=0.5, ge=0, le=1000, description="Weight of KV-cache headroom.")
+    b: float = Field(default=0.3, ge=0, le=1000, description="Weight of latency headroom.")
+    c: float = Field(default=0.2, ge=0, le=1000, description="Weight of queue headroom.")
     # normalisation
     ttft_ceiling_s: float = Field(
-        default=1.0, gt=0, description="TTFT at which latency_norm reaches 1."
+        default=1.0, gt=0, le=3600, description="TTFT at which latency_norm reaches 1."
     )
     ttft_quantile: Literal["p50", "p90"] = Field(
         default="p50", description="Which recent TTFT quantile is the latency input."
     )
     ttft_window_s: float = Field(
-        default=10.0, ge=2, description="rate() window of the TTFT histogram (>= 4 scrapes)."
+        default=10.0,
+        ge=2,
+        le=86_400,
+        description="rate() window of the TTFT histogram (>= 4 scrapes).",
     )
     queue_ceiling: float = Field(
-        default=16.0, gt=0, description="Waiting requests at which queue_norm reaches 1."
+        default=16.0, gt=0, le=1e6, description="Waiting requests at which queue_norm reaches 1."
     )
     # smoothing
     ewma_alpha: float = Field(
@@ -91,16 +94,18 @@ class AgentConfig(BaseModel):
     )
     z_window: int = Field(default=10, ge=3, le=1000, description="Samples in the z-score window.")
     z_threshold: float = Field(
-        default=3.5, gt=0, description="|z| above which a sample is a spike and dropped."
+        default=3.5, gt=0, le=1000, description="|z| above which a sample is a spike and dropped."
     )
     z_min_sigma: float = Field(
         default=0.02,
         ge=0,
+        le=1000,
         description="Floor of the window's std-dev (normalised units): tiny noise is no spike.",
     )
     z_max_drops: int = Field(
         default=2,
         ge=0,
+        le=1000,
         description="Consecutive drops after which an outlier is a level shift and accepted.",
     )
     # guard rails

@@ -26,7 +26,8 @@ from lbtune.cli import optimize as _optimize
 from lbtune.cli import scenarios as _scenarios
 from lbtune.cli import stress as _stress
 from lbtune.cli import twin as _twin
-from lbtune.errors import LbtuneError
+from lbtune.errors import LbtuneError, printable
+from lbtune.safety.secrets import ScrubFilter, scrub
 
 
 def _no_type_for_switches() -> None:
@@ -100,6 +101,7 @@ def _configure_logging(level: int) -> None:
     from rich.logging import RichHandler
 
     handler = RichHandler(console=Console(stderr=True), show_path=False, show_time=False)
+    handler.addFilter(ScrubFilter())  # no secret of this process in a log line
     logging.basicConfig(level=level, handlers=[handler], format="%(message)s", force=True)
 
 
@@ -114,5 +116,6 @@ def main() -> None:
     try:
         app()
     except LbtuneError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        # One line: a name's ANSI escape or newline is shown escaped; no secret is shown.
+        typer.echo(f"error: {printable(scrub(str(exc)))}", err=True)
         sys.exit(exc.exit_code)

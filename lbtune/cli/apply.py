@@ -180,6 +180,9 @@ def apply_command(
         values = t.space().validate(values, str(params))  # errors name the file, not file:
     else:
         assert study is not None
+        from lbtune.history.dbfile import check_studies_db
+
+        check_studies_db(storage)  # another program's database is not opened by Optuna
         values, source = _study_params(study, trial, storage)
         t = _target(target, state_dir, space)
         values = t.space().complete(t.space().validate(values, source), t.space().baseline())

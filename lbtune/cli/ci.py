@@ -26,11 +26,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from lbtune.errors import ConfigError, LbtuneError
+from lbtune.errors import LbtuneError
 from lbtune.report import frame
 from lbtune.report.junit import _check_text, error_suite, write_junit
 from lbtune.report.markdown import table
 from lbtune.report.study import before_after, confirmation_table, headline
+from lbtune.safety.files import check_out_file
+from lbtune.safety.secrets import ScrubFilter
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -67,6 +69,7 @@ def plain_logging() -> None:
     handler.setFormatter(
         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
     )
+    handler.addFilter(ScrubFilter())  # no secret of this process in a log line
     root.handlers[:] = [handler]
 
 
@@ -227,15 +230,11 @@ def start(ci: bool, junit: Path | None) -> Console:
 
 
 def check_writable(path: Path | None, option: str = "--junit") -> None:
-    """Fail early (exit 2), before any load is sent, when ``path`` cannot be written."""
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"{option} {path}: cannot be written ({exc.strerror or exc})") from None
+    """Fail early (exit 2), before any load is sent, when ``path`` cannot be written: a
+    directory, a device or FIFO, empty, not writable
+    (:func:`lbtune.safety.files.check_out_file`)."""
+    if path is not None:
+        check_out_file(path, option)
 
 
 def junit_on_error(path: Path | None, command: str, exc: BaseException) -> None:

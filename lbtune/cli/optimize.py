@@ -35,6 +35,7 @@ from lbtune.cli.options import (
     TargetNameOpt,
     TraceFormatOpt,
     TraceOpt,
+    check_outputs,
     scenario_or_trace,
 )
 
@@ -129,7 +130,8 @@ def optimize_command(
     afresh and interleaved, and the winner is applied through Ansible only if a paired
     bootstrap CI says it is better. If the live config cannot be measured, exit 2. Ctrl-C
     stops the running trial, restores the last known good and writes the report
-    (exit 130); `--resume` continues. With GITHUB_STEP_SUMMARY set, a Markdown
+    (exit 130; SIGTERM likewise, exit 143, even during the final write); `--resume`
+    continues. With GITHUB_STEP_SUMMARY set, a Markdown
     summary is appended to that file.
 
     The scenario is `mixed` unless given (on --resume: the study's own). --json prints
@@ -142,6 +144,8 @@ def optimize_command(
     from lbtune.tune.optimize import OptimizeOptions
 
     _check_trial_duration(trial_duration)
+    check_outputs(out, state_dir=state_dir)
+    _check_study(study, storage)
     opts = OptimizeOptions(
         budget=budget,
         scenario=scenario_or_trace(scenario, trace, trace_format, speedup),
@@ -167,8 +171,9 @@ def optimize_command(
         out_dir=out,
     )
     err = ci_mode.start(ci, junit)
+    term = threading.Event()
     try:
-        result = _run(opts, ci, err)
+        result = _run(opts, ci, err, term)
     except Exception as exc:
         ci_mode.junit_on_error(junit, "optimize", exc)
         raise
@@ -179,6 +184,9 @@ def optimize_command(
     else:
         _print_result(result, ci_mode.console() if ci else None)
     _tell(result, junit, err)
+    if term.is_set():
+        err.print("terminated (SIGTERM): the report holds the study until then", markup=False)
+        raise typer.Exit(TERMINATED_EXIT)
     if result.interrupted:
         raise typer.Exit(130)
     code = ci_mode.study_exit_code(result) if ci else 0
@@ -189,10 +197,15 @@ def optimize_command(
         raise typer.Exit(code)
 
 
-def _run(opts: OptimizeOptions, ci: bool, err: Console) -> StudyResult:
+TERMINATED_EXIT = 128 + 15
+"""Exit status of a study ended by SIGTERM (what a shell reports for a process it killed)."""
+
+
+def _run(opts: OptimizeOptions, ci: bool, err: Console, term: threading.Event) -> StudyResult:
     """``run_optimize`` with the progress display that fits: a plain line per trial under
     ``--ci``, a line every few seconds when stderr is piped, else a live panel; Ctrl-C
-    stops it gracefully (the first one); the study is indexed in the history."""
+    stops it gracefully (the first one), SIGTERM too (and sets ``term``); the study is
+    indexed in the history."""
     from lbtune.cli import ci as ci_mode
     from lbtune.cli.ticker import ticking
     from lbtune.tune.optimize import record_study, run_optimize
@@ -209,6 +222,7 @@ def _run(opts: OptimizeOptions, ci: bool, err: Console) -> StudyResult:
     say = ci_mode.line if ci else (lambda m: view.say(err, m))
     with (
         _sigint(stop),
+        _sigterm(stop, term),
         _live(err, view, enabled=err.is_terminal and not ci),
         ticking(view.render, ci_mode.line, enabled=not err.is_terminal),
     ):
@@ -237,12 +251,26 @@ def _check_trial_duration(seconds: float | None) -> None:
     import math
 
     from lbtune.errors import ConfigError
-    from lbtune.scenario.models import MAX_DURATION_S
+    from lbtune.scenario.limits import MAX_DURATION_S
 
     if seconds is not None and not (math.isfinite(seconds) and 0 < seconds <= MAX_DURATION_S):
         raise ConfigError(
             f"--trial-duration: must be > 0 and at most {MAX_DURATION_S:g} s, got {seconds:g}"
         )
+
+
+def _check_study(study: str | None, storage: str) -> None:
+    """``--study`` is a name a terminal shows and a report directory is named after: no
+    control characters, at most 200 characters; ``--storage``, a SQLite file, must be
+    lbtune's or Optuna's (a foreign database is refused untouched)."""
+    from lbtune.errors import ConfigError, printable
+    from lbtune.history.dbfile import check_studies_db
+
+    if study is not None and (printable(study) != study or not 0 < len(study) <= 200):
+        raise ConfigError(
+            f"--study {printable(study)[:200]}: a name of 1..200 printable characters"
+        )
+    check_studies_db(storage)
 
 
 def dashboard_command(
@@ -252,6 +280,9 @@ def dashboard_command(
 ) -> None:
     """Open optuna-dashboard (on 127.0.0.1) on the study storage."""
     from lbtune.errors import MissingExtra
+    from lbtune.history.dbfile import check_studies_db
+
+    check_studies_db(storage)
 
     try:
         from optuna_dashboard import run_server
@@ -283,6 +314,27 @@ def _sigint(stop: threading.Event) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+@contextlib.contextmanager
+def _sigterm(stop: threading.Event, term: threading.Event) -> Iterator[None]:
+    """SIGTERM (what CI runners and systemd send) stops the study like the first Ctrl-C:
+    the running trial ends, the last known good is restored, the report is written. It
+    only sets flags, so a SIGTERM during the restore or the final write interrupts
+    neither; later ones change nothing (SIGKILL remains, and the lease guard restores)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        term.set()
+        stop.set()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 class _View:

@@ -34,6 +34,7 @@ __all__ = [
     "TargetNameOpt",
     "TraceFormatOpt",
     "TraceOpt",
+    "check_outputs",
     "scenario_or_trace",
 ]
 
@@ -173,3 +174,20 @@ def scenario_or_trace(
     if trace_format is not None or speedup is not None:
         raise typer.BadParameter("--trace-format and --speedup apply to --trace")
     return scenario
+
+
+def check_outputs(
+    out: Path | None, reports: Path = Path("reports"), *, state_dir: Path | None = None
+) -> None:
+    """Before any work: ``--out`` must be a new or empty directory that can be written (a
+    report is never overwritten silently), else the reports dir its default lies in must
+    be a usable directory; a ``--state-dir`` must be a directory (or not exist yet); one
+    line naming the path and the problem."""
+    from lbtune.safety.files import check_out_dir
+
+    if out is not None:
+        check_out_dir(out, "--out")
+    else:
+        check_out_dir(reports, "the reports dir", fresh=False)
+    if state_dir is not None:
+        check_out_dir(state_dir, "--state-dir", fresh=False, writable=False)

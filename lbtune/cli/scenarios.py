@@ -171,10 +171,11 @@ def show(
     from lbtune.scenario import load_scenario
 
     sc = load_scenario(name)
+    summary = _summary(sc)  # the load plan: what cannot run is refused here too
     preview = _preview(sc)
     if as_json:
         data = sc.model_dump(mode="json", by_alias=True, exclude_none=True)
-        typer.echo(json.dumps({"scenario": data, "summary": _summary(sc), "preview": preview}))
+        typer.echo(json.dumps({"scenario": data, "summary": summary, "preview": preview}))
         return
     import yaml
 
@@ -229,12 +230,14 @@ def fit(
     """Write a compact scenario with the trace's shape (lengths, arrivals, prefixes, sessions,
     models) and none of its data; `lbtune scenarios show` it to compare with the trace."""
     from lbtune.errors import ConfigError
+    from lbtune.safety.files import check_out_file
     from lbtune.scenario import scenario_from_dict
     from lbtune.scenario.traces.fit import fit_trace
     from lbtune.scenario.traces.read import guess_format
 
     if kind not in ("auto", "lognormal", "empirical"):
         raise ConfigError(f"--kind: expected auto, lognormal or empirical, found {kind!r}")
+    check_out_file(out, "--out")
     fmt = trace_format or guess_format(trace)
     doc = fit_trace(trace, fmt, kind=kind, name=name)  # type: ignore[arg-type]
     scenario_from_dict(doc, source=f"fit of {trace}")  # the document must validate

@@ -23,6 +23,7 @@ from lbtune.cli.options import (
     StateDirOpt,
     TraceFormatOpt,
     TraceOpt,
+    check_outputs,
     scenario_or_trace,
 )
 
@@ -143,6 +144,7 @@ def stress_command(
 
     if master and worker:
         raise typer.BadParameter("give --master or --worker, not both")
+    check_outputs(out, state_dir=state_dir)
     opts = StressOptions(
         scenario=scenario_or_trace(scenario, trace, trace_format, speedup),
         target_url=target,
@@ -172,6 +174,12 @@ def stress_command(
     try:
         with term:
             result = _run(opts, ci, err, term.stop)
+    except KeyboardInterrupt:
+        if not term.stop.is_set():
+            raise
+        # A second SIGTERM while something before the load (or its drain) was still busy.
+        err.print("terminated (SIGTERM, twice): stopped without waiting", markup=False)
+        raise typer.Exit(TERMINATED_EXIT) from None
     except Exception as exc:
         ci_mode.junit_on_error(junit, "stress", exc)
         raise

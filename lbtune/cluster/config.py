@@ -16,7 +16,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -190,12 +190,12 @@ class VllmReplicas(BaseModel):
 
     count: int = Field(default=2, ge=1, le=16)
     model: str = Field(default="tiny-llama", description="The served model name.")
-    cpus: list[int] = Field(
+    cpus: list[Annotated[int, Field(ge=0, le=4095)]] = Field(
         default=[1], min_length=1, description="CPUs every server is pinned to (taskset -c)."
     )
-    max_num_seqs: int = Field(default=8, ge=1)
+    max_num_seqs: int = Field(default=8, ge=1, le=1024)
     max_model_len: int = Field(default=4096, ge=64, le=4096)
-    num_gpu_blocks_override: int | None = Field(default=40, ge=1)
+    num_gpu_blocks_override: int | None = Field(default=40, ge=1, le=1_000_000)
     name: str = Field(default="vllm", description="Name prefix: vllm-0, vllm-1, ...")
 
     @field_validator("model")
@@ -242,8 +242,10 @@ class ClusterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    time_scale: float = Field(default=1.0, gt=0, description="Sim speed-up: 4 = 4x real time.")
-    seed: int = 0
+    time_scale: float = Field(
+        default=1.0, gt=0, le=1000, description="Sim speed-up: 4 = 4x real time."
+    )
+    seed: int = Field(default=0, ge=0, lt=2**63)
     balancer: str = Field(default="haproxy", description="A balancer of lbtune.targets.TARGETS.")
     params: dict[str, Any] = Field(
         default_factory=dict,

@@ -37,6 +37,7 @@ from lbtune.errors import ClusterError, DependencyError
 from lbtune.process import supervisor
 from lbtune.process.supervisor import ProcessRecord
 from lbtune.records.statedir import StatePaths, state_root
+from lbtune.safety.lifeline import die_with_parent
 
 MODEL_BUILDER = Path(__file__).resolve().parent / "vllm_model.py"
 """Run by path with the venv's Python (lbtune is not installed there); it ships in the package."""
@@ -149,6 +150,7 @@ def ensure_model(path: Path | None = None) -> Path:
                     timeout=MODEL_BUILD_TIMEOUT,
                     env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
                     check=False,
+                    preexec_fn=die_with_parent(),  # a build never outlives lbtune
                 )
         except subprocess.TimeoutExpired:
             raise ClusterError(

@@ -40,6 +40,7 @@ from lbtune.metrics.bootstrap import RunArrays
 from lbtune.metrics.summary import Window
 from lbtune.metrics.summary_file import read_summary
 from lbtune.records.jsonform import key_order
+from lbtune.safety.files import MAX_REPORT_BYTES, read_bytes
 from lbtune.scenario.runplan import read_run_plan
 
 if TYPE_CHECKING:
@@ -140,11 +141,9 @@ def _locate(p: Path) -> tuple[Path, Literal["stress", "study"]]:
 
 def _json(p: Path) -> dict[str, Any]:
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot be read ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p}: not valid JSON ({exc})") from None
+        data = json.loads(read_bytes(p, max_bytes=MAX_REPORT_BYTES))
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deeply
+        raise ConfigError(f"{p}: not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object")
     return data

@@ -33,7 +33,7 @@ from pydantic import TypeAdapter, computed_field
 
 from lbtune.compare.sources import Side, load_pair, load_side
 from lbtune.errors import ConfigError
-from lbtune.keyvalue import bad_value, parse_pairs
+from lbtune.keyvalue import bad_value, in_range, parse_pairs
 from lbtune.metrics.bootstrap import interval, point, resample, sample_counts
 from lbtune.records.jsonform import key_order
 from lbtune.records.quantiles import MIN_SAMPLES, FloatArray
@@ -86,6 +86,10 @@ _PERCENTILE_FIGURES = frozenset({"ttft_p50", "ttft_p99", "e2e_p99", "itl_p50"})
 DEFAULT_FAIL_ON = "p99=+10%,ttft=+10%,goodput=-5%,errors=+1%"
 """Used when ``--fail-on`` is not given."""
 _THRESHOLD = re.compile(r"^\s*([+-]?)\s*([0-9]*\.?[0-9]+)\s*(%|pp)?\s*$")
+MAX_RESAMPLES = 100_000
+"""Most bootstrap resamples ``--resamples`` takes (each costs a pass over the records)."""
+MAX_FAIL_ON = 10.0
+"""Largest ``--fail-on`` limit: a change of 1000 %."""
 
 
 def parse_fail_on(text: str | None) -> dict[str, float]:
@@ -113,6 +117,7 @@ def parse_fail_on(text: str | None) -> dict[str, float]:
             raise bad_value("--fail-on", name, value, "a change like +10% or -5%")
         sign, number, unit = m.groups()
         amount = float(number) / 100 if unit in ("%", "pp") else float(number)
+        in_range("--fail-on", name, value, amount, 0, MAX_FAIL_ON, "(1000 %)")
         for fig in FIGURES if name == "all" else (_BY_NAME[name],):
             worse = "+" if fig.better == "lower" else "-"
             if sign and sign != worse and name != "all" and amount > 0:
@@ -269,8 +274,10 @@ def compare(
     gates = parse_fail_on(DEFAULT_FAIL_ON) if fail_on is None else dict(fail_on)
     if not 0 < level < 1:
         raise ConfigError(f"--level: expected a confidence level between 0 and 1, got {level}")
-    if resamples < 100:
-        raise ConfigError(f"--resamples: at least 100 are needed, got {resamples}")
+    if not 0 <= seed < 2**63:
+        raise ConfigError(f"--seed: must be 0..{2**63 - 1}, got {seed}")
+    if not 100 <= resamples <= MAX_RESAMPLES:
+        raise ConfigError(f"--resamples: must be 100..{MAX_RESAMPLES}, got {resamples}")
     tested = a.arrays is not None and b.arrays is not None
     pa = point(a.arrays) if a.arrays is not None and tested else dict(a.figures)
     pb = point(b.arrays) if b.arrays is not None and tested else dict(b.figures)

@@ -9,8 +9,10 @@ one row per *role*:
 * ``verification`` — the winner measured live after the rollout.
 
 ``lbtune_meta`` holds ``schema_version``. Tables are created when missing; a file written
-by a newer lbtune (a higher version) is refused rather than misread. Optuna ignores tables
-it does not own, and lbtune never touches Optuna's.
+by a newer lbtune (a higher version) is refused rather than misread, and so is a file that
+is not lbtune's studies database (:mod:`lbtune.history.dbfile`: another program's tables
+are never joined by lbtune's). Optuna ignores tables it does not own, and lbtune never
+touches Optuna's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from lbtune.errors import ConfigError
+from lbtune.history.dbfile import check_studies_db
 from lbtune.records.jsonform import key_order
 
 __all__ = ["ENTRY", "SCHEMA_VERSION", "Entry", "HistoryStore", "KeyFigures", "Role"]
@@ -170,6 +173,7 @@ class HistoryStore:
 
     @contextmanager
     def _connect(self, create: bool) -> Iterator[sqlite3.Connection]:
+        check_studies_db(self.path, "the history database")  # another program's: untouched
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif not self.path.exists():

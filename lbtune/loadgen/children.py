@@ -18,12 +18,15 @@ import uuid
 from pathlib import Path
 from typing import IO, Any
 
+from lbtune.safety.lifeline import die_with_parent
+
 __all__ = ["Child", "start_children"]
 
 
 class Child:
     """One generator process, started in its own session; its status lines are read by a
-    thread into the run's queue."""
+    thread into the run's queue. It dies with this process, ``kill -9`` included
+    (:func:`lbtune.safety.lifeline.die_with_parent`)."""
 
     def __init__(self, name: str, argv: list[str], log_path: Path, lines: queue.Queue[Any]):
         self.name = name
@@ -33,7 +36,8 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=self._log,
             start_new_session=True,  # the runner decides when its children stop
-        )  # ... and they die with it (the worker's --parent-pid)
+            preexec_fn=die_with_parent(),  # ... and they never outlive it
+        )
         self.log_path = log_path
         self.final: dict[str, Any] | None = None
         self.errors: list[str] = []

@@ -24,14 +24,15 @@ Every call of :meth:`StreamClient.send` returns exactly one
 Non-streaming requests: TTFT is the time to the complete body (the first moment
 any content is usable), and ``chunk_times`` holds that one time.
 
-The API key (``LBTUNE_API_KEY`` or ``OPENAI_API_KEY``) is sent as a bearer token
-and is scrubbed from error strings; it never reaches a record.
+The API key (``LBTUNE_API_KEY`` or ``OPENAI_API_KEY``, see :mod:`lbtune.safety.secrets`) is
+sent as a bearer token and is scrubbed (any piece of 8 characters or more, in any case)
+from every text of a record: it never reaches one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import ssl
 from time import time
 from typing import Any
@@ -44,14 +45,10 @@ from lbtune.loadgen import kerneltime
 from lbtune.loadgen.response import Closed, RequestState, exchange
 from lbtune.loadgen.wire import ProtocolError, build_request
 from lbtune.records.requests import OpenRequest, Outcome, RequestRecord, Timing
+from lbtune.safety.secrets import Scrubber, check_key, without_userinfo
 from lbtune.scenario.request import RequestSpec
 
-__all__ = ["OpenSet", "StreamClient", "api_key_from_env"]
-
-
-def api_key_from_env() -> str | None:
-    """``LBTUNE_API_KEY``, else ``OPENAI_API_KEY``, else ``None``."""
-    return os.environ.get("LBTUNE_API_KEY") or os.environ.get("OPENAI_API_KEY") or None
+__all__ = ["OpenSet", "StreamClient"]
 
 
 class OpenSet:
@@ -119,7 +116,8 @@ class StreamClient:
             else "loop"
         )
         self._host_header = f"{self.host}:{self.port}" if u.port else self.host
-        self._api_key = api_key
+        self._api_key = None if api_key is None else check_key(api_key, "the API key")
+        self._scrubber = Scrubber([api_key] if api_key else [])
         self._replica_header = replica_header.lower()
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -216,7 +214,7 @@ class StreamClient:
         )
         if out_tokens is None and sc is not None:
             out_tokens = len(st.times)  # no usage chunk: count content chunks
-        return RequestRecord(
+        rec = RequestRecord(
             request_id=rid,
             index=spec.index,
             model=spec.model,
@@ -233,7 +231,7 @@ class StreamClient:
             prompt_tokens=in_tokens if in_tokens is not None else spec.prompt_tokens,
             output_tokens=out_tokens,
             replica=st.replica,
-            error=self._scrub(st.error),
+            error=st.error,
             priority=spec.priority,
             prefix_group=spec.prefix_group,
             session_id=spec.session_id,
@@ -241,11 +239,19 @@ class StreamClient:
             timing=st.timing,
             first_token_bound_s=st.first_bound if spec.stream else None,
         )
+        return self._scrub(rec)
 
-    def _scrub(self, text: str | None) -> str | None:
-        if text and self._api_key:
-            return text.replace(self._api_key, "***")
-        return text
+    def _scrub(self, rec: RequestRecord) -> RequestRecord:
+        """``rec`` with the key (and any URL userinfo) masked in every text field: an error
+        body, a replica header, a model name may echo it."""
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(rec):
+            v = getattr(rec, f.name)
+            if isinstance(v, str) and v:
+                clean = without_userinfo(self._scrubber(v))
+                if clean != v:
+                    changes[f.name] = clean
+        return dataclasses.replace(rec, **changes) if changes else rec
 
     # -- connections -------------------------------------------------------------
 

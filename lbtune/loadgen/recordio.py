@@ -15,6 +15,7 @@ A :class:`~lbtune.records.requests.RequestRecord` crosses a file through one pyd
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from lbtune.errors import ConfigError
 from lbtune.records.requests import RequestRecord
+from lbtune.safety.files import MAX_TRACE_BYTES, open_regular
 
 __all__ = [
     "FIELDS",
@@ -99,8 +101,8 @@ class RecordWriter:
 
 def iter_jsonl(path: Path) -> Iterator[RequestRecord]:
     """Records of one JSONL file; a torn last line (crash mid-write) is skipped."""
-    with path.open(encoding="utf-8") as f:
-        for line in f:
+    with open_regular(path, max_bytes=MAX_TRACE_BYTES) as raw:
+        for line in io.TextIOWrapper(raw, encoding="utf-8"):
             if not line.endswith("\n"):
                 break  # torn write
             if not is_header(line):
@@ -124,8 +126,9 @@ def read_records(path: str | Path) -> list[RequestRecord]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(p)
-    except (OSError, ValueError, pa.ArrowException) as exc:  # missing, truncated, not Parquet
+        with open_regular(p, max_bytes=MAX_TRACE_BYTES) as fh:
+            table = pq.read_table(fh)
+    except (OSError, ValueError, pa.ArrowException) as exc:  # truncated, not Parquet
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"{p}: not a readable requests.parquet ({why})") from None
     missing = [f for f in _REQUIRED if f not in table.column_names]

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from lbtune.errors import ConfigError, validation_error
+from lbtune.errors import validation_error
+from lbtune.safety.files import MAX_DOCUMENT_BYTES, read_bytes
+from lbtune.scenario.limits import MAX_DURATION_S, MAX_RATE, MAX_SLO_S, MAX_USERS
 
 __all__ = [
     "SETTINGS_FILE",
@@ -36,10 +38,10 @@ class SourceSettings(_Frozen):
     """Where the requests come from without a recorded plan (see :mod:`.source`)."""
 
     scenario: str = Field(description="Scenario name, YAML path, or a fixed:... workload.")
-    seed: int = 0
-    duration_s: float
-    users: int | None = None
-    rate: float | None = None
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    duration_s: float = Field(gt=0, le=MAX_DURATION_S)
+    users: int | None = Field(default=None, ge=1, le=MAX_USERS)
+    rate: float | None = Field(default=None, gt=0, le=MAX_RATE)
 
 
 class GeneratorSettings(_Frozen):
@@ -57,16 +59,16 @@ class GeneratorSettings(_Frozen):
     tokenizer_path: str | None = Field(
         default=None, description="A tokenizer.json, where the run plan records none."
     )
-    grace_s: float
-    request_timeout_s: float
+    grace_s: float = Field(ge=0, le=3600)
+    request_timeout_s: float = Field(gt=0, le=MAX_SLO_S)
     replica_header: str
-    max_in_flight: int
+    max_in_flight: int = Field(ge=1, le=1_000_000)
     ui: bool = False
-    ui_port: int = 8089
+    ui_port: int = Field(default=8089, ge=0, le=65535)
     master_host: str = "127.0.0.1"
-    master_port: int
+    master_port: int = Field(ge=0, le=65535)
     master_bind_host: str = "127.0.0.1"
-    expect_workers: int
+    expect_workers: int = Field(ge=1, le=10_000)
 
     @model_validator(mode="after")
     def _one_source(self) -> GeneratorSettings:
@@ -87,9 +89,7 @@ def read_settings(path: str | Path) -> GeneratorSettings:
     """The settings in ``path``; a one-line ConfigError naming the field when invalid."""
     p = Path(path)
     try:
-        return _ADAPTER.validate_json(p.read_bytes())
+        return _ADAPTER.validate_json(read_bytes(p, max_bytes=MAX_DOCUMENT_BYTES))
     except ValidationError as exc:
         where = f"{p}: not valid generator settings"
         raise validation_error(exc, where, GeneratorSettings) from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot be read ({exc})") from None

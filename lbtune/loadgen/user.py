@@ -43,13 +43,14 @@ import gevent.pool
 from locust import LoadTestShape, User, constant, events, task
 from locust.exception import StopUser
 
-from lbtune.loadgen.client import OpenSet, StreamClient, api_key_from_env
+from lbtune.loadgen.client import OpenSet, StreamClient
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from lbtune.loadgen.health import HealthMonitor, HealthSample
 from lbtune.loadgen.pacing import backoff_s, spawn_rate
 from lbtune.loadgen.recordio import RecordWriter
 from lbtune.loadgen.source import Workload, resolve
 from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
+from lbtune.safety.secrets import api_key_from_env
 
 __all__ = [
     "STATE",

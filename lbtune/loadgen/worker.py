@@ -15,16 +15,16 @@ SIGTERM/SIGINT: stop sending, let in-flight requests end for ``grace_s``
 (those cut off are recorded as ``cancelled``), write the records, exit 0.
 
 A generator never outlives the process that started it (``--parent-pid``): the kernel
-sends it SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), and a watchdog greenlet
-checks once a second that its parent is still the one it was started by; when it is
-not, the generator stops as on SIGTERM and, should the drain hang, exits hard after
-``grace_s`` + 5 s. Started with a parent already gone, it exits 3 at once.
+kills it when its parent dies (``PR_SET_PDEATHSIG``, armed before exec by the runner and
+again here: :mod:`lbtune.safety.lifeline`), however busy it is, and a watchdog greenlet checks
+once a second that its parent is still the one it was started by; when it is not, the
+generator stops as on SIGTERM and, should the drain hang, exits hard after ``grace_s`` +
+5 s. Started with a parent already gone, it exits 3 at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
@@ -47,6 +47,7 @@ from lbtune.loadgen.health import WORKER_HEALTH, HealthSample  # noqa: E402
 from lbtune.loadgen.settings import GeneratorSettings, read_settings  # noqa: E402
 from lbtune.loadgen.source import Source, open_source  # noqa: E402
 from lbtune.loadgen.user import STATE, LLMUser, OpenLoopUser, PlanShape  # noqa: E402
+from lbtune.safety.lifeline import arm  # noqa: E402
 
 _DRAIN = "lbtune_drain"
 _MASTER_WAIT_S = 60.0
@@ -109,18 +110,6 @@ def _sample(s: HealthSample) -> None:
     _emit({"type": "sample", **asdict(s), "open": STATE.open.snapshot()})
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(sig: int) -> None:
-    """Ask the kernel for ``sig`` when the parent dies (Linux; a no-op elsewhere)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _watch_parent(parent: int, stop: Any, grace: float) -> None:
     """Stop (as on SIGTERM) once ``parent`` is no longer this process's parent; exit hard
     if the drain has not ended ``grace`` + 5 s later."""
@@ -145,11 +134,9 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _arguments(argv)
-    if args.parent_pid:
-        _die_with_parent(signal.SIGTERM)
-        if os.getppid() != args.parent_pid:  # died before the death signal was armed
-            _emit({"type": "error", "error": f"parent {args.parent_pid} is gone: not starting"})
-            return 3
+    if args.parent_pid and not arm(args.parent_pid):  # died before it was armed
+        _emit({"type": "error", "error": f"parent {args.parent_pid} is gone: not starting"})
+        return 3
     try:
         settings = read_settings(args.config)
         source = open_source(settings)  # the run's recorded plan, whole, where there is one

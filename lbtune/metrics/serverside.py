@@ -18,7 +18,7 @@ import math
 import statistics
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lbtune.errors import TargetError
 from lbtune.metrics import promql
@@ -81,7 +81,39 @@ def collect(
     queries = promql.server_side_queries(
         window.duration, job=job, step_s=scrape_interval_s, balancer=balancer
     )
-    return assemble(ask(prom, queries, window.end), window, balancer)
+    answers = ask(prom, queries, window.end)
+    if answers.results:  # it answered: are its series still being scraped?
+        stale = frozen(prom, window.end, max(STALE_AFTER_S, 5 * scrape_interval_s))
+        if stale is not None:
+            log.warning("%s", stale)
+            answers = replace(answers, incomplete=True, notes=(*answers.notes, stale))
+    return assemble(answers, window, balancer)
+
+
+STALE_AFTER_S = 60.0
+"""Prometheus's newest sample older than this at a window's end (or five scrape intervals,
+the longer): its scrapes stopped, and the window's rates would read as zeros. A minute:
+above any sane scrape interval (callers do not always know it), below a run's length."""
+NEWEST_SAMPLE = "max(timestamp(up))"
+
+
+def frozen(prom: Querier, at: float, stale_after_s: float) -> str | None:
+    """A note when Prometheus answers but its newest scrape is older than ``stale_after_s``
+    at ``at`` (a frozen scrape loop: the figures would be zeros, not measurements);
+    ``None`` when it is fresh or cannot tell (no answer: :func:`ask` says so already)."""
+    try:
+        newest = [x.value for x in prom.query(NEWEST_SAMPLE, at=at) if x.value is not None]
+    except TargetError:
+        return None
+    if not newest:
+        return None
+    age = at - max(newest)
+    if age <= stale_after_s:
+        return None
+    return (
+        f"Prometheus answers but its newest sample is {age:.0f} s older than the window's "
+        "end: its scrapes stopped (frozen?); server-side figures are not measurements"
+    )
 
 
 def ask(prom: Querier, queries: Mapping[str, str], at: float) -> Answers:

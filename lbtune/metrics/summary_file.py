@@ -18,6 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 from lbtune.errors import ConfigError, validation_error
 from lbtune.metrics.summary import SCHEMA_VERSION, RunSummary
 from lbtune.records.jsonform import json_text
+from lbtune.safety.files import MAX_REPORT_BYTES, read_bytes
 
 __all__ = ["SUMMARY", "dumps", "read_summary", "summary_from_data", "write_summary"]
 
@@ -51,12 +52,12 @@ def summary_from_data(data: Mapping[str, object]) -> RunSummary:
 
 def read_summary(path: Path) -> RunSummary:
     """Read a ``summary.json`` back; a missing or malformed file is a :class:`ConfigError`."""
+    if not path.exists():
+        raise ConfigError(f"{path}: no such summary file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: no such summary file") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc})") from exc
+        data = json.loads(read_bytes(path, max_bytes=MAX_REPORT_BYTES))
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deeply
+        raise ConfigError(f"{path}: not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     try:

@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 from pydantic import SerializerFunctionWrapHandler, TypeAdapter, model_serializer
 
+from lbtune.safety.secrets import scrub_data
+
 __all__ = ["json_data", "json_text", "key_order"]
 
 T = TypeVar("T")
@@ -34,8 +36,10 @@ def json_data(adapter: TypeAdapter[T], value: T) -> Any:
 
 
 def json_text(adapter: TypeAdapter[T], value: T, *, indent: int) -> str:
-    """``value``'s JSON form as the text of a file: strict JSON, ending in a newline."""
-    return json.dumps(json_data(adapter, value), indent=indent, allow_nan=False) + "\n"
+    """``value``'s JSON form as the text of a file: strict JSON, ending in a newline, with no
+    secret of this process in any string (:func:`lbtune.safety.secrets.scrub_data`)."""
+    data = scrub_data(json_data(adapter, value))
+    return json.dumps(data, indent=indent, allow_nan=False) + "\n"
 
 
 def key_order(*keys: str, last: tuple[str, ...] = ()) -> Any:

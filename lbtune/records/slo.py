@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from lbtune.keyvalue import bad_value, parse_pairs
+from lbtune.keyvalue import bad_value, in_range, parse_pairs
 
 __all__ = ["Slo", "parse_slo"]
 
@@ -38,6 +38,8 @@ _TPOT_KEYS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "errors": "max
 
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
+MAX_SLO_S = 86_400.0
+"""Longest SLO target ``--slo`` takes (a day; the scenario's own bound too)."""
 
 
 def parse_slo(text: str | None, base: Slo, *, tpot: bool = False) -> Slo:
@@ -66,5 +68,6 @@ def parse_slo(text: str | None, base: Slo, *, tpot: bool = False) -> Slo:
         if not m:
             raise bad_value("--slo", key, value, "a duration like 350ms or 2s")
         number = float(m.group(1))
-        changes[keys[key]] = number / 1000 if m.group(2) == "ms" else number
+        seconds = number / 1000 if m.group(2) == "ms" else number
+        changes[keys[key]] = in_range("--slo", key, value, seconds, 0, MAX_SLO_S, "s")
     return replace(base, **changes)

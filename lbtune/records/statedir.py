@@ -25,8 +25,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from lbtune.errors import ClusterError
+from lbtune.errors import ClusterError, ConfigError
 from lbtune.records.endpoints import Endpoints
+from lbtune.safety.files import MAX_DOCUMENT_BYTES, check_out_dir, read_text
 
 SIM = "sim"
 PROMETHEUS = "prometheus"
@@ -42,13 +43,19 @@ def state_root() -> Path:
 
 
 def state_dir_for(name: str, explicit: str | Path | None = None) -> Path:
-    """The state dir: ``explicit``, else ``$LBTUNE_STATE_DIR``, else the root + name."""
+    """The state dir: ``explicit``, else ``$LBTUNE_STATE_DIR``, else the root + name; a path
+    that is a file, a device, empty text or holds control characters is one ConfigError
+    line naming it (:func:`lbtune.safety.files.check_out_dir`)."""
     if explicit is not None:
-        return Path(explicit).expanduser().absolute()
-    env = os.environ.get("LBTUNE_STATE_DIR")
-    if env:
-        return Path(env).expanduser().absolute()
-    return state_root() / name
+        where, path = "--state-dir", str(explicit)
+    elif os.environ.get("LBTUNE_STATE_DIR") is not None:
+        where, path = "LBTUNE_STATE_DIR", os.environ["LBTUNE_STATE_DIR"]
+        if not path:
+            return state_root() / name  # set but empty: unset
+    else:
+        return state_root() / name
+    check_out_dir(path, where, fresh=False, writable=False)
+    return Path(path).expanduser().absolute()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,13 +124,13 @@ def write_endpoints(paths: StatePaths, endpoints: Endpoints) -> None:
 
 def read_endpoints(paths: StatePaths) -> Endpoints | None:
     """The endpoints of the cluster in ``paths``, or ``None`` when there are none."""
-    try:
-        text = paths.endpoints.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not paths.endpoints.exists():
         return None
     try:
-        return Endpoints.model_validate_json(text)
-    except ValueError as exc:
+        return Endpoints.model_validate_json(
+            read_text(paths.endpoints, max_bytes=MAX_DOCUMENT_BYTES)
+        )
+    except (ValueError, ConfigError) as exc:
         raise ClusterError(
             f"{paths.endpoints} is unreadable ({exc.__class__.__name__}); "
             f"run `lbtune cluster down --state-dir {paths.root}`"
@@ -131,8 +138,10 @@ def read_endpoints(paths: StatePaths) -> Endpoints | None:
 
 
 def read_config_json(paths: StatePaths) -> object | None:
+    if not paths.config.exists():
+        return None
     try:
-        data: object = json.loads(paths.config.read_text(encoding="utf-8"))
+        data: object = json.loads(read_text(paths.config, max_bytes=MAX_DOCUMENT_BYTES))
         return data
-    except (FileNotFoundError, ValueError):
+    except (ValueError, ConfigError, RecursionError):
         return None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from lbtune.metrics.summary_file import write_summary
 from lbtune.report import html, markdown
+from lbtune.safety.secrets import scrub
 
 if TYPE_CHECKING:
     from lbtune.metrics.summary import RunSummary
@@ -37,6 +38,7 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     paths = ReportPaths(out, out / "summary.json", out / "report.md", out / "report.html")
     write_summary(paths.summary_json, summary)
-    paths.report_md.write_text(markdown.render(summary), encoding="utf-8")
-    paths.report_html.write_text(html.render(summary, records), encoding="utf-8")
+    # No secret of this process in a report (summary.json: json_text scrubs its strings).
+    paths.report_md.write_text(scrub(markdown.render(summary)), encoding="utf-8")
+    paths.report_html.write_text(scrub(html.render(summary, records)), encoding="utf-8")
     return paths

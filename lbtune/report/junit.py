@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from lbtune.report.compare import change, interval, limit, verdict
+from lbtune.safety.secrets import scrub
 
 if TYPE_CHECKING:
     from lbtune.compare.verdict import CompareResult
@@ -115,7 +116,7 @@ def to_xml(suites: Sequence[JUnitSuite], name: str = "lbtune") -> str:
 def write_junit(path: Path | str, suites: Sequence[JUnitSuite]) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(to_xml(suites), encoding="utf-8")
+    p.write_text(scrub(to_xml(suites)), encoding="utf-8")  # no secret of this process
     return p
 
 

@@ -29,6 +29,7 @@ from lbtune.report.study_plots import (
     best_params_markdown,
     slice_plot,
 )
+from lbtune.safety.secrets import scrub
 from lbtune.scenario.runplan import read_run_plan
 from lbtune.search.result import STUDY
 
@@ -308,9 +309,9 @@ def write_study_report(out_dir: Path | str, result: StudyResult) -> StudyReportP
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     paths = StudyReportPaths(d, d / "study.json", d / "report.md", d / "report.html")
-    paths.study_json.write_text(study_json(result))
-    paths.report_md.write_text(render_markdown(result))
-    paths.report_html.write_text(render_html(result))
+    paths.study_json.write_text(study_json(result))  # json_text scrubs every string
+    paths.report_md.write_text(scrub(render_markdown(result)))  # no secret in a report
+    paths.report_html.write_text(scrub(render_html(result)))
     return paths
 
 

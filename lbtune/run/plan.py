@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from lbtune.errors import ConfigError
+from pydantic import ValidationError
+
+from lbtune.errors import ConfigError, validation_error
 from lbtune.records.slo import Slo, parse_slo
 from lbtune.scenario.loader import load_scenario
 from lbtune.scenario.plan import Stage, default_duration, plan_load
@@ -59,9 +61,18 @@ class RunRequest(Protocol):
 
 
 def plan_run(opts: RunRequest) -> RunPlan:
-    """The plan of a run with ``opts``: reads the scenario once, nothing else."""
+    """The plan of a run with ``opts``: reads the scenario once, nothing else. A plan out of
+    the bounds of :class:`RunPlan` (the options scaling the scenario beyond them) is one
+    ConfigError line."""
     if opts.plan is not None:
         return opts.plan
+    try:
+        return _plan(opts)
+    except ValidationError as exc:
+        raise validation_error(exc, "the run plan", RunPlan) from None
+
+
+def _plan(opts: RunRequest) -> RunPlan:
     scenario = load_scenario(opts.scenario)
     until = opts.until_samples
     if until is not None and until < 1:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -50,8 +49,9 @@ from lbtune.run.target import ResolvedTarget, check_remote_options, resolve_targ
 from lbtune.run.target import check_reachable as check_reachable  # re-exported
 from lbtune.run.target import check_target_allowed as check_target_allowed  # re-exported
 from lbtune.run.until import StopEither, WindowCounter, chain
-from lbtune.scenario.models import MAX_ARRIVALS, MAX_DURATION_S, MAX_RATE, MAX_USERS
-from lbtune.scenario.runplan import RunPlan, write_run_plan
+from lbtune.safety.files import inside, name_part
+from lbtune.scenario.limits import MAX_ARRIVALS, MAX_DURATION_S, MAX_RATE, MAX_SLO_S, MAX_USERS
+from lbtune.scenario.runplan import MAX_UNTIL_SAMPLES, RunPlan, write_run_plan
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,10 @@ class GeneratorDegraded(TargetError):
     exit_code = 1
 
 
+MAX_LOCAL_WORKERS = 256
+"""Most generator processes ``--workers`` may start on this machine."""
+
+
 def check_bounds(opts: StressOptions) -> None:
     """The command-line load values lbtune can run (the bounds of the scenario model:
     :mod:`lbtune.scenario.models`); one line each, before anything starts."""
@@ -136,18 +140,27 @@ def check_bounds(opts: StressOptions) -> None:
             f"--rate {opts.rate:g} for {span:g} s: about {opts.rate * span:.3g} requests, more "
             f"than the {MAX_ARRIVALS} an open-loop plan may hold"
         )
-    if opts.workers < 0:
-        raise ConfigError(f"--workers: must be >= 0 (0: one local process), got {opts.workers}")
-    if opts.expect_workers is not None and opts.expect_workers < 1:
-        raise ConfigError(f"--expect-workers: must be >= 1, got {opts.expect_workers}")
+    if opts.seed is not None and not 0 <= opts.seed < 2**63:
+        raise ConfigError(f"--seed: must be 0..{2**63 - 1}, got {opts.seed}")
+    if opts.until_samples is not None and not 1 <= opts.until_samples <= MAX_UNTIL_SAMPLES:
+        raise ConfigError(
+            f"--until-samples: must be 1..{MAX_UNTIL_SAMPLES}, got {opts.until_samples}"
+        )
+    if not 0 < opts.request_timeout_s <= MAX_SLO_S:
+        raise ConfigError(f"request timeout: must be > 0 and at most {MAX_SLO_S:g} s")
+    if not 0 <= opts.workers <= MAX_LOCAL_WORKERS:
+        raise ConfigError(
+            f"--workers: must be 0..{MAX_LOCAL_WORKERS} (0: one local process), got {opts.workers}"
+        )
+    if opts.expect_workers is not None and not 1 <= opts.expect_workers <= 10_000:
+        raise ConfigError(f"--expect-workers: must be 1..10000, got {opts.expect_workers}")
     if not 0 <= opts.master_port <= 65535:
         raise ConfigError(f"--master-port: must be 1..65535, got {opts.master_port}")
 
 
 def default_out_dir(root: Path, scenario: str, now: float | None = None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", scenario).strip("-") or "scenario"
-    return root / f"{stamp}-{safe}"
+    return inside(root, f"{stamp}-{name_part(scenario, 'scenario')}", "scenario name")
 
 
 def run_stress(

@@ -27,14 +27,16 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from lbtune.scenario.limits import MAX_SIGMA, MAX_STD, MAX_TOKENS
+
 _STD_NORMAL = NormalDist()
 
 
 class _Dist(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    min: int | None = Field(default=None, ge=0, description="Lower clip (tokens).")
-    max: int | None = Field(default=None, ge=1, description="Upper clip (tokens).")
+    min: int | None = Field(default=None, ge=0, le=MAX_TOKENS, description="Lower clip (tokens).")
+    max: int | None = Field(default=None, ge=1, le=MAX_TOKENS, description="Upper clip (tokens).")
 
     @model_validator(mode="after")
     def _check_clip(self) -> Self:
@@ -64,7 +66,7 @@ class _Dist(BaseModel):
 
 class Fixed(_Dist):
     type: Literal["fixed"]
-    value: int = Field(ge=1, description="Every request has this many tokens.")
+    value: int = Field(ge=1, le=MAX_TOKENS, description="Every request has this many tokens.")
 
     def _raw(self, p: float) -> float:
         return float(self.value)
@@ -87,8 +89,8 @@ class Uniform(_Dist):
 
 class Normal(_Dist):
     type: Literal["normal"]
-    mean: float = Field(gt=0)
-    std: float = Field(ge=0)
+    mean: float = Field(gt=0, le=MAX_TOKENS)
+    std: float = Field(ge=0, le=MAX_STD)
 
     def _raw(self, p: float) -> float:
         if self.std == 0:
@@ -102,10 +104,16 @@ class Normal(_Dist):
 
 class LogNormal(_Dist):
     type: Literal["lognormal"]
-    median: float | None = Field(default=None, gt=0, description="exp(mu).")
-    sigma: float | None = Field(default=None, ge=0, description="Std-dev of ln(length).")
-    mean: float | None = Field(default=None, gt=0, description="Mean length (with std).")
-    std: float | None = Field(default=None, ge=0, description="Std-dev of length (with mean).")
+    median: float | None = Field(default=None, ge=1e-3, le=MAX_TOKENS, description="exp(mu).")
+    sigma: float | None = Field(
+        default=None, ge=0, le=MAX_SIGMA, description="Std-dev of ln(length)."
+    )
+    mean: float | None = Field(
+        default=None, ge=1e-3, le=MAX_TOKENS, description="Mean length (with std)."
+    )
+    std: float | None = Field(
+        default=None, ge=0, le=MAX_STD, description="Std-dev of length (with mean)."
+    )
 
     @model_validator(mode="after")
     def _check_params(self) -> Self:
@@ -134,7 +142,9 @@ class LogNormal(_Dist):
 
 class Empirical(_Dist):
     type: Literal["empirical"]
-    percentiles: dict[float, int] = Field(
+    percentiles: dict[
+        Annotated[float, Field(ge=0, le=100)], Annotated[int, Field(ge=0, le=MAX_TOKENS)]
+    ] = Field(
         min_length=1,
         description="{percentile (0-100): tokens}, increasing in both; linear in between.",
     )

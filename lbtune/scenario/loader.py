@@ -40,7 +40,7 @@ def _resolve(name_or_path: str | Path) -> Path:
         or path.exists()
     )
     if looks_like_path:
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"{text}: no such scenario file")
         return path
     builtin = BUILTIN_DIR / f"{text}.yaml"

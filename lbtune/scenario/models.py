@@ -15,28 +15,44 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from lbtune.scenario.distributions import Distribution
+from lbtune.scenario.distributions import Distribution, _Dist
+from lbtune.scenario.limits import (
+    BYTES_PER_TOKEN,
+    MAX_ARRIVALS,
+    MAX_CACHED_BYTES,
+    MAX_DURATION_S,
+    MAX_FIT_REQUESTS,
+    MAX_FIT_VALUE,
+    MAX_PRIORITY,
+    MAX_PROMPT_TOKENS,
+    MAX_RATE,
+    MAX_SLO_S,
+    MAX_TOKENS,
+    MAX_USERS,
+    MAX_WEIGHT,
+    SESSION_CACHE,
+    SYSTEM_PROMPT_CACHE,
+)
 from lbtune.scenario.shapes import LoadShape
 from lbtune.scenario.traces.spec import TraceSource
 
 DEFAULT_TRACE_MODEL = "llama-3.1-8b-instruct"
 """A trace scenario without ``models`` sends to the embedded cluster's model."""
 
-MAX_DURATION_S = 7 * 24 * 3600.0
-"""Longest run a scenario (or ``--duration``) may ask for: a week."""
-MAX_USERS = 50_000
-"""Most closed-loop users (one generator process holds some thousands)."""
-MAX_RATE = 10_000.0
-"""Highest open-loop arrival rate, req/s."""
-MAX_ARRIVALS = 4_000_000
-"""Most requests an open-loop plan may schedule (each generator process holds the plan:
-about 100 MB per million arrivals): e.g. 1000 req/s for an hour."""
-MAX_PROMPT_TOKENS = 1_048_576
-"""Longest prompt a scenario may draw (its distribution's 1 - 1e-9 quantile): longer
-prompts than any model's context would only exhaust the generator's memory."""
-
 ApiName = Literal["chat", "completions"]
 _DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable_name(value: Any) -> Any:
+    """A name shown on a terminal: no control character (an ANSI escape, a newline)."""
+    if isinstance(value, str) and _CONTROL.search(value):
+        raise ValueError(f"{value!r} holds a control character; use plain text")
+    return value
+
+
+Name = Annotated[str, BeforeValidator(_printable_name)]
+"""A user's name for something lbtune prints (a scenario, a class, a model)."""
 
 
 def _seconds(value: Any) -> Any:
@@ -50,7 +66,7 @@ def _seconds(value: Any) -> Any:
     return value
 
 
-Seconds = Annotated[float, BeforeValidator(_seconds), Field(gt=0)]
+Seconds = Annotated[float, BeforeValidator(_seconds), Field(gt=0, le=MAX_SLO_S)]
 
 
 class _Strict(BaseModel):
@@ -70,7 +86,7 @@ class PrefixGroups(_Strict):
     """``groups`` system prompts of ``tokens`` tokens, shared by ``fraction`` of requests."""
 
     groups: int = Field(ge=1, le=100_000)
-    tokens: int = Field(ge=1, description="Length of each shared system prompt.")
+    tokens: int = Field(ge=1, le=MAX_TOKENS, description="Length of each shared system prompt.")
     fraction: float = Field(gt=0, le=1, description="Share of requests that carry one.")
 
 
@@ -81,17 +97,18 @@ class Sessions(_Strict):
     turns: int = Field(ge=2, le=256)
 
 
-_Weight = Annotated[float, Field(gt=0)]
-Weights = Annotated[dict[str, _Weight], Field(min_length=1)]
+_Weight = Annotated[float, Field(gt=0, le=MAX_WEIGHT)]
+Weights = Annotated[dict[Name, _Weight], Field(min_length=1)]
 ApiMix = ApiName | Annotated[dict[ApiName, _Weight], Field(min_length=1)]
-PriorityMix = Annotated[dict[int, _Weight], Field(min_length=1)]
+Priority = Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)]
+PriorityMix = Annotated[dict[Priority, _Weight], Field(min_length=1)]
 
 
 class TrafficClass(_Strict):
     """One kind of traffic in a mix; unset fields are inherited from the scenario."""
 
-    name: str = Field(min_length=1)
-    weight: float = Field(gt=0, description="Relative share of requests.")
+    name: Name = Field(min_length=1)
+    weight: float = Field(gt=0, le=MAX_WEIGHT, description="Relative share of requests.")
     api: ApiMix | None = None
     models: Weights | None = None
     prompt_tokens: Distribution | None = None
@@ -111,8 +128,8 @@ class FitRecord(_Strict):
 
     trace: str
     format: str
-    requests: int = Field(ge=1)
-    percentiles: dict[str, dict[str, float]] = Field(
+    requests: int = Field(ge=1, le=MAX_FIT_REQUESTS)
+    percentiles: dict[str, dict[str, Annotated[float, Field(ge=0, le=MAX_FIT_VALUE)]]] = Field(
         default_factory=dict, description="figure -> {pNN: value} measured on the trace."
     )
     fit: dict[str, str] = Field(default_factory=dict, description="figure -> how it was fitted.")
@@ -121,7 +138,7 @@ class FitRecord(_Strict):
 class Scenario(_Strict):
     """A named, seeded traffic pattern and load shape."""
 
-    name: str = Field(default="", description="Defaults to the file name.")
+    name: Name = Field(default="", description="Defaults to the file name.")
     description: str = ""
     seed: int = Field(default=0, ge=0, lt=2**63)
     duration_s: float = Field(
@@ -130,8 +147,12 @@ class Scenario(_Strict):
         le=MAX_DURATION_S,
         description="Default test length (steps: their total); at most a week.",
     )
-    warmup_s: float = Field(default=0.0, ge=0, description="Excluded from the figures.")
-    cooldown_s: float = Field(default=0.0, ge=0, description="Excluded from the figures.")
+    warmup_s: float = Field(
+        default=0.0, ge=0, le=MAX_DURATION_S, description="Excluded from the figures."
+    )
+    cooldown_s: float = Field(
+        default=0.0, ge=0, le=MAX_DURATION_S, description="Excluded from the figures."
+    )
     slo: Slo = Field(default_factory=Slo)
     load: LoadShape
 
@@ -219,8 +240,8 @@ class Scenario(_Strict):
         return self
 
     def _bounded(self) -> None:
-        """Load and prompt lengths lbtune can generate (:data:`MAX_USERS`, :data:`MAX_RATE`,
-        :data:`MAX_PROMPT_TOKENS`)."""
+        """Load, prompt lengths and cache memory lbtune can generate (the bounds of
+        :mod:`lbtune.scenario.limits`)."""
         peak = max(
             (max(g.level0, g.level1) for g in self.load.segments(self.duration_s)), default=0.0
         )
@@ -237,18 +258,31 @@ class Scenario(_Strict):
                     f"load: about {planned:.3g} requests in {self.duration_s:g} s, more than "
                     f"the {MAX_ARRIVALS} an open-loop plan may hold; lower the rate or duration_s"
                 )
-        dists = [("prompt_tokens", self.prompt_tokens)] + [
-            (f"classes.{c.name}.prompt_tokens", c.prompt_tokens)
-            for c in self.classes or []
-            if c.prompt_tokens is not None
-        ]
-        for where, d in dists:
-            top = d.quantile(1 - 1e-9)
-            if top > MAX_PROMPT_TOKENS:
-                raise ValueError(
-                    f"{where}: reaches {top:.3g} tokens, more than the {MAX_PROMPT_TOKENS} "
-                    "lbtune sends; lower it or set max:"
-                )
+        cached = sum(_traffic_bounds(where, *mix) for where, mix in self._mixes())
+        if cached * BYTES_PER_TOKEN > MAX_CACHED_BYTES:
+            raise ValueError(
+                f"prefix/sessions: the generator would keep about {cached * BYTES_PER_TOKEN:.3g}"
+                f" bytes of prompt text cached, more than the {MAX_CACHED_BYTES} it may hold; "
+                "use fewer or shorter shared prefixes or sessions"
+            )
+
+    def _mixes(self) -> list[tuple[str, _Mix]]:
+        """Each traffic class's lengths, prefix and sessions, inherited fields filled in."""
+        own: _Mix = (self.prompt_tokens, self.output_tokens, self.prefix, self.sessions)
+        if not self.classes:
+            return [("", own)]
+        out: list[tuple[str, _Mix]] = []
+        for c in self.classes:
+            prefix = self.prefix if c.prefix is None else (c.prefix or None)
+            sessions = self.sessions if c.sessions is None else (c.sessions or None)
+            mix = (
+                c.prompt_tokens or self.prompt_tokens,
+                c.output_tokens or self.output_tokens,
+                prefix,
+                sessions,
+            )
+            out.append((f"classes.{c.name}.", mix))
+        return out
 
     @property
     def mode(self) -> Literal["closed", "open"]:
@@ -261,3 +295,40 @@ class Scenario(_Strict):
         for c in self.classes or []:
             seen.update(dict.fromkeys(c.models or {}))
         return list(seen)
+
+
+_Mix = tuple[_Dist, _Dist, PrefixGroups | None, Sessions | None]
+
+
+def _traffic_bounds(
+    where: str, prompt: _Dist, output: _Dist, prefix: PrefixGroups | None, sess: Sessions | None
+) -> float:
+    """Check one traffic mix's longest request against :data:`MAX_PROMPT_TOKENS` (its
+    shared prefix, the longest session history, the new message) and its answers against
+    :data:`MAX_TOKENS`; the tokens of text its caches hold (shared prefixes, sessions)."""
+    top_in, top_out = prompt.quantile(1 - 1e-9), output.quantile(1 - 1e-9)
+    for field, top in (("prompt_tokens", top_in), ("output_tokens", top_out)):
+        if top > MAX_TOKENS:
+            raise ValueError(
+                f"{where}{field}: reaches {top:.3g} tokens, more than the {MAX_TOKENS} lbtune "
+                "sends; lower it or set max:"
+            )
+    turns = sess.turns if sess is not None else 1
+    longest = (prefix.tokens if prefix else 0) + turns * top_in + (turns - 1) * top_out
+    if longest > MAX_PROMPT_TOKENS:
+        parts = f"a shared prefix of {prefix.tokens}, " if prefix else ""
+        if turns > 1:
+            parts += f"{turns - 1} earlier turns with their answers, "
+        raise ValueError(
+            f"{where}prompt_tokens: a request may carry {longest:.3g} prompt tokens "
+            f"({parts}the new message), more than the {MAX_PROMPT_TOKENS} lbtune sends"
+        )
+    cached = min(prefix.groups, SYSTEM_PROMPT_CACHE) * prefix.tokens if prefix else 0.0
+    if sess is not None:
+        cached += SESSION_CACHE * sess.turns * (_mean(prompt) + _mean(output))
+    return cached
+
+
+def _mean(d: _Dist, n: int = 64) -> float:
+    """A distribution's mean length (midpoint rule on its quantile function)."""
+    return sum(d.quantile((k + 0.5) / n) for k in range(n)) / n

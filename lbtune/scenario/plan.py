@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lbtune.errors import ConfigError
+from lbtune.scenario.limits import MAX_ARRIVALS, MAX_DURATION_S, MAX_RATE, MAX_USERS
 from lbtune.scenario.models import Scenario
 from lbtune.scenario.shapes import Arrival, RampShape, RateShape, Segment, SpikeShape, StepsShape
 from lbtune.scenario.traces.replay import replay_of
@@ -162,6 +163,7 @@ def plan_load(
         rate_ = level if mode == "open" else None
         stages = (*stages, Stage(duration, float(hold_until_s), users_, rate_, "hold"))
         duration = float(hold_until_s)
+    _check_levels(stages, mode)
     if mode == "closed":
         return LoadPlan("closed", duration, stages, warmup, cooldown)
     arrival: Arrival = "poisson"
@@ -205,6 +207,13 @@ def _trace_plan(
         raise ConfigError("--until-samples does not apply to a trace replay (use a longer window)")
     replay = replay_of(scenario, seed)
     duration = default_duration(scenario) if duration_s is None else float(duration_s)
+    if not duration <= MAX_DURATION_S:
+        raise ConfigError(
+            f"{src.trace}: the replay would last {duration:.3g} s (its requests span "
+            f"{replay.span_s * src.speedup:.3g} s of trace time at speedup {src.speedup:g}), "
+            f"more than the {MAX_DURATION_S:g} s a run may last; set duration_s (--duration), "
+            "start and limit, or a higher speedup"
+        )
     warmup, cooldown = scenario.warmup_s, scenario.cooldown_s
     if warmup + cooldown >= duration:
         raise ConfigError(
@@ -212,9 +221,29 @@ def _trace_plan(
             f"({warmup:g}) and cooldown_s ({cooldown:g})"
         )
     times = tuple(t for t in replay.offsets or () if t < duration)
+    if len(times) > MAX_ARRIVALS:
+        raise ConfigError(
+            f"{src.trace}: {len(times)} requests to replay, more than the {MAX_ARRIVALS} a "
+            "plan may hold; set limit or rate_scale"
+        )
     label = f"trace {src.format} x{src.speedup:g}"
     stage = Stage(0.0, duration, None, len(times) / duration, label)
     return LoadPlan("open", duration, (stage,), warmup, cooldown, times, None, None)
+
+
+def _check_levels(stages: tuple[Stage, ...], mode: str) -> None:
+    """The load scaled by ``--users``/``--rate`` stays within what lbtune runs."""
+    peak = max((max(s.level_at(s.start_s), s.level_at(s.end_s)) for s in stages), default=0.0)
+    if mode == "closed" and peak > MAX_USERS:
+        raise ConfigError(
+            f"load: the shape scaled to {peak:g} users at its peak, more than the {MAX_USERS} "
+            "lbtune runs; lower --users"
+        )
+    if mode == "open" and peak > MAX_RATE:
+        raise ConfigError(
+            f"load: the shape scaled to {peak:g} req/s at its peak, more than the {MAX_RATE:g} "
+            "lbtune sends; lower --rate"
+        )
 
 
 def _stage(seg: Segment, stretch: float, scale: float, mode: str) -> Stage:
@@ -243,6 +272,11 @@ def _arrivals(
     total = bounds[-1]
     if total <= 0:
         return ()
+    if total > MAX_ARRIVALS:
+        raise ConfigError(
+            f"load: about {total:.3g} requests in {duration:g} s, more than the {MAX_ARRIVALS} "
+            "an open-loop plan may hold; lower the rate or the duration"
+        )
     import numpy as np  # lazily: importing lbtune.scenario stays light for the load generator
 
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, _ARRIVAL_TAG])))

@@ -25,6 +25,7 @@ from typing import Any
 
 from lbtune import tokens
 from lbtune.errors import ConfigError
+from lbtune.safety.files import MAX_TOKENIZER_BYTES, read_text
 from lbtune.scenario import draws
 
 _WORD_TEXT = """
@@ -176,9 +177,10 @@ def _load_hf(path: str) -> Any:
             "(pip install tokenizers, or the lbtune[tokenizer] extra); without --tokenizer "
             "lbtune's approximate tokenizer is used"
         ) from None
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise ConfigError(f"--tokenizer {path}: no such file (expected a tokenizer.json)")
+    text = read_text(path, f"--tokenizer {path}", max_bytes=MAX_TOKENIZER_BYTES)
     try:
-        return Tokenizer.from_file(path)
+        return Tokenizer.from_str(text)
     except Exception as exc:  # the Rust side raises plain Exception subclasses
         raise ConfigError(f"--tokenizer {path}: not a tokenizer.json ({exc})") from None

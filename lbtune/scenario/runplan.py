@@ -18,13 +18,23 @@ scenario document, the overrides and the seed (:meth:`RunPlan.load_plan`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from lbtune import __version__
 from lbtune.errors import ConfigError, validation_error
 from lbtune.records.slo import Slo
+from lbtune.safety.files import MAX_REPORT_BYTES, read_bytes
+from lbtune.scenario.limits import (
+    MAX_ARRIVALS,
+    MAX_CV,
+    MAX_DURATION_S,
+    MAX_RATE,
+    MAX_SLO_S,
+    MAX_TRACE_TIME_S,
+    MAX_USERS,
+)
 from lbtune.scenario.models import Scenario
 from lbtune.scenario.plan import LoadPlan, Stage, plan_load
 
@@ -40,39 +50,59 @@ __all__ = [
 ]
 
 RUN_PLAN_FILE = "run.json"
+MAX_UNTIL_SAMPLES = 10**9
+"""Most requests ``--until-samples`` may wait for."""
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_Offset = Annotated[float, Field(ge=0, le=MAX_DURATION_S)]
+"""Seconds from a run's start."""
+_Clock = Annotated[float, Field(ge=0, le=MAX_TRACE_TIME_S)]
+"""A wall-clock time, seconds since the epoch."""
+_Users = Annotated[int, Field(ge=0, le=MAX_USERS)]
+_Rate = Annotated[float, Field(ge=0, le=MAX_RATE)]
+_Slo = Annotated[float, Field(gt=0, le=MAX_SLO_S)]
+
+
 class StageSpec(_Frozen):
     """One phase of the load, ``[start_s, end_s)`` (see :class:`lbtune.scenario.plan.Stage`)."""
 
-    start_s: float
-    end_s: float
-    users: int | None = None
-    rate: float | None = None
+    start_s: _Offset
+    end_s: _Offset
+    users: _Users | None = None
+    rate: _Rate | None = None
     label: str = ""
-    ramp_from: float | None = None
+    ramp_from: Annotated[float, Field(ge=0, le=MAX_USERS)] | None = None
 
 
 class LoadSpec(_Frozen):
     """The load plan: what the generator offers, over how long."""
 
     mode: Literal["closed", "open"]
-    duration_s: float = Field(gt=0, description="Planned length (with a hold: its bound).")
-    shape_duration_s: float = Field(gt=0, description="The scenario shape's length.")
-    users: int | None = Field(default=None, description="--users override.")
-    rate: float | None = Field(default=None, description="--rate override.")
+    duration_s: float = Field(
+        gt=0, le=MAX_DURATION_S, description="Planned length (with a hold: its bound)."
+    )
+    shape_duration_s: float = Field(
+        gt=0, le=MAX_DURATION_S, description="The scenario shape's length."
+    )
+    users: _Users | None = Field(default=None, description="--users override.")
+    rate: _Rate | None = Field(default=None, description="--rate override.")
     stages: tuple[StageSpec, ...]
-    warmup_s: float = Field(ge=0)
-    cooldown_s: float = Field(ge=0)
+    warmup_s: _Offset
+    cooldown_s: _Offset
     arrival: Literal["poisson", "constant", "gamma"] | None = None
-    cv: float | None = None
-    arrivals: int = Field(default=0, ge=0, description="Open loop: requests planned.")
+    cv: Annotated[float, Field(gt=0, le=MAX_CV)] | None = None
+    arrivals: int = Field(
+        default=0, ge=0, le=MAX_ARRIVALS, description="Open loop: requests planned."
+    )
     until_samples: int | None = Field(
-        default=None, description="Run on until the window holds this many completed requests."
+        default=None,
+        ge=1,
+        le=MAX_UNTIL_SAMPLES,
+        description="Run on until the window holds this many completed requests.",
     )
 
 
@@ -85,9 +115,9 @@ class TargetSpec(_Frozen):
 
 
 class SloSpec(_Frozen):
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    max_error_rate: float = 0.01
+    ttft_s: _Slo | None = None
+    e2e_s: _Slo | None = None
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
 
 
 class MeasuredWindow(NamedTuple):
@@ -107,16 +137,16 @@ class RunPlan(_Frozen):
     scenario_ref: str = Field(description="The scenario as given: a built-in name or a path.")
     scenario_name: str
     scenario: Scenario = Field(description="The scenario document as run.")
-    seed: int
+    seed: int = Field(ge=0, lt=2**63)
     tokenizer: str | None = None
     load: LoadSpec
-    window_start_s: float = Field(ge=0, description="Measurement window, offset from start.")
-    window_end_s: float = Field(gt=0)
+    window_start_s: _Offset = Field(description="Measurement window, offset from start.")
+    window_end_s: float = Field(gt=0, le=MAX_DURATION_S)
     slo: SloSpec = Field(default_factory=SloSpec)
     target: TargetSpec = Field(default_factory=TargetSpec)
-    started_at: float | None = Field(default=None, description="Wall clock of the run's start.")
-    window_start: float | None = Field(default=None, description="Absolute, once it ran.")
-    window_end: float | None = Field(default=None, description="Absolute, once it ran.")
+    started_at: _Clock | None = Field(default=None, description="Wall clock of the run's start.")
+    window_start: _Clock | None = Field(default=None, description="Absolute, once it ran.")
+    window_end: _Clock | None = Field(default=None, description="Absolute, once it ran.")
 
     def load_plan(self) -> LoadPlan:
         """The concrete load plan (with open-loop send times), from the recorded document."""
@@ -204,14 +234,12 @@ def read_run_plan(run_dir: str | Path) -> RunPlan:
     """The plan recorded in ``run_dir`` (or a ``run.json`` path); a ConfigError if none."""
     p = Path(run_dir)
     path = p if p.suffix == ".json" else p / RUN_PLAN_FILE
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(
             f"{path.parent}: no {RUN_PLAN_FILE} (a run directory written before lbtune recorded "
             "its run plan); its measurement window is unknown: re-run the measurement"
         )
     try:
-        return _ADAPTER.validate_json(path.read_bytes())
+        return _ADAPTER.validate_json(read_bytes(path, max_bytes=MAX_REPORT_BYTES))
     except ValidationError as exc:
         raise validation_error(exc, f"{path}: not a valid run plan", RunPlan) from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read ({exc})") from None

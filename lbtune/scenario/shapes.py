@@ -14,8 +14,13 @@ from dataclasses import dataclass
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
+
+from lbtune.scenario.limits import MAX_CV, MAX_DURATION_S, MAX_RATE, MAX_USERS
 
 Mode = Literal["closed", "open"]
+_USERS: JsonDict = {"unit": "users"}
+_RATE: JsonDict = {"unit": "req/s"}
 Arrival = Literal["poisson", "constant", "gamma"]
 
 
@@ -52,7 +57,10 @@ class _OpenLoop(_Shape):
         default=None, description="Open loop: inter-arrival law (default poisson)."
     )
     cv: float | None = Field(
-        default=None, gt=0, description="Gamma arrivals: coefficient of variation (>1 = bursty)."
+        default=None,
+        gt=0,
+        le=MAX_CV,
+        description="Gamma arrivals: coefficient of variation (>1 = bursty).",
     )
 
     @model_validator(mode="after")
@@ -72,7 +80,7 @@ class ConstantShape(_Shape):
     """Closed loop: a fixed number of users, each sending its next request on completion."""
 
     type: Literal["constant"]
-    users: int = Field(ge=1)
+    users: int = Field(ge=1, le=MAX_USERS, json_schema_extra={"unit": "users"})
 
     def mode(self) -> Mode:
         return "closed"
@@ -88,7 +96,9 @@ class RateShape(_OpenLoop):
     """Open loop: requests arrive at ``rate`` per second whatever the latency."""
 
     type: Literal["rate"]
-    rate: float = Field(gt=0, description="Requests per second.")
+    rate: float = Field(
+        gt=0, le=MAX_RATE, description="Requests per second.", json_schema_extra={"unit": "req/s"}
+    )
 
     def mode(self) -> Mode:
         return "open"
@@ -104,9 +114,9 @@ class RampShape(_OpenLoop):
     """Linear ramp from ``from`` to ``to`` over ``over`` seconds, then hold."""
 
     type: Literal["ramp"]
-    from_: float = Field(default=0.0, ge=0, alias="from")
-    to: float = Field(gt=0)
-    over: float = Field(gt=0, description="Seconds the ramp lasts.")
+    from_: float = Field(default=0.0, ge=0, le=MAX_USERS, alias="from")
+    to: float = Field(gt=0, le=MAX_USERS)
+    over: float = Field(gt=0, le=MAX_DURATION_S, description="Seconds the ramp lasts.")
     mode_: Mode = Field(default="closed", alias="mode")
 
     def mode(self) -> Mode:
@@ -130,9 +140,9 @@ class Step(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    users: int | None = Field(default=None, ge=1)
-    rate: float | None = Field(default=None, gt=0)
-    duration: float = Field(gt=0)
+    users: int | None = Field(default=None, ge=1, le=MAX_USERS, json_schema_extra=_USERS)
+    rate: float | None = Field(default=None, gt=0, le=MAX_RATE, json_schema_extra=_RATE)
+    duration: float = Field(gt=0, le=MAX_DURATION_S)
     label: str | None = None
 
     @model_validator(mode="after")
@@ -184,10 +194,12 @@ class SpikeShape(_OpenLoop):
     """``base`` load, ``peak`` from ``at`` for ``for`` seconds, then ``base`` again."""
 
     type: Literal["spike"]
-    base: float = Field(gt=0)
-    peak: float = Field(gt=0)
-    at: float = Field(ge=0, description="Spike start (seconds from test start).")
-    for_: float = Field(gt=0, alias="for", description="Spike length in seconds.")
+    base: float = Field(gt=0, le=MAX_USERS)
+    peak: float = Field(gt=0, le=MAX_USERS)
+    at: float = Field(ge=0, le=MAX_DURATION_S, description="Spike start (seconds from test start).")
+    for_: float = Field(
+        gt=0, le=MAX_DURATION_S, alias="for", description="Spike length in seconds."
+    )
     mode_: Mode = Field(default="closed", alias="mode")
 
     @model_validator(mode="after")

@@ -29,6 +29,7 @@ from typing import Any
 
 from lbtune.scenario import draws
 from lbtune.scenario.distributions import _Dist
+from lbtune.scenario.limits import SESSION_CACHE, SYSTEM_PROMPT_CACHE
 from lbtune.scenario.models import PrefixGroups, Scenario, Sessions, TrafficClass
 from lbtune.scenario.prompts import TextSynth
 from lbtune.scenario.request import Api, RequestSpec
@@ -144,12 +145,12 @@ class Workload:
         self._layout: Callable[[int], tuple[_Single | _Turn, ...]] = lru_cache(maxsize=256)(
             self._block_layout
         )
-        self._session: Callable[[int, int, int], _Session] = lru_cache(maxsize=4096)(
+        self._session: Callable[[int, int, int], _Session] = lru_cache(maxsize=SESSION_CACHE)(
             self._make_session
         )
-        self._system: Callable[[int, int], tuple[str, int]] = lru_cache(maxsize=1024)(
-            self._make_system
-        )
+        self._system: Callable[[int, int], tuple[str, int]] = lru_cache(
+            maxsize=SYSTEM_PROMPT_CACHE
+        )(self._make_system)
 
     # -- layout -------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from lbtune.errors import ConfigError, LbtuneError, validation_error
+from lbtune.safety.files import read_bytes
 from lbtune.sim.host import SimHost
 from lbtune.sim.spec import HostSpec
 
@@ -53,8 +54,8 @@ def parse_args(argv: list[str] | None = None) -> HostSpec:
     data: dict[str, Any] = {}
     if ns.spec is not None:
         try:
-            data = json.loads(ns.spec.read_text())
-        except (OSError, ValueError) as exc:
+            data = json.loads(read_bytes(ns.spec))
+        except (ValueError, RecursionError) as exc:
             raise ConfigError(f"{ns.spec}: cannot read a JSON HostSpec: {exc}") from None
     if ns.replica:
         data["replicas"] = [*data.get("replicas", []), *map(_replica_flag, ns.replica)]

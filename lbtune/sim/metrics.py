@@ -391,8 +391,11 @@ class GroundTruthLog:
         self._file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
         self._task: asyncio.Task[None] | None = None
 
-    def record(self, rec: dict[str, Any]) -> None:
-        """Keep ``rec`` (which must hold ``request_id``) and queue it for the file."""
+    def record(self, rec: dict[str, Any], scrub: Callable[[str], str] | None = None) -> None:
+        """Keep ``rec`` (which must hold ``request_id``) and queue it for the file; ``scrub``
+        masks its request's secrets in every text field first."""
+        if scrub is not None:
+            rec = {k: scrub(v) if isinstance(v, str) else v for k, v in rec.items()}
         rid = str(rec["request_id"])
         self._recent[rid] = rec
         self._recent.move_to_end(rid)

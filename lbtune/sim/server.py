@@ -53,6 +53,7 @@ from typing import Any
 from aiohttp import web
 
 from lbtune import tokens
+from lbtune.safety.secrets import Scrubber
 from lbtune.sim.engine import (
     Engine,
     EngineConfig,
@@ -262,6 +263,8 @@ class Replica:
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
         headers = {"x-request-id": rid, "x-sim-replica": self.name}
         gt = new_record(rid, self.name, api, t_arrival)
+        # What this request's client sent as its key is scrubbed from what is logged of it.
+        scrub = Scrubber(_bearer(request.headers.get("Authorization", "")))
         if request.transport is not None:
             self._transports.add(request.transport)
         try:
@@ -281,7 +284,7 @@ class Replica:
             await resp.write_eof()
             gt.update(status=err.status, error=err.message, t_headers=time.time())
             gt["t_last"] = gt["t_headers"]
-            self.ground_truth.record(gt)
+            self.ground_truth.record(gt, scrub)
             return resp
         try:
             if p.stream:
@@ -302,7 +305,7 @@ class Replica:
                 mm.success[reason] += 1
                 mm.e2e.observe(time.monotonic() - arrival)
             gt.update(output_tokens=st.ready, finish_reason=reason)
-            self.ground_truth.record(gt)
+            self.ground_truth.record(gt, scrub)
 
     def _context_length(self, model: str) -> int:
         return self.model_profiles[model].context_length
@@ -402,3 +405,9 @@ class Replica:
 
     async def _admin_state(self, request: web.Request) -> web.Response:
         return web.json_response(self.admin_state())
+
+
+def _bearer(header: str) -> list[str]:
+    """The token of an ``Authorization: Bearer TOKEN`` header (none: an empty list)."""
+    scheme, _, token = header.strip().partition(" ")
+    return [token.strip()] if scheme.lower() == "bearer" and token.strip() else []

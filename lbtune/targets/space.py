@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -41,7 +41,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ParamSpec", "ParameterSpace", "ReferenceRole", "SpaceFile", "load_params_file"]
 
-Scalar = int | float | str | bool
+MAX_MAGNITUDE = 1e12
+"""Largest magnitude of a number in a space file (a range, a step, a baseline, a choice)."""
+_Int = Annotated[int, Field(ge=-(10**12), le=10**12)]
+_Num = Annotated[float, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
+Scalar = _Int | _Num | str | bool
 ReferenceRole = Literal["round-robin", "least-conn"]
 
 
@@ -51,9 +55,9 @@ class ParamSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: Literal["int", "float", "categorical", "bool"]
-    low: float | None = None
-    high: float | None = None
-    step: float | None = None
+    low: _Num | None = None
+    high: _Num | None = None
+    step: Annotated[float, Field(gt=0, le=MAX_MAGNITUDE)] | None = None
     log: bool = False
     choices: list[Scalar] | None = None
     baseline: Scalar
@@ -295,11 +299,22 @@ def _suggest_one(trial: optuna.trial.Trial, name: str, spec: ParamSpec) -> Param
     return value
 
 
+_PARAMS_FILE_KEYS = frozenset({"params", "target", "source", "description", "without_effect"})
+"""Top-level keys of a parameter file with a ``params:`` block: the block and metadata."""
+
+
 def load_params_file(path: str | Path) -> dict[str, Any]:
     """A parameter file (``knob: value`` YAML, optionally under ``params:``), unvalidated."""
     where = str(path)
     data = load_yaml_file(path, where)
     if isinstance(data, dict) and isinstance(data.get("params"), dict):
+        beside = sorted(str(k) for k in data if k not in _PARAMS_FILE_KEYS)
+        if beside:
+            meta = ", ".join(sorted(_PARAMS_FILE_KEYS - {"params"}))
+            raise ConfigError(
+                f"{where}: {beside[0]!r} beside the params: block would be ignored; put knobs "
+                f"under params: (beside it only {meta})"
+            )
         data = data["params"]
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise ConfigError(f"{where}: expected a mapping of knob: value (e.g. weight.h100-0: 50)")

@@ -11,7 +11,7 @@ known good exists, open or resume the Optuna study (references enqueued first), 
 the ask/tell loop (:mod:`lbtune.search.study`), re-run the best candidates against the
 baseline (:mod:`lbtune.search.confirm`), roll a confirmed winner out through the
 target's Ansible path and verify it (rolling back when it is worse beyond the noise),
-otherwise put the last known good back, and write the report. ``stop`` (Ctrl-C)
+otherwise put the last known good back, and write the report. ``stop`` (Ctrl-C, SIGTERM)
 ends the running trial, restores the last known good and writes the report.
 """
 
@@ -31,6 +31,7 @@ from lbtune.history import add_entry, db_path
 from lbtune.history.index import study_entry
 from lbtune.objective import ObjectiveSpec, pareto_front, pareto_values, pick
 from lbtune.report.study import write_study_report
+from lbtune.safety.files import inside, name_part
 from lbtune.search.confirm import Arm, BaselineUnmeasurable, confirm
 from lbtune.search.harness import Harness, rollout
 from lbtune.search.pruning import make_pruner
@@ -88,7 +89,9 @@ def run_optimize(
     assert trial_opts.plan is not None
     spec = objective_spec(opts.objective, trial_opts.plan.slo_value(), opts.weights)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out_dir = opts.out_dir or opts.reports_root / f"{stamp}-optimize-{opts.study}"
+    out_dir = opts.out_dir or inside(
+        opts.reports_root, f"{stamp}-optimize-{name_part(opts.study, 'study')}", "--study"
+    )
     h = harness or real_harness(opts, trial_opts, out_dir / "runs", stop, say)
     release_lease = h.lease()  # if this process dies, a guard restores the last known good
     show = _Progress(StudyProgress(study=opts.study, budget=opts.budget), on_progress, say)
@@ -111,7 +114,7 @@ def run_optimize(
     release_lease()
     if stop.is_set():
         after.notes.append(
-            "interrupted (Ctrl-C): the running trial was stopped; --resume continues"
+            "interrupted (Ctrl-C or SIGTERM): the running trial was stopped; --resume continues"
         )
     result = run.result(study, trials, after, stop.is_set())
     if opts.write_report:

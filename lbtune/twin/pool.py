@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 
 from lbtune.errors import ConfigError
+from lbtune.safety.lifeline import hold
 from lbtune.scenario.runplan import RunPlan
 from lbtune.twin.options import TwinOptions
 from lbtune.twin.replica import TwinReplica
@@ -87,7 +88,9 @@ class TwinPool:
     def __enter__(self) -> TwinPool:
         if self.workers > 1:
             ctx = multiprocessing.get_context("spawn")  # the caller may run threads
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx)
+            self._pool = ProcessPoolExecutor(  # workers die with this process, kill -9 too
+                self.workers, mp_context=ctx, initializer=hold, initargs=(os.getpid(),)
+            )
         return self
 
     def __exit__(

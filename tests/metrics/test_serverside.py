@@ -10,7 +10,7 @@ from lbtune.errors import ConfigError, TargetError
 from lbtune.metrics import promql
 from lbtune.metrics.prom import PrometheusUnreachable, Sample
 from lbtune.metrics.promql import BalancerSeries
-from lbtune.metrics.serverside import collect
+from lbtune.metrics.serverside import NEWEST_SAMPLE, collect
 from lbtune.metrics.stats import summarize
 from lbtune.metrics.summary import BalancerSide, GeneratorHealth, RunSummary, Window
 from lbtune.metrics.summary_file import dumps, summary_from_data
@@ -45,7 +45,7 @@ class Scripted:
         self.calls.append((q, at))
         if "preemptions" in q:
             raise TargetError(f"Prometheus query failed (400): {q}")
-        return self.by_query[q]
+        return self.by_query.get(q, [])  # a query it was not scripted for: no series
 
 
 def s(value: float | None, **labels: str) -> Sample:
@@ -191,3 +191,49 @@ def test_a_version_1_summary_still_reads_without_its_haproxy_sections() -> None:
     back, now = summary_from_data(data).server, _summary().server
     assert back is not None and now is not None
     assert back.balancer is None and back.replicas == now.replicas
+
+
+class _Frozen(Scripted):
+    """Answers every query, but its newest scrape is ``age_s`` older than the window."""
+
+    def __init__(self, age_s: float) -> None:
+        super().__init__(ANSWERS)
+        self.age_s = age_s
+
+    def query(self, q: str, at: float | None = None) -> list[Sample]:
+        if q == NEWEST_SAMPLE:
+            assert at is not None
+            return [s(at - self.age_s)]
+        return super().query(q, at)
+
+
+def test_a_prometheus_whose_scrapes_stopped_marks_the_figures_incomplete() -> None:
+    """Issue 29: a frozen Prometheus answered with stale series and the report said
+    ``incomplete: false`` over zeros."""
+    side = collect(_Frozen(age_s=120.0), WINDOW, balancer=LB)
+    assert side.incomplete
+    assert any("scrapes stopped" in n for n in side.notes)
+
+
+def test_a_fresh_prometheus_is_not_flagged() -> None:
+    side = collect(_Frozen(age_s=1.0), WINDOW, balancer=LB)
+    assert not any("scrapes stopped" in n for n in side.notes)
+
+
+def test_a_frozen_socket_is_unreachable_within_the_timeout() -> None:
+    """A Prometheus that accepts the connection and never answers (SIGSTOP): every query is
+    bounded by the client's timeout, and the collection says it is incomplete."""
+    import socket
+    import time
+
+    from lbtune.metrics.prom import PromClient
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        prom = PromClient(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.5)
+        began = time.monotonic()
+        side = collect(prom, WINDOW, balancer=LB)
+        took = time.monotonic() - began
+    assert side.incomplete and side.missing
+    assert took < 10, f"a frozen Prometheus held the collection for {took:.1f} s"

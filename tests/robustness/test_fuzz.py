@@ -47,6 +47,10 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+# Issue 29's families (files, paths, secrets) hunt instead: a fresh seed on every run, so CI
+# finds new cases over time; a failure prints the blob that reproduces it
+# (@reproduce_failure). LBTUNE_FUZZ_FIXED=1 makes them repeat their examples.
+FRESH = settings(FUZZ, derandomize=bool(os.environ.get("LBTUNE_FUZZ_FIXED")), print_blob=True)
 pytestmark = pytest.mark.timeout(120)  # a hung loader fails its test instead of the suite
 
 # --- inputs ----------------------------------------------------------------------------------

@@ -12,7 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lbtune.scenario.traces.rows import Monotonic, TraceRow, as_float, as_int, bad, require_columns
+from lbtune.scenario.traces.rows import (
+    Monotonic,
+    TraceRow,
+    as_float,
+    as_int,
+    bad,
+    check_count,
+    open_text,
+    require_columns,
+)
 
 __all__ = ["CsvLine", "RowParser", "TimeParser", "read_csv"]
 
@@ -51,7 +60,7 @@ def read_csv(
 ) -> list[TraceRow]:
     """Every data line of the CSV file ``path`` (``shown`` in errors), parsed by ``parse_row``."""
     rows: list[TraceRow] = []
-    with path.open(newline="", encoding="utf-8") as f:
+    with open_text(path, shown, newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         require_columns(shown, header, columns)
@@ -67,4 +76,5 @@ def read_csv(
             t = parse_time(shown, line, time_column, cells[index[time_column]])
             order.check(line, t)
             rows.append(parse_row(CsvLine(shown, line, t, cells, index)))
+            check_count(shown, line, len(rows))
     return rows

@@ -12,12 +12,15 @@ the answer lengths received become ``max_tokens``. Example::
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from lbtune.errors import ConfigError
+from lbtune.safety.files import MAX_REPORT_BYTES, MAX_TRACE_BYTES, open_regular, read_bytes
+from lbtune.scenario.limits import MAX_TOKENS, MAX_TRACE_ROWS, MAX_TRACE_TIME_S
 from lbtune.scenario.traces.rows import TraceRow, bad
+
+_INT64 = 2**63 - 1
 
 REQUIRED = ("index", "sent_at", "prompt_tokens", "output_tokens")
 
@@ -25,10 +28,13 @@ REQUIRED = ("index", "sent_at", "prompt_tokens", "output_tokens")
 def read(path: Path, shown: str) -> list[TraceRow]:
     import pyarrow.parquet as pq  # lazily: only this format needs it
 
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises ArrowInvalid and OSError subclasses
-        raise ConfigError(f"{shown}: not a Parquet file ({exc})") from None
+    with open_regular(path, shown, max_bytes=MAX_TRACE_BYTES) as f:
+        try:
+            table = pq.read_table(f)
+        except Exception as exc:  # pyarrow raises ArrowInvalid and OSError subclasses
+            raise ConfigError(f"{shown}: not a Parquet file ({exc})") from None
+    if table.num_rows > MAX_TRACE_ROWS:
+        raise bad(shown, 1, None, f"more than {MAX_TRACE_ROWS} requests in one trace")
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
     missing = [c for c in REQUIRED if c not in cols]
     if missing:
@@ -46,15 +52,22 @@ def read(path: Path, shown: str) -> list[TraceRow]:
         when = col("scheduled_at", i)
         if when is None:
             when = col("sent_at", i)
-        if not isinstance(when, float | int) or not math.isfinite(when):
+        if not isinstance(when, float | int) or not abs(when) <= MAX_TRACE_TIME_S:
             raise bad(shown, line, "sent_at", f"expected a time, found {when!r}")
         prompt = col("prompt_tokens", i)
-        if not exact and (not isinstance(prompt, int) or prompt < 1):
-            raise bad(shown, line, "prompt_tokens", f"expected a length >= 1, found {prompt!r}")
+        if not exact and (not isinstance(prompt, int) or not 1 <= prompt <= MAX_TOKENS):
+            raise bad(
+                shown, line, "prompt_tokens", f"expected a length 1..{MAX_TOKENS}, found {prompt!r}"
+            )
         out = col("output_tokens", i)
+        if out is not None and (not isinstance(out, int) or not 0 <= out <= MAX_TOKENS):
+            raise bad(
+                shown, line, "output_tokens", f"expected a length 0..{MAX_TOKENS}, found {out!r}"
+            )
         index = col("index", i)
-        if not isinstance(index, int) or index < 0:
+        if not isinstance(index, int) or not 0 <= index <= _INT64:
             raise bad(shown, line, "index", f"expected a request index >= 0, found {index!r}")
+        _check_ints(shown, line, {k: col(k, i) for k in ("prefix_group", "session_id")})
         rows.append(
             TraceRow(
                 line=line,
@@ -73,13 +86,19 @@ def read(path: Path, shown: str) -> list[TraceRow]:
     return rows
 
 
+def _check_ints(shown: str, line: int, values: dict[str, Any]) -> None:
+    for name, v in values.items():
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or abs(v) > _INT64):
+            raise bad(shown, line, name, f"expected an integer, found {v!r}")
+
+
 def recorded_run(path: Path) -> tuple[dict[str, Any], int, str | None] | None:
     """``(scenario document, seed, tokenizer)`` from the ``run.json`` beside ``path``."""
     plan = path.parent / "run.json"
     if not plan.is_file():
         return None
     try:
-        data = json.loads(plan.read_text(encoding="utf-8"))
+        data = json.loads(read_bytes(plan, max_bytes=MAX_REPORT_BYTES))
         return dict(data["scenario"]), int(data["seed"]), data.get("tokenizer")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ConfigError(f"{plan}: not a readable run plan ({exc})") from None

@@ -14,7 +14,18 @@ import json
 import zlib
 from pathlib import Path
 
-from lbtune.scenario.traces.rows import Monotonic, TraceRow, as_float, as_int, bad
+from lbtune.scenario.limits import MAX_HASH_IDS, MAX_TRACE_TIME_S
+from lbtune.scenario.traces.rows import (
+    Monotonic,
+    TraceRow,
+    as_float,
+    as_int,
+    bad,
+    check_count,
+    open_text,
+)
+
+_MAX_HASH = 2**63 - 1
 
 REQUIRED = ("timestamp", "input_length", "output_length")
 OPTIONAL = ("hash_ids", "model", "session_id")
@@ -23,7 +34,7 @@ OPTIONAL = ("hash_ids", "model", "session_id")
 def read(path: Path, shown: str) -> list[TraceRow]:
     rows: list[TraceRow] = []
     order = Monotonic(shown, "timestamp")
-    with path.open(encoding="utf-8") as f:
+    with open_text(path, shown) as f:
         for line, text in enumerate(f, start=1):
             if not text.strip():
                 continue
@@ -33,6 +44,8 @@ def read(path: Path, shown: str) -> list[TraceRow]:
                 raise bad(
                     shown, line, None, f"invalid JSON at character {exc.pos + 1}: {exc.msg}"
                 ) from None
+            except ValueError as exc:  # an integer of more digits than Python reads
+                raise bad(shown, line, None, f"invalid JSON: {exc}") from None
             if not isinstance(obj, dict):
                 raise bad(shown, line, None, f"expected a JSON object, found {type(obj).__name__}")
             for key in REQUIRED:
@@ -42,7 +55,10 @@ def read(path: Path, shown: str) -> list[TraceRow]:
             if unknown:
                 valid = ", ".join((*REQUIRED, *OPTIONAL))
                 raise bad(shown, line, unknown[0], f"unknown field; valid fields: {valid}")
-            t = as_float(shown, line, "timestamp", obj["timestamp"]) / 1000.0
+            ms = as_float(
+                shown, line, "timestamp", obj["timestamp"], maximum=MAX_TRACE_TIME_S * 1e3
+            )
+            t = ms / 1000.0
             order.check(line, t)
             hashes = obj.get("hash_ids")
             if hashes is not None and (
@@ -50,6 +66,10 @@ def read(path: Path, shown: str) -> list[TraceRow]:
                 or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes)
             ):
                 raise bad(shown, line, "hash_ids", f"expected a list of integers, found {hashes!r}")
+            if hashes is not None and len(hashes) > MAX_HASH_IDS:
+                raise bad(shown, line, "hash_ids", f"more than {MAX_HASH_IDS} block hashes")
+            if hashes is not None and any(abs(h) > _MAX_HASH for h in hashes):
+                raise bad(shown, line, "hash_ids", "a hash beyond 64 bits")
             model = obj.get("model")
             if model is not None and not (isinstance(model, str) and model):
                 raise bad(shown, line, "model", f"expected a model name, found {model!r}")
@@ -69,4 +89,5 @@ def read(path: Path, shown: str) -> list[TraceRow]:
                     session=None if sid is None else zlib.crc32(str(sid).encode()),
                 )
             )
+            check_count(shown, line, len(rows))
     return rows

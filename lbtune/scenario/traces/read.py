@@ -8,6 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from lbtune.errors import ConfigError
+from lbtune.safety.files import MAX_TRACE_BYTES, open_regular
 from lbtune.scenario.traces import azure, burstgpt, lbtune_run, mooncake, sharegpt
 from lbtune.scenario.traces.rows import TraceRow
 from lbtune.scenario.traces.spec import FORMATS
@@ -28,8 +29,8 @@ def guess_format(path: str | Path) -> str:
     if p.suffix in _SUFFIX:
         return _SUFFIX[p.suffix]
     if p.suffix == ".csv" and p.is_file():
-        with p.open(encoding="utf-8", errors="replace") as f:
-            head = f.readline()
+        with open_regular(p, max_bytes=MAX_TRACE_BYTES) as f:
+            head = f.readline(4096).decode("utf-8", errors="replace")
         if "ContextTokens" in head:
             return "azure"
         if "Request tokens" in head:
@@ -52,7 +53,7 @@ def digest(path: str | Path) -> str:
 @lru_cache(maxsize=8)
 def _digest(path: str, size: int, mtime: int) -> str:
     h = hashlib.sha256()
-    with Path(path).open("rb") as f:
+    with open_regular(path, max_bytes=MAX_TRACE_BYTES) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -63,7 +64,7 @@ def read_trace(path: str | Path, fmt: str) -> tuple[TraceRow, ...]:
     if fmt not in PARSERS:
         raise ConfigError(f"Unknown trace format '{fmt}'. Available: {', '.join(FORMATS)}")
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise ConfigError(f"{path}: no such trace file")
     st = p.stat()
     return _cached(str(p.resolve()), fmt, st.st_size, st.st_mtime_ns, str(path))

@@ -102,7 +102,7 @@ def pin(scenario: Scenario, base: Path | None = None) -> Scenario:
     path = Path(src.trace)
     if not path.is_absolute():
         path = (base or Path.cwd()) / path
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"{src.trace}: no such trace file")
     pinned = src.model_copy(update={"trace": str(path.resolve()), "sha256": digest(path)})
     return scenario.model_copy(update={"source": pinned})

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from lbtune.errors import ConfigError
+from lbtune.safety.files import MAX_TRACE_BYTES, open_regular
+from lbtune.scenario.limits import MAX_TOKENS, MAX_TRACE_ROWS, MAX_TRACE_TIME_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +46,11 @@ def bad(path: str, line: int, column: str | None, what: str) -> ConfigError:
     return ConfigError(f"{path}:{line}:{col} {what}")
 
 
-def as_int(path: str, line: int, column: str, raw: object, *, minimum: int = 0) -> int:
-    """A whole number >= ``minimum`` (``12``, ``"12"`` or ``12.0``), else a ConfigError."""
+def as_int(
+    path: str, line: int, column: str, raw: object, *, minimum: int = 0, maximum: int = MAX_TOKENS
+) -> int:
+    """A whole number in ``minimum..maximum`` (``12``, ``"12"`` or ``12.0``; a token count
+    by default), else a ConfigError."""
     try:
         if isinstance(raw, bool):
             raise ValueError
@@ -52,11 +61,15 @@ def as_int(path: str, line: int, column: str, raw: object, *, minimum: int = 0) 
         raise bad(path, line, column, f"expected a whole number, found {raw!r}") from None
     if value < minimum:
         raise bad(path, line, column, f"must be >= {minimum}, found {raw!r}")
+    if value > maximum:
+        raise bad(path, line, column, f"must be <= {maximum}, found {raw!r}")
     return int(value)
 
 
-def as_float(path: str, line: int, column: str, raw: object) -> float:
-    """A finite number >= 0, else a ConfigError."""
+def as_float(
+    path: str, line: int, column: str, raw: object, *, maximum: float = MAX_TRACE_TIME_S
+) -> float:
+    """A finite number in ``0..maximum`` (a time in seconds by default), else a ConfigError."""
     try:
         if isinstance(raw, bool):
             raise ValueError
@@ -65,7 +78,25 @@ def as_float(path: str, line: int, column: str, raw: object) -> float:
         raise bad(path, line, column, f"expected a number, found {raw!r}") from None
     if not math.isfinite(value) or value < 0:
         raise bad(path, line, column, f"expected a finite number >= 0, found {raw!r}")
+    if value > maximum:
+        raise bad(path, line, column, f"must be <= {maximum:g}, found {raw!r}")
     return value
+
+
+def check_count(path: str, line: int, n: int) -> None:
+    """A trace may hold at most :data:`MAX_TRACE_ROWS` requests; ``n`` is the count so far."""
+    if n > MAX_TRACE_ROWS:
+        raise bad(
+            path, line, None, f"more than {MAX_TRACE_ROWS} requests in one trace; split the file"
+        )
+
+
+@contextmanager
+def open_text(path: Path, shown: str, newline: str | None = None) -> Iterator[io.TextIOWrapper]:
+    """The trace file as UTF-8 text: a regular file of at most :data:`MAX_TRACE_BYTES`, read
+    with a bounded read (:func:`lbtune.safety.files.open_regular`)."""
+    with open_regular(path, shown, max_bytes=MAX_TRACE_BYTES) as raw:
+        yield io.TextIOWrapper(raw, encoding="utf-8", newline=newline)
 
 
 class Monotonic:

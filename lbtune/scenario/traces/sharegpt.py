@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from lbtune import tokens
-from lbtune.scenario.traces.rows import TraceRow, bad
+from lbtune.safety.files import MAX_TRACE_BYTES, read_text
+from lbtune.scenario.limits import MAX_TOKENS
+from lbtune.scenario.traces.rows import TraceRow, bad, check_count
+
+MAX_TURNS = 1024
+"""Most turns one conversation may hold (each reply becomes a request with the history)."""
 
 _USER = {"human", "user"}
 _REPLY = {"gpt", "assistant", "chatgpt", "bard", "model"}
@@ -53,15 +58,20 @@ def _records(text: str, shown: str) -> list[tuple[int, Any]]:
             raise bad(
                 shown, exc.lineno, None, f"invalid JSON at column {exc.colno}: {exc.msg}"
             ) from None
+        except (ValueError, RecursionError) as exc:  # a huge integer, a deep nesting
+            raise bad(shown, line, None, f"invalid JSON: {str(exc)[:200]}") from None
         out.append((line, obj))
 
 
 def read(path: Path, shown: str) -> list[TraceRow]:
     rows: list[TraceRow] = []
-    for conv, (line, obj) in enumerate(_records(path.read_text(encoding="utf-8"), shown)):
+    text = read_text(path, shown, max_bytes=MAX_TRACE_BYTES)
+    for conv, (line, obj) in enumerate(_records(text, shown)):
         turns = obj.get("conversations") if isinstance(obj, dict) else None
         if not isinstance(turns, list):
             raise bad(shown, line, "conversations", "missing or not a list of turns")
+        if len(turns) > MAX_TURNS:
+            raise bad(shown, line, "conversations", f"more than {MAX_TURNS} turns")
         model = obj.get("model") if isinstance(obj.get("model"), str) else None
         history: list[tuple[str, str]] = []
         turn = 0
@@ -79,12 +89,22 @@ def read(path: Path, shown: str) -> list[TraceRow]:
                 if not history or history[-1][0] != "user":
                     history.append(("assistant", text))  # a reply with no question: context
                     continue
+                prompt = max(sum(tokens.count(t) for _, t in history), 1)
+                answer = max(tokens.count(text), 1)
+                if max(prompt, answer) > MAX_TOKENS:
+                    raise bad(
+                        shown,
+                        line,
+                        f"{col}.value",
+                        f"a turn of {max(prompt, answer)} tokens (with its history), more "
+                        f"than the {MAX_TOKENS} lbtune sends",
+                    )
                 rows.append(
                     TraceRow(
                         line=line,
                         t=None,
-                        prompt_tokens=max(sum(tokens.count(t) for _, t in history), 1),
-                        output_tokens=max(tokens.count(text), 1),
+                        prompt_tokens=prompt,
+                        output_tokens=answer,
                         model=model,
                         messages=tuple(history),
                         session=conv,
@@ -93,6 +113,7 @@ def read(path: Path, shown: str) -> list[TraceRow]:
                 )
                 history.append(("assistant", text))
                 turn += 1
+                check_count(shown, line, len(rows))
             else:
                 valid = "human, gpt, system (or user, assistant)"
                 raise bad(shown, line, f"{col}.from", f"unknown role {who!r}; expected {valid}")

@@ -4,7 +4,7 @@
 
     source: {trace: traces/azure.csv, format: azure, speedup: 4, start: 600, limit: 5000}
 
-Bounds: ``speedup`` in (0, 1000] (4 = four times faster than recorded); ``start`` >= 0
+Bounds: ``speedup`` in (0, 1000] (4 = four times faster than recorded); ``start`` 0..10¹⁰
 seconds of trace time after the trace's first request (the window's beginning);
 ``limit`` 1..10 000 000 requests; ``rate_scale`` in (0, 1] (keep that fraction of the
 requests, picked by the seed: a thinned trace); ``block_tokens`` 1..65 536 (tokens per
@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from lbtune.scenario.limits import MAX_TRACE_ROWS, MAX_TRACE_START_S
 
 TraceFormat = Literal["azure", "mooncake", "burstgpt", "sharegpt", "lbtune"]
 FORMATS: tuple[str, ...] = ("azure", "mooncake", "burstgpt", "sharegpt", "lbtune")
@@ -32,8 +34,12 @@ class TraceSource(BaseModel):
     trace: str = Field(min_length=1, description="Trace file (relative: to the scenario file).")
     format: TraceFormat
     speedup: float = Field(default=1.0, gt=0, le=1000, description="Replay K times faster.")
-    start: float = Field(default=0.0, ge=0, description="Window start, trace seconds.")
-    limit: int | None = Field(default=None, ge=1, le=10_000_000, description="At most N requests.")
+    start: float = Field(
+        default=0.0, ge=0, le=MAX_TRACE_START_S, description="Window start, trace seconds."
+    )
+    limit: int | None = Field(
+        default=None, ge=1, le=MAX_TRACE_ROWS, description="At most N requests."
+    )
     rate_scale: float = Field(default=1.0, gt=0, le=1, description="Keep this fraction (seeded).")
     block_tokens: int = Field(default=512, ge=1, le=65_536, description="Mooncake block size.")
     sha256: str | None = Field(default=None, description="Pinned when a run is planned.")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from lbtune.errors import DependencyError
+from lbtune.safety.lifeline import die_with_parent
 
 __all__ = ["INSTALL_HINT", "find_envoy", "validate_file"]
 
@@ -55,7 +56,12 @@ def validate_file(bootstrap: Path) -> str | None:
     ]
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S, check=False
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=VALIDATE_TIMEOUT_S,
+            check=False,
+            preexec_fn=die_with_parent(),
         )
     except subprocess.TimeoutExpired:
         return f"`envoy --mode validate` did not finish in {VALIDATE_TIMEOUT_S:g} s"

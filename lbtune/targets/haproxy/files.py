@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from lbtune.errors import ClusterError, DependencyError
 from lbtune.records.endpoints import Endpoints
+from lbtune.safety.lifeline import die_with_parent
 from lbtune.targets.base import LaunchSpec, ReplicaAddress, pool_names
 
 __all__ = ["ALL_BACKEND", "HaproxyFiles", "Site", "config_alerts", "require"]
@@ -131,7 +132,9 @@ class Site:
 
 def _check(cfg: Path, quiet: bool) -> subprocess.CompletedProcess[str]:
     cmd = [require(), "-c", *(["-q"] if quiet else []), "-f", str(cfg)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=30, check=False, preexec_fn=die_with_parent()
+    )
 
 
 def config_alerts(cfg: Path) -> list[str] | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from lbtune.errors import ApplyError, DependencyError, TargetError
+from lbtune.safety.lifeline import die_with_parent
 from lbtune.targets.nginx.config import Site
 
 __all__ = ["argv", "binary", "exporter_binary", "master", "reload", "test_config", "workers"]
@@ -53,7 +54,14 @@ def test_config(site: Site, conf: Path) -> str | None:
     """``nginx -t`` on ``conf``: ``None`` when nginx accepts it, else nginx's complaint."""
     cmd = [*argv(site, conf), "-t", "-q"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            preexec_fn=die_with_parent(),
+        )
     except subprocess.TimeoutExpired:
         return "`nginx -t` did not finish within 30 s"
     if proc.returncode == 0:
