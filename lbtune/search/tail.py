@@ -6,10 +6,11 @@ the measured part (after warm-up), hands :func:`partial_figures` to the study's 
 hook (intermediate values for the pruner).
 
 Intermediate and final figures come from the same samples and the same estimator:
-:func:`lbtune.metrics.censor.censored_samples` over the requests sent in the
-measurement window — a request still running at a checkpoint (or cut off at the
-test's end) counts at the time it has been running, so a configuration cannot look
-good by leaving its slowest requests unfinished — and the P99 of those samples
+:func:`lbtune.metrics.censor.censored_samples` over the requests that occupy the
+measurement window (sent in it, or sent in the warm-up and still running when it opened)
+— a request still running at a checkpoint (or cut off at the test's end) counts at the
+time it has been running, so a configuration cannot look good by leaving its slowest
+requests unfinished, nor by parking users on them from the warm-up — and the P99 of those samples
 (:func:`lbtune.records.quantiles.percentile`) with its bootstrap interval
 (:func:`lbtune.metrics.bootstrap.percentile_interval`).
 """
@@ -60,13 +61,11 @@ def partial_figures(
     now: float,
     open_requests: tuple[tuple[float, float | None, bool], ...] = (),
 ) -> Figures | None:
-    """Figures at ``now`` of the requests sent in ``[start, end)``: the finished ones, and the
-    ones still open at ``now`` at their elapsed time (censored, like the final figures)."""
+    """Figures at ``now`` of the requests that occupy ``[start, end)``: the finished ones,
+    and the ones still open at ``now`` at their elapsed time (censored, like the final
+    figures)."""
     cs = censored_samples(records, start=start, end=end, now=now, open_requests=open_requests)
     tail = tail_figures(cs)
     if tail is None:
         return None
-    judged = len(cs.e2e) - cs.censored + cs.errors  # ended, cut-off ones excluded
-    return replace(
-        tail, error_rate=cs.errors / judged if judged else 0.0, completed=len(cs.e2e) - cs.censored
-    )
+    return replace(tail, error_rate=cs.error_rate, completed=cs.finished)
