@@ -24,6 +24,7 @@ from lbtune.cli import history as _history
 from lbtune.cli import optimize as _optimize
 from lbtune.cli import scenarios as _scenarios
 from lbtune.cli import stress as _stress
+from lbtune.cli import twin as _twin
 from lbtune.errors import LbtuneError
 
 
@@ -61,6 +62,7 @@ app = typer.Typer(
 app.add_typer(_cluster.app, name="cluster")
 app.add_typer(_scenarios.app, name="scenarios")
 app.add_typer(_agent.app, name="agent")
+app.add_typer(_twin.app, name="twin")
 app.command("stress")(_stress.stress_command)
 app.command("optimize")(_optimize.optimize_command)
 app.command("apply")(_apply.apply_command)

@@ -183,18 +183,16 @@ def status(
 
     Exits 0 when healthy, 1 when not running or unhealthy.
     """
-    from pydantic import TypeAdapter
+    import dataclasses
 
     from lbtune.cluster import api
-    from lbtune.records.jsonform import json_data
     from lbtune.targets import balancer
-    from lbtune.targets.base import ReplicaRow
 
     st = api.status(state_dir)
     ep = st.endpoints
     rows = balancer(ep.balancer).replica_rows(ep) if ep is not None else []
     if as_json:
-        replicas = json_data(TypeAdapter(list[ReplicaRow]), rows)
+        replicas = [dataclasses.asdict(r) for r in rows]  # ints, strings and None only
         doc = {**st.model_dump(mode="json"), "balancer_replicas": replicas}
         typer.echo(json.dumps(doc, indent=2))
     else:

@@ -6,9 +6,9 @@ or ``python -m lbtune.loadgen.worker``, never in the tuning driver.
 
 * :class:`LLMUser` — closed loop: each user sends its next request as soon as the
   previous one ended — unless it failed: after an error a user backs off
-  exponentially (:data:`BACKOFF_BASE_S` doubling per consecutive error, capped at
-  :data:`BACKOFF_CAP_S`; a success resets it), so that a dead cluster answering with
-  instant 503s is not hammered by an error storm. Usable from a plain locustfile::
+  exponentially (:mod:`lbtune.loadgen.pacing`: ``BACKOFF_BASE_S`` doubling per consecutive
+  error, capped at ``BACKOFF_CAP_S``; a success resets it), so that a dead cluster answering
+  with instant 503s is not hammered by an error storm. Usable from a plain locustfile::
 
       from lbtune.loadgen.user import LLMUser   # noqa: F401  (that is all)
 
@@ -46,25 +46,18 @@ from locust.exception import StopUser
 from lbtune.loadgen.client import OpenSet, StreamClient, api_key_from_env
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
 from lbtune.loadgen.health import HealthMonitor, HealthSample
+from lbtune.loadgen.pacing import backoff_s, spawn_rate
 from lbtune.loadgen.recordio import RecordWriter
 from lbtune.loadgen.source import Workload, resolve
 from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 
-__all__ = ["STATE", "GeneratorState", "LLMUser", "OpenLoopUser", "PlanShape", "backoff_s"]
-
-BACKOFF_BASE_S = 0.05
-"""Closed loop: the pause after a first failed request."""
-BACKOFF_CAP_S = 2.0
-"""Closed loop: the longest pause after consecutive failed requests."""
-
-
-def backoff_s(consecutive_errors: int) -> float:
-    """The pause before the next request of a user whose last ``consecutive_errors``
-    requests failed: 0, then 50 ms, 100 ms, 200 ms ... capped at 2 s."""
-    if consecutive_errors <= 0:
-        return 0.0
-    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0 ** min(consecutive_errors - 1, 30))
-
+__all__ = [
+    "STATE",
+    "GeneratorState",
+    "LLMUser",
+    "OpenLoopUser",
+    "PlanShape",
+]
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +326,7 @@ class PlanShape(LoadTestShape):
         run_time: float = self.get_run_time()  # type: ignore[no-untyped-call]
         t = min(run_time, self.duration_s)
         n = max(0, int(self.plan.users_at(t)))
-        return n, max(100.0, float(n) * 10)
+        return n, spawn_rate(n)
 
 
 @events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from lbtune.errors import ConfigError
 from lbtune.sim import costmodel
+from lbtune.sim.batch import BatchLoad
 from lbtune.sim.kvcache import Block, KVCache, hash_block
 from lbtune.sim.profiles import GpuProfile, ModelProfile
 
@@ -375,85 +376,65 @@ class Engine:
         cached_tokens: dict[str, int],
     ) -> StepResult:
         """Cost the batch, then move every scheduled request forward by its tokens."""
-        bs = self.config.block_size
-        n_models = len(self.models)
-        tokens_m = [0] * n_models
-        kv_read_m = [0] * n_models
-        pairs_m = [0.0] * n_models
-        rows_m = [0] * n_models
-        dpairs_m = [0.0] * n_models
-        cpairs_m = [0.0] * n_models
+        load = BatchLoad(len(self.models))
         out: dict[str, int] = {}
         finished: list[str] = []
-        n_prefill = n_decode = 0
         for r, n in scheduled:
             c0 = r.num_computed
-            m = r.model
-            tokens_m[m] += n
-            kv_read_m[m] += c0 + n
-            pairs_m[m] += n * c0 + n * (n + 1) / 2
-            rows_m[m] += 1
-            if n == 1:  # a one-token query: its attention is bound by its KV reads
-                dpairs_m[m] += c0 + 1
-            else:  # a chunk: its causal triangle runs slower than its pairs with earlier tokens
-                cpairs_m[m] += n * (n + 1) / 2
-            if n == 1 and r.num_output > 0 and c0 == len(r.tokens) - 1:
-                n_decode += 1
-            else:
-                n_prefill += n
+            load.add(r.model, c0, n, decode=n == 1 and r.num_output > 0 and c0 == len(r.tokens) - 1)
             r.num_computed = c0 + n
             if self.kv.enable_prefix_caching:
-                full = r.num_computed // bs
-                if full > c0 // bs:
-                    hashes = self._block_hashes(r, full)
-                    for b in range(c0 // bs, full):
-                        self.kv.cache_block(r.blocks[b], hashes[b])
+                self._cache_computed_blocks(r, c0)
             if r.num_computed == len(r.tokens):  # all known tokens computed: sample one
-                stats = self._mstats[m]
-                if r.num_output == 0:
-                    self.stats.prompt_tokens += r.num_prompt
-                    stats.prompt_tokens += r.num_prompt
-                r.tokens.append(r.next_output_id())
-                r.num_output += 1
-                self.stats.generation_tokens += 1
-                stats.generation_tokens += 1
-                rid = r.req.request_id
-                out[rid] = 1
-                if r.num_output >= r.max_tokens:
-                    finished.append(rid)
-                    self.stats.requests_finished += 1
-                    stats.requests_finished += 1
+                out[r.req.request_id] = 1
+                if self._sample(r):
+                    finished.append(r.req.request_id)
         if finished:
-            for rid in finished:
-                r = self._requests.pop(rid)
-                self.kv.free(r.blocks)
-                r.blocks = []
-            done = set(finished)
-            self._running = [r for r in self._running if r.req.request_id not in done]
-        loads = [
-            (
-                self.models[m],
-                costmodel.ModelLoad(
-                    tokens=tokens_m[m],
-                    kv_read_tokens=kv_read_m[m],
-                    attn_pairs=pairs_m[m],
-                    decode_pairs=dpairs_m[m],
-                    causal_pairs=cpairs_m[m],
-                    rows=rows_m[m],
-                ),
-            )
-            for m in range(n_models)
-        ]
-        cost = costmodel.step_cost(self.gpu, loads)
+            self._free(finished)
+        cost = costmodel.step_cost(self.gpu, load.shares(self.models))
         return StepResult(
             duration=cost.duration,
             tokens=out,
             finished=tuple(finished),
             preempted=tuple(preempted),
-            num_prefill_tokens=n_prefill,
-            num_decode_tokens=n_decode,
+            num_prefill_tokens=load.prefill_tokens,
+            num_decode_tokens=load.decode_tokens,
             batch_size=len(scheduled),
             scheduled_first=tuple(first),
             num_cached_tokens=cached_tokens,
             compute_s=cost.compute_s,
         )
+
+    def _cache_computed_blocks(self, r: _Req, computed_before: int) -> None:
+        """Enter the blocks this step filled into the prefix cache."""
+        bs = self.config.block_size
+        full = r.num_computed // bs
+        if full > computed_before // bs:
+            hashes = self._block_hashes(r, full)
+            for b in range(computed_before // bs, full):
+                self.kv.cache_block(r.blocks[b], hashes[b])
+
+    def _sample(self, r: _Req) -> bool:
+        """Append the request's next output token; True when that was its last."""
+        stats = self._mstats[r.model]
+        if r.num_output == 0:
+            self.stats.prompt_tokens += r.num_prompt
+            stats.prompt_tokens += r.num_prompt
+        r.tokens.append(r.next_output_id())
+        r.num_output += 1
+        self.stats.generation_tokens += 1
+        stats.generation_tokens += 1
+        if r.num_output < r.max_tokens:
+            return False
+        self.stats.requests_finished += 1
+        stats.requests_finished += 1
+        return True
+
+    def _free(self, finished: list[str]) -> None:
+        """Release the finished requests' KV blocks and take them off the running list."""
+        for rid in finished:
+            r = self._requests.pop(rid)
+            self.kv.free(r.blocks)
+            r.blocks = []
+        done = set(finished)
+        self._running = [r for r in self._running if r.req.request_id not in done]

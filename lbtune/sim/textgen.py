@@ -166,47 +166,8 @@ def parse_request(
         text, prompt_ids = completion_prompt(body["prompt"])
     if body.get("n", 1) != 1:
         raise ApiError(400, "only n=1 is supported", "n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise ApiError(400, "'stream' must be a boolean", "stream")
-    opts = body.get("stream_options")
-    if opts is not None and (not stream or not isinstance(opts, dict)):
-        raise ApiError(
-            400, "Stream options can only be defined when `stream=True`.", "stream_options"
-        )
-    include_usage = bool(opts.get("include_usage", False)) if opts else False
-
-    ctx = context_length(model)
-    n_prompt = len(prompt_ids)
-    key = "max_completion_tokens" if api == "chat" and "max_tokens" not in body else "max_tokens"
-    raw_max = body.get(key)
-    if raw_max is None:
-        max_tokens = min(DEFAULT_MAX_TOKENS, ctx - n_prompt)
-    elif not _is_int(raw_max) or raw_max < 1:
-        raise ApiError(400, f"'{key}' must be an integer >= 1, got {raw_max!r}", key)
-    else:
-        max_tokens = int(raw_max)
-    # As vLLM 0.32 does (tests/conformance): a prompt over the context or a max_tokens over
-    # it is refused; otherwise max_tokens is cut to what the context leaves, and refused
-    # when nothing is left.
-    if n_prompt > ctx:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {ctx} tokens. However, your prompt "
-            f"contains at least {n_prompt} input tokens, which exceeds this limit even without "
-            "any output tokens. Please reduce the length of the input prompt.",
-            "input_tokens",
-        )
-    if max_tokens > ctx:
-        raise ApiError(
-            400,
-            f"max_tokens={max_tokens} cannot be greater than max_model_len={ctx}. "
-            "Please request fewer output tokens.",
-            key,
-        )
-    max_tokens = min(max_tokens, ctx - n_prompt)
-    if max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", key)
+    stream, include_usage = _streaming(body)
+    max_tokens = _max_tokens(api, body, len(prompt_ids), context_length(model))
     min_tokens = body.get("min_tokens", 0)
     if not _is_int(min_tokens) or min_tokens < 0:
         raise ApiError(400, "'min_tokens' must be an integer >= 0", "min_tokens")
@@ -226,6 +187,55 @@ def parse_request(
         include_usage=include_usage,
         text_seed=rng.getrandbits(64),
     )
+
+
+def _streaming(body: dict[str, Any]) -> tuple[bool, bool]:
+    """``(stream, include_usage)`` of a request body."""
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "'stream' must be a boolean", "stream")
+    opts = body.get("stream_options")
+    if opts is not None and (not stream or not isinstance(opts, dict)):
+        raise ApiError(
+            400, "Stream options can only be defined when `stream=True`.", "stream_options"
+        )
+    return stream, bool(opts.get("include_usage", False)) if opts else False
+
+
+def _max_tokens(api: Api, body: dict[str, Any], n_prompt: int, ctx: int) -> int:
+    """The request's output cap within the model's context ``ctx``.
+
+    As vLLM 0.32 does (tests/conformance): a prompt over the context or a max_tokens over
+    it is refused; otherwise max_tokens is cut to what the context leaves, and refused
+    when nothing is left.
+    """
+    key = "max_completion_tokens" if api == "chat" and "max_tokens" not in body else "max_tokens"
+    raw_max = body.get(key)
+    if raw_max is None:
+        max_tokens = min(DEFAULT_MAX_TOKENS, ctx - n_prompt)
+    elif not _is_int(raw_max) or raw_max < 1:
+        raise ApiError(400, f"'{key}' must be an integer >= 1, got {raw_max!r}", key)
+    else:
+        max_tokens = int(raw_max)
+    if n_prompt > ctx:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {ctx} tokens. However, your prompt "
+            f"contains at least {n_prompt} input tokens, which exceeds this limit even without "
+            "any output tokens. Please reduce the length of the input prompt.",
+            "input_tokens",
+        )
+    if max_tokens > ctx:
+        raise ApiError(
+            400,
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={ctx}. "
+            "Please request fewer output tokens.",
+            key,
+        )
+    max_tokens = min(max_tokens, ctx - n_prompt)
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", key)
+    return max_tokens
 
 
 class Words:

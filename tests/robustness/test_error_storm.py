@@ -48,7 +48,7 @@ def test_the_backoff_is_exponential_and_capped() -> None:
     import sys
 
     code = (
-        "from lbtune.loadgen.user import backoff_s, BACKOFF_CAP_S;"
+        "from lbtune.loadgen.pacing import backoff_s, BACKOFF_CAP_S;"
         "print([backoff_s(k) for k in (0, 1, 2, 3, 6, 7, 50, 10**6)], BACKOFF_CAP_S)"
     )  # a subprocess: importing lbtune.loadgen.user monkey-patches with gevent
     out = subprocess.run(

@@ -1,0 +1,60 @@
+"""Independent virtual trials in worker processes, and caches carried from run to run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lbtune.errors import ConfigError
+from lbtune.targets.haproxy.twin import routing_model
+from lbtune.twin.options import TwinOptions
+from lbtune.twin.pool import TwinJob, TwinPool, load_factory
+from lbtune.twin.run import Reuse, simulate
+from tests.twin.helpers import cluster_replicas, plan, scenario_file
+
+FACTORY = "lbtune.targets.haproxy.twin:routing_model"
+
+
+def test_a_pool_gives_the_runs_one_process_gives(tmp_path: Path) -> None:
+    p = plan(scenario_file(tmp_path, duration_s=8, warmup_s=1, cooldown_s=1))
+    reps = tuple(cluster_replicas("mini2"))
+    opts = TwinOptions(time_scale=2)
+    jobs = [TwinJob(p, reps, FACTORY, {"algorithm": a}, opts) for a in ("roundrobin", "random")]
+    with TwinPool(2) as pool:
+        parallel = pool.map(jobs)
+    with TwinPool(1) as pool:
+        serial = pool.map(jobs)
+    assert [r.records for r in parallel] == [r.records for r in serial]
+    direct = simulate(p, reps, routing_model({"algorithm": "random"}, reps), opts)
+    assert parallel[1].records == direct.records
+    assert parallel[0].engines == {}  # the engines stay in the worker
+
+
+def test_an_unknown_factory_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"no routing model at 'lbtune\.nope:routing_model'"):
+        load_factory("lbtune.nope:routing_model")
+
+
+def test_engines_carried_from_a_run_keep_its_prefix_cache(tmp_path: Path) -> None:
+    # The same requests twice on one replica: the second run's prompts hit the cache the
+    # first one left (~90k tokens: they all fit), so its first tokens come sooner.
+    sc = scenario_file(
+        tmp_path,
+        duration_s=4,
+        warmup_s=1,
+        cooldown_s=1,
+        prompt_tokens={"type": "fixed", "value": 3000},
+    )
+    p = plan(sc)
+    reps = cluster_replicas("mini2")[:1]
+    opts = TwinOptions(time_scale=1)
+    cold = simulate(p, reps, routing_model({}, reps), opts)
+    warm = simulate(p, reps, routing_model({}, reps), opts, Reuse(engines=cold.engines))
+    first_cold = min(r.ttft for r in cold.records if r.ttft is not None)
+    first_warm = min(r.ttft for r in warm.records if r.ttft is not None)
+    assert first_warm < first_cold / 3
+    with pytest.raises(ConfigError, match="cannot carry engine 'x'"):
+        simulate(
+            p, reps, routing_model({}, reps), opts, Reuse(engines={"x": cold.engines["h100-0"]})
+        )
