@@ -24,7 +24,7 @@ from lbtune.metrics.censor import CensoredSamples, censored_samples
 from lbtune.objective import Figures
 from lbtune.records.requests import RequestRecord
 
-__all__ = ["N_BOOT", "TAIL_Q", "partial_figures", "tail_figures"]
+__all__ = ["N_BOOT", "TAIL_Q", "partial_figures", "scored_figures", "tail_figures"]
 
 TAIL_Q = 99.0
 """The objective's tail percentile."""
@@ -50,6 +50,27 @@ def tail_figures(cs: CensoredSamples) -> Figures | None:
         p99_ttft_ci=(t_lo, t_hi),
         samples=len(cs.e2e),
         censored=cs.censored,
+    )
+
+
+def scored_figures(figures: Figures, cs: CensoredSamples) -> Figures:
+    """A run's summary ``figures`` as a trial scores them: the P99s (with their intervals)
+    and the error rate of the window's censored samples ``cs`` (every request that
+    occupied the window; the summary's are over finished requests sent in it). The one
+    place this is decided, for a live trial and a twin run alike; unchanged when the
+    window holds no sample."""
+    tail = tail_figures(cs)
+    if tail is None:
+        return figures
+    return replace(
+        figures,
+        p99_e2e_s=tail.p99_e2e_s,
+        p99_ttft_s=tail.p99_ttft_s,
+        p99_e2e_ci=tail.p99_e2e_ci,
+        p99_ttft_ci=tail.p99_ttft_ci,
+        samples=tail.samples,
+        censored=tail.censored,
+        error_rate=cs.error_rate,
     )
 
 

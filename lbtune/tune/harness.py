@@ -40,7 +40,7 @@ from lbtune.run.target import resolve_target
 from lbtune.scenario.runplan import RunPlan
 from lbtune.search.harness import Harness
 from lbtune.search.pruning import WINDOW_S, checkpoints
-from lbtune.search.tail import partial_figures, tail_figures
+from lbtune.search.tail import partial_figures, scored_figures
 from lbtune.search.trial import Measurement, Samples, WindowHook
 from lbtune.targets import get_target
 from lbtune.targets.base import ParamSet
@@ -252,21 +252,8 @@ def _measurement(res: StressResult, stopped: bool, seconds: float) -> Measuremen
         if not stopped:
             raise
         figures = None
-    tail_fig = tail_figures(cs)
-    if figures is not None and tail_fig is not None:
-        # The one rule and the one estimator: the scored P99s and error rate are the
-        # censored samples' (every request that occupied the window; the summary's are over
-        # finished requests sent in it), with their intervals.
-        figures = replace(
-            figures,
-            p99_e2e_s=tail_fig.p99_e2e_s,
-            p99_ttft_s=tail_fig.p99_ttft_s,
-            p99_e2e_ci=tail_fig.p99_e2e_ci,
-            p99_ttft_ci=tail_fig.p99_ttft_ci,
-            samples=tail_fig.samples,
-            censored=tail_fig.censored,
-            error_rate=cs.error_rate,
-        )
+    if figures is not None:
+        figures = scored_figures(figures, cs)  # the one rule and the one estimator
     # Paired per request (the bootstrap resamples requests); a non-streamed request
     # has no TTFT: NaN, left out of the TTFT percentile. Nothing streamed: E2E stands in.
     samples = Samples.of(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from lbtune.metrics.censor import censored_samples
-from lbtune.objective import ObjectiveSpec, composite
+from lbtune.objective import Figures, ObjectiveSpec, composite
 from lbtune.records.requests import RequestRecord
 from lbtune.search.tail import tail_figures
 from tests.metrics.records import rec
@@ -91,3 +91,19 @@ def test_the_stuck_requests_count_from_their_send() -> None:
     late = [r for r in records if r.sent_at >= WINDOW[1]]
     assert len(early) >= 22 and late
     assert cs.sent == len(records) - len(early) - len(late)
+
+
+def test_live_trials_and_twin_runs_score_through_the_one_rule() -> None:
+    """:func:`scored_figures` (a live trial's ``_measurement`` and ``twin_figures`` both call
+    it) replaces the summary's P99s, over finished requests sent in the window, with the
+    occupancy rule's: the parked users' 12 s requests are in the scored P99."""
+    from lbtune.search.tail import scored_figures
+
+    records = closed_loop(parked)
+    summary_like = Figures(p99_e2e_s=0.5, p99_ttft_s=0.1, error_rate=0.0)  # what was sent in it
+    cs = censored_samples(records, start=WINDOW[0], end=WINDOW[1])
+    fig = scored_figures(summary_like, cs)
+    assert fig.p99_e2e_s >= 11.0 and fig.samples == len(cs.e2e) and fig.censored == cs.censored
+    assert fig.error_rate == cs.error_rate
+    empty = censored_samples([], start=WINDOW[0], end=WINDOW[1])
+    assert scored_figures(summary_like, empty) == summary_like
