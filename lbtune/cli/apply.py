@@ -59,6 +59,7 @@ def _study_params(study: str, trial: str, storage: str) -> tuple[dict[str, Any],
 
     from lbtune.errors import ConfigError
     from lbtune.records.addresses import without_userinfo
+    from lbtune.search.stored import stored_params
     from lbtune.search.study import sqlite_dir
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -71,16 +72,7 @@ def _study_params(study: str, trial: str, storage: str) -> tuple[dict[str, Any],
         raise ConfigError(
             f"No study {study!r} in {where}. Available: {', '.join(names) or '(none)'}"
         ) from None
-    if trial == "best":
-        try:
-            return dict(s.best_params), f"study:{study}#best({s.best_trial.number})"
-        except ValueError:
-            raise ConfigError(f"Study {study!r} has no completed trial yet") from None
-    if not trial.isdigit() or int(trial) >= len(s.trials):
-        raise ConfigError(
-            f"--trial {trial!r}: expected best or a trial number 0..{len(s.trials) - 1}"
-        )
-    return dict(s.trials[int(trial)].params), f"study:{study}#{trial}"
+    return stored_params(s, trial)
 
 
 def _render(outcome: ApplyOutcome, as_json: bool, what: str) -> None:
@@ -127,7 +119,14 @@ def apply_command(
     study: Annotated[
         str | None, typer.Option("--study", help="Apply a trial of this Optuna study.")
     ] = None,
-    trial: Annotated[str, typer.Option("--trial", help="Trial number, or best.")] = "best",
+    trial: Annotated[
+        str,
+        typer.Option(
+            "--trial",
+            help="winner (the confirmed winner, as rolled out), best (the search's best, "
+            "not confirmed) or a trial number.",
+        ),
+    ] = "winner",
     storage: StorageOpt = DEFAULT_STUDY_STORAGE,
     check: Annotated[bool, typer.Option("--check", help="Show the diff; change nothing.")] = False,
     inventory: InventoryOpt = None,

@@ -30,7 +30,7 @@ from lbtune.errors import LbtuneError
 from lbtune.report import frame
 from lbtune.report.junit import _check_text, error_suite, write_junit
 from lbtune.report.markdown import table
-from lbtune.report.study import before_after, confirmation_table, headline
+from lbtune.report.study_frame import before_after, confirmation_table, headline
 from lbtune.safety.files import check_out_file
 from lbtune.safety.secrets import ScrubFilter
 
@@ -158,7 +158,9 @@ def slo_breaches(summary: RunSummary) -> list[str]:
 def stress_markdown(summary: RunSummary, report_dir: str | None = None) -> str:
     """A short step summary: verdict, headline figures, SLO checks, warnings."""
     breaches = slo_breaches(summary)
-    mark = "❌ SLO breached: " + ", ".join(breaches) if breaches else "✅ SLO met"
+    mark = (
+        "❌ SLO breached: " + ", ".join(breaches) if breaches else f"✅ {frame.slo_head(summary)}"
+    )
     if not summary.slo_checks:
         mark = "no SLO checked"
     parts = [f"### lbtune stress `{summary.scenario}`: {mark}", ""]

@@ -360,8 +360,8 @@ class _View:
 def format_progress(p: StudyProgress, now: float) -> str:
     n = "-" if p.trial is None else str(p.trial)
     best = "-" if p.best is None else f"{p.best:.3f} (trial {p.best_trial})"
-    imp = p.improvement
-    gain = "" if imp is None else f", {-imp:+.1%} vs baseline"
+    imp = p.improvement  # study.json's sign: negative = a lower (better) score
+    gain = "" if imp is None else f", score {imp:+.1%} vs baseline"
     params = ", ".join(f"{k}={_short(v)}" for k, v in list(p.params.items())[:8])
     value = "" if p.last_value is None else f" | score so far {p.last_value:.3f}"
     what = f"trial {n} ({p.role})"  # during a trial the phase is "trial": said once
@@ -398,7 +398,7 @@ def _live(console: Console, view: _View, enabled: bool) -> Iterator[None]:
 def _print_result(result: StudyResult, out: Console | None = None) -> None:
     from rich.console import Console
 
-    from lbtune.report.study import before_after, confirmation_table, headline, rounds_table
+    from lbtune.report.study_frame import before_after, confirmation_table, headline, rounds_table
 
     out = out or Console()
     from lbtune.cli.stress import fmt_cell

@@ -14,7 +14,7 @@ import itertools
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -160,21 +160,10 @@ def twin_figures(run: TwinRun) -> tuple[Figures, float]:
     """A study trial's figures of a twin run (summary, with the censored samples' P99s) and
     its composite score under the scenario's SLO."""
     from lbtune.objective import composite, figures_from_summary
-    from lbtune.search.tail import tail_figures
+    from lbtune.search.tail import scored_figures
     from lbtune.tune.options import objective_spec
 
-    fig = figures_from_summary(run.summary())
-    tail = tail_figures(run.censored())
-    if tail is not None:
-        fig = replace(
-            fig,
-            p99_e2e_s=tail.p99_e2e_s,
-            p99_ttft_s=tail.p99_ttft_s,
-            p99_e2e_ci=tail.p99_e2e_ci,
-            p99_ttft_ci=tail.p99_ttft_ci,
-            samples=tail.samples,
-            censored=tail.censored,
-        )
+    fig = scored_figures(figures_from_summary(run.summary()), run.censored())
     return fig, composite(fig, objective_spec("composite", run.plan.slo_value(), None))
 
 

@@ -234,7 +234,7 @@ def _study_side_of(p: Path, data: dict[str, Any], name: str, pick: Pick) -> Side
         i, comparison = paired
         trial, figs = winner, comparison["figures"]
         what = f"winner (trial {winner}, confirmed)"
-        labels = _confirm_dirs(p, f"B{i + 1}", rounds)
+        labels = _confirm_dirs(p, comparison.get("arm") or f"B{i + 1}", rounds)  # R: the reference
     elif pick == "best" and data.get("best_trial") not in (None, base):
         trial = data["best_trial"]
         figs = trials[trial]["figures"]

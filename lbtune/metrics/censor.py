@@ -1,7 +1,19 @@
-"""Censoring: the latency samples of a window, unfinished requests included as lower bounds.
+"""Censoring: the latency samples of a window, every request that occupies it included.
 
-A configuration must not look better because its slowest requests have not finished
-yet. Over the requests **sent** in ``[start, end)``:
+The one rule behind every scored figure (a trial's objective, its pruning checkpoints,
+confirmation's pooled runs, the twin's virtual runs); see ``docs/metrics.md``,
+"Censoring". A configuration must not look better because its slowest requests have not
+finished yet, nor because they were sent before the window opened.
+
+**Who counts** — every request that **occupies** the window ``[start, end)``: sent before
+its end and not ended before its start, whatever its send time. A request sent during the
+warm-up and still running when the window opens counts (``carried``): in a closed loop
+that is a user stuck on a slow replica, which a rule over requests *sent* in the window
+never sees (the user sends nothing while it is stuck). Requests sent after ``now`` do not
+exist yet.
+
+**What it counts** — its latency from its send, as known at ``now`` (a checkpoint) or
+from its record (the final figures):
 
 * ``ok`` — its measured TTFT and E2E;
 * ``cancelled`` (still running when the test ended and cut off) — what had elapsed by
@@ -13,8 +25,7 @@ yet. Over the requests **sent** in ``[start, end)``:
   latency sample; counted in ``errors``.
 
 A request that was not streamed has no TTFT: its ``ttft`` entry is NaN, so that the
-two tuples stay paired per request (the bootstrap resamples requests). Requests sent
-after ``now`` do not exist yet and are left out. See ``docs/metrics.md``.
+two tuples stay paired per request (the bootstrap resamples requests).
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from dataclasses import dataclass
 
 from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 
-__all__ = ["CensoredSamples", "OpenRequestLike", "censored_samples"]
+__all__ = ["CensoredSamples", "OpenRequestLike", "censored_samples", "occupies"]
 
 OpenRequestLike = tuple[float, float | None, bool]
 """``(sent_at, ttft, stream)`` of a request sent and not yet ended at ``now``
@@ -40,15 +51,37 @@ class CensoredSamples:
     """NaN for a request that was not streamed; paired with ``e2e`` per request."""
     e2e: tuple[float, ...]
     sent: int
-    """Requests sent in the window (open ones included)."""
+    """Requests that occupied the window (open ones included; errors too)."""
     errors: int
     censored: int
     """Samples that are lower bounds (cancelled or still open)."""
+    carried: int = 0
+    """Of ``sent``, requests sent before the window opened (still running at its start)."""
 
     @property
     def streamed_ttft(self) -> tuple[float, ...]:
         """The TTFT samples without the NaNs of non-streamed requests."""
         return tuple(t for t in self.ttft if not math.isnan(t))
+
+    @property
+    def finished(self) -> int:
+        """Samples of requests that ended (not lower bounds)."""
+        return len(self.e2e) - self.censored
+
+    @property
+    def error_rate(self) -> float:
+        """Errors over the requests judged: the ended ones (a cut-off or open request has
+        no verdict either way); 0 when none ended."""
+        judged = self.finished + self.errors
+        return self.errors / judged if judged else 0.0
+
+
+def occupies(sent_at: float, ended_at: float | None, start: float, end: float) -> bool:
+    """Whether a request sent at ``sent_at`` (ended at ``ended_at``, None while open) was
+    in flight at some moment of ``[start, end)``: the window's membership rule."""
+    if sent_at >= end:
+        return False
+    return sent_at >= start or ended_at is None or ended_at > start
 
 
 def censored_samples(
@@ -59,11 +92,11 @@ def censored_samples(
     now: float | None = None,
     open_requests: Iterable[OpenRequestLike] = (),
 ) -> CensoredSamples:
-    """The censored samples of the requests sent in ``[start, end)`` (as of ``now``)."""
+    """The censored samples of the requests that occupy ``[start, end)`` (as of ``now``)."""
     nan = math.nan
     ttft: list[float] = []
     e2e: list[float] = []
-    sent = errors = censored = 0
+    sent = errors = censored = carried = 0
 
     def add(t: float | None, e: float, stream: bool, *, lower_bound: bool) -> None:
         nonlocal censored
@@ -72,10 +105,15 @@ def censored_samples(
         censored += lower_bound
 
     for r in records:
-        if not start <= r.sent_at < end or (now is not None and r.sent_at >= now):
+        is_open = now is not None and r.ended_at > now
+        if (now is not None and r.sent_at >= now) or not occupies(
+            r.sent_at, None if is_open else r.ended_at, start, end
+        ):
             continue
         sent += 1
-        if now is not None and r.ended_at > now:
+        carried += r.sent_at < start
+        if is_open:
+            assert now is not None
             first = r.ttft if r.ttft is not None and r.sent_at + r.ttft <= now else None
             add(first, now - r.sent_at, r.stream, lower_bound=True)
         elif r.outcome == "ok":
@@ -90,9 +128,15 @@ def censored_samples(
         raise ValueError("open requests need the time they were open at (now)")
     for sent_at, first_ttft, stream in pending:
         assert now is not None
-        if start <= sent_at < end and sent_at <= now:
+        if sent_at <= now and now > start and occupies(sent_at, None, start, end):
             sent += 1
+            carried += sent_at < start
             add(first_ttft, now - sent_at, stream, lower_bound=True)
     return CensoredSamples(
-        ttft=tuple(ttft), e2e=tuple(e2e), sent=sent, errors=errors, censored=censored
+        ttft=tuple(ttft),
+        e2e=tuple(e2e),
+        sent=sent,
+        errors=errors,
+        censored=censored,
+        carried=carried,
     )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from lbtune.metrics.summary import RunSummary
 from lbtune.records.requests import RequestRecord
-from lbtune.report import frame, plots
+from lbtune.report import frame, plots, series
 from lbtune.report.frame import Table
 from lbtune.report.markdown import fmt, numeric, when
 
@@ -135,16 +135,16 @@ def render_plots(summary: RunSummary, records: Sequence[RequestRecord]) -> dict[
     window = (s.window.start - s.run_start, s.window.end - s.run_start)
     return {
         "latency": plots.latency_over_time(
-            frame.latency_over_time(records, s.run_start), window, slo_ttft_ms
+            series.latency_over_time(records, s.run_start), window, slo_ttft_ms
         ),
         "ttft": plots.ttft_distribution(
-            frame.ttft_histogram(records, s),
+            series.ttft_histogram(records, s),
             frame.ms(s.latency.ttft.p50),
             frame.ms(s.latency.ttft.p99),
             slo_ttft_ms,
         ),
         **_throughput_plot(s, records, window),
-        "replicas": plots.replica_load(frame.replica_load(s)),
+        "replicas": plots.replica_load(series.replica_load(s)),
     }
 
 
@@ -152,13 +152,13 @@ def _throughput_plot(
     s: RunSummary, records: Sequence[RequestRecord], window: tuple[float, float]
 ) -> dict[str, bytes]:
     """Throughput against offered load when there are stages to compare, else over time."""
-    points = frame.throughput_vs_load(s)
+    points = series.throughput_vs_load(s)
     if len({p.offered_load for p in points}) > 1:
         return {
             "throughput": plots.throughput_vs_load(points, s.knee_offered_load, frame.load_unit(s))
         }
-    series = frame.throughput_over_time(records, s.run_start)
-    return {"throughput_time": plots.throughput_over_time(series, window)}
+    over_time = series.throughput_over_time(records, s.run_start)
+    return {"throughput_time": plots.throughput_over_time(over_time, window)}
 
 
 def _cards(summary: RunSummary) -> str:

@@ -11,7 +11,7 @@ import io
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from lbtune.report.frame import HistBin, LoadPoint, RatePoint, ReplicaPoint, TimePoint
+from lbtune.report.series import HistBin, LoadPoint, RatePoint, ReplicaPoint, TimePoint
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -4,9 +4,11 @@
   knob's value, y = the composite score, colour = trial number with a colour bar. Only
   knobs that took more than one value in the study's completed trials get a panel.
 * :func:`split_params` — a parameter set split into the knobs that act under it and the
-  rest: a knob whose ``when`` condition (:mod:`lbtune.targets.space`) fails under the
-  chosen values (hash knobs under round robin), or one the study never moved from one
-  value (``agent.*`` while no agent runs: the target fixes them), is folded away.
+  rest: a knob the space says does not act under the chosen values
+  (:meth:`lbtune.targets.space.ParameterSpace.split`: hash knobs under round robin,
+  weights under the LLM scheduler, ``agent.*`` without an agent; the study's own answer,
+  :attr:`lbtune.search.result.TrialResult.folded`, where it recorded one), or one the
+  study never moved from one value, is folded away.
 """
 
 from __future__ import annotations
@@ -127,17 +129,27 @@ def split_by_space(
 ) -> tuple[dict[str, ParamValue], dict[str, str]]:
     """``(effective, folded)``: the knobs that act under ``params``; the rest, each with why.
 
-    Folded: a knob whose ``when`` condition fails under ``params``, one the space marks
-    ``fixed`` (the target fixes the agent's knobs while no agent runs), and the names in
-    ``unmoved`` (with their reason).
+    Folded: a knob the space says does not act under ``params``
+    (:meth:`~lbtune.targets.space.ParameterSpace.split`), one the space marks ``fixed`` (the
+    target fixes the agent's knobs while no agent runs), and the names in ``unmoved`` (with
+    their reason).
     """
+    inactive = {} if space is None else space.split(params)[1]
+    return _fold(params, inactive, space, unmoved)
+
+
+def _fold(
+    params: Mapping[str, ParamValue],
+    inactive: Mapping[str, str],
+    space: ParameterSpace | None,
+    unmoved: Mapping[str, str] | None,
+) -> tuple[dict[str, ParamValue], dict[str, str]]:
     effective: dict[str, ParamValue] = {}
     folded: dict[str, str] = {}
     for name, value in params.items():
         spec = None if space is None else space.params.get(name)
-        if space is not None and spec is not None and not space.is_active(name, params):
-            cond = ", ".join(f"{k} = {v}" for k, v in spec.when.items())
-            folded[name] = f"{value!r}: acts only when {cond}"
+        if name in inactive:
+            folded[name] = f"{value!r}: {inactive[name]}"
         elif spec is not None and spec.fixed:
             folded[name] = (
                 f"{value!r}: fixed in this cluster "
@@ -153,13 +165,18 @@ def split_by_space(
 def split_params(
     result: StudyResult, params: Mapping[str, ParamValue]
 ) -> tuple[dict[str, ParamValue], dict[str, str]]:
-    """:func:`split_by_space` for a study: also folds knobs no trial moved."""
+    """:func:`split_by_space` for a study: what acts is what the study recorded for the
+    trial with these parameters (its space: the cluster's, the user's ``--space``), else
+    the target's packaged space; also folds knobs no trial moved."""
     done = _done(result) or list(result.trials)
     unmoved = {
         n: "fixed during this study (the same in every trial)"
         for n in params
         if len(done) > 1 and len({repr(t.params.get(n)) for t in done}) == 1
     }
+    recorded = next((t.folded for t in result.trials if t.params == params and t.folded), None)
+    if recorded is not None:
+        return _fold(params, recorded, None, unmoved)
     return split_by_space(_space_of(result, list(params)), params, unmoved)
 
 
@@ -186,15 +203,19 @@ def explain_changes(result: StudyResult, params: Mapping[str, ParamValue]) -> li
     ``llm.*`` weights when the winner switches ``algorithm`` to ``llm``) shows as new.
     """
     effective, _ = split_params(result, params)
-    live = next((t.params for t in result.trials if t.role == "live"), {})
+    live_trial = next((t for t in result.trials if t.role == "live"), None)
+    live = {} if live_trial is None else live_trial.params
     space = _space_of(result, list(params))
     specs = space.params if space is not None else {}
+    live_off = live_trial.folded if live_trial is not None and live_trial.folded else None
+    if live_off is None:
+        live_off = {} if space is None else space.split(live)[1]
     order = {n: i for i, n in enumerate(specs)}
     changes = []
     for name in sorted(effective, key=lambda n: (order.get(n, len(order)), n)):
         value = effective[name]
         spec = specs.get(name)
-        inactive = space is not None and spec is not None and not space.is_active(name, live)
+        inactive = name in live_off
         if name in live and not inactive and repr(live[name]) == repr(value):
             continue
         was = "not acting (new under the winner)" if inactive or name not in live else live[name]
@@ -210,23 +231,28 @@ def changes_table(changes: Sequence[KnobChange]) -> Table:
     )
 
 
-def best_params_markdown(result: StudyResult, params: Mapping[str, ParamValue]) -> list[str]:
-    """The "Best parameters" section: what the winner changes and why it matters, the
+def best_params_markdown(
+    result: StudyResult,
+    params: Mapping[str, ParamValue],
+    heading: str = "Best parameters",
+    who: str = "the winner",
+) -> list[str]:
+    """The parameters section (``heading``): what ``who`` changes and why it matters, the
     effective knobs as JSON, the folded ones listed after."""
     import json
 
     effective, folded = split_params(result, params)
-    lines = ["## Best parameters", ""]
+    lines = [f"## {heading}", ""]
     changes = explain_changes(result, params)
     if changes:
         lines += [
-            "### What the winner changes",
+            f"### What {who} changes",
             "",
             md_table(changes_table(changes)),
             "",
         ]
     else:
-        lines += ["The winner sets every acting knob as the live configuration does.", ""]
+        lines += [f"{who.capitalize()} sets every acting knob as the live configuration does.", ""]
     lines += ["```json", json.dumps(effective, indent=1), "```", ""]
     if folded:
         lines += [f"{len(folded)} knobs without effect here (folded away):", ""]
@@ -234,16 +260,18 @@ def best_params_markdown(result: StudyResult, params: Mapping[str, ParamValue]) 
     return lines
 
 
-def best_params_html(result: StudyResult, params: Mapping[str, ParamValue]) -> str:
+def best_params_html(
+    result: StudyResult, params: Mapping[str, ParamValue], who: str = "the winner"
+) -> str:
     """``<pre>`` of the effective knobs and a closed ``<details>`` with the rest."""
     import json
 
     effective, folded = split_params(result, params)
     changes = explain_changes(result, params)
     out = (
-        f"<h3>What the winner changes</h3>{html_table(changes_table(changes))}"
+        f"<h3>What {esc(who)} changes</h3>{html_table(changes_table(changes))}"
         if changes
-        else "<p>The winner sets every acting knob as the live configuration does.</p>"
+        else f"<p>{esc(who.capitalize())} sets every acting knob as the live config does.</p>"
     )
     out += f"<pre>{esc(json.dumps(effective, indent=1))}</pre>"
     if folded:

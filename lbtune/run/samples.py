@@ -13,8 +13,11 @@ The estimate, by the run's loop:
 * **open loop**: the planned send times in the window (exact: they are drawn from the
   seed), assuming the target keeps up;
 * **closed loop**: the rate of successful requests per user that the latest indexed run
-  of the same scenario against the same target measured in its window (its ``run.json``
-  gives its users), times this run's users and window. Without such a run there is no
+  of the same scenario against the same target **and the same balancer config** measured
+  in its window (its ``run.json`` gives its users and the config it ran against), times
+  this run's users and window. A run against another config is no evidence: in a closed
+  loop the config sets the rate (round robin over a slow replica held 50 requests where
+  the tuned config of the run before held ~300). Without such a run there is no
   estimate, and the message says so and points at ``--until-samples``.
 """
 
@@ -94,7 +97,7 @@ def _history_rate_per_user(plan: RunPlan, reports_root: Path | None) -> tuple[fl
             past = read_run_plan(e.report_dir)
         except ConfigError:
             continue
-        if past.load.mode != "closed":
+        if past.load.mode != "closed" or not _same_config(plan, past):
             continue
         users = mean_users(past.load_plan(), fig.window_start_s, fig.window_end_s)
         span = fig.window_end_s - fig.window_start_s
@@ -103,6 +106,12 @@ def _history_rate_per_user(plan: RunPlan, reports_root: Path | None) -> tuple[fl
         rate = fig.completed / span / users
         return rate, f"run {Path(e.report_dir).name}: {fig.completed / span:.2f} req/s"
     return None
+
+
+def _same_config(plan: RunPlan, past: RunPlan) -> bool:
+    """Whether ``past`` ran against the balancer config ``plan`` runs against (unknown on
+    both sides counts as the same: a target lbtune does not manage)."""
+    return plan.target.params == past.target.params
 
 
 def duration_for(plan: RunPlan, need: float, rate_per_s: float) -> float:
@@ -133,7 +142,8 @@ def describe_estimate(plan: RunPlan, est: Estimate | None, need: int = P99_SAMPL
     if est is None:
         return (
             f"no estimate of the requests this run's {span:.0f} s window will hold (closed loop, "
-            f"and no earlier run of {plan.scenario_name} against this target to go by); "
+            f"and no earlier run of {plan.scenario_name} against this target and its current "
+            "balancer config to go by); "
             f"--until-samples {need} makes sure of a P99"
         )
     n = round(est.requests)

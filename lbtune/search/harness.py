@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from lbtune.errors import LbtuneError, TrialFailed
 from lbtune.objective import ObjectiveSpec, feasible
-from lbtune.search.confirm import bootstrap_diff
+from lbtune.search.judge import bootstrap_diff
 from lbtune.search.result import Confirmation, Rollout
 from lbtune.search.trial import Measure
 from lbtune.targets.base import ParamSet

@@ -1,9 +1,12 @@
 """Pruning: stop a clearly bad trial after a few measurement windows.
 
-Each trial reports, every ``window_s`` seconds of its measured part, the composite
-score of the requests measured so far (cumulative, so later windows are steadier).
-Windows are numbered from 1. The score is **censored** like the final one: a request
-still running at the checkpoint counts at the time it has been running (see
+Each trial reports, at its **checkpoints** (:func:`checkpoints`: every ``window_s``
+seconds of its measured part, closer together on a short window so that at least two fall
+inside it), the composite score of the requests measured so far (cumulative, so later
+windows are steadier). Windows are numbered from 1. :func:`pruning_line` says at the
+start of a study what the pruner will be able to do with the study's trial length.
+The score is **censored** like the final one: a request still running at the
+checkpoint counts at the time it has been running (see
 :mod:`lbtune.search.tail`), so a configuration whose slow requests have not
 finished does not look good mid-trial. Because every trial replays the same seeded
 traffic, window *k* of one trial is comparable with window *k* of another.
@@ -39,6 +42,14 @@ PrunerName = Literal["median", "none"]
 PRUNERS: tuple[PrunerName, ...] = ("median", "none")
 WARMUP_WINDOWS = 1
 """Windows 1..WARMUP_WINDOWS of a trial are never pruned."""
+WINDOW_S = 5.0
+"""Seconds between checkpoints on a window long enough for them."""
+SNAPSHOT_S = 1.0
+"""The load runner's progress cadence: the last checkpoint is this far before the
+window's end, so that a snapshot falls between them."""
+MIN_SPACING_S = 1.5
+"""Closer checkpoints than this hold too few new requests to tell anything: pruning
+cannot act on a window too short for ``WARMUP_WINDOWS + 1`` of them."""
 INTERVAL_ATTR = "intermediate_interval"
 """Trial user attribute: ``{str(window): [low, high]}`` of the intermediate scores."""
 
@@ -47,6 +58,52 @@ def should_prune(low: float, others: Sequence[float]) -> bool:
     """True when ``low`` (the trial's score interval's low end) is above the median of
     ``others`` (the completed trials' scores at the same window)."""
     return bool(others) and low > percentile(others, 50)
+
+
+def checkpoints(
+    window_len: float, window_s: float = WINDOW_S, warmup_windows: int = WARMUP_WINDOWS
+) -> tuple[float, ...]:
+    """Offsets from the window's start of a trial's checkpoints: every ``window_s``
+    seconds, or closer on a short window so that ``warmup_windows + 1`` of them (the
+    first one that may prune) fall at least :data:`SNAPSHOT_S` before its end; none
+    closer than :data:`MIN_SPACING_S` (then pruning cannot act: :func:`pruning_line`).
+
+    A default 25 s ``mixed`` trial (18.75 s measured): 5, 10, 15 s; a 15 s one (11.25 s):
+    5, 10 s; a 10 s window: 4.5, 9 s (at every 5 s, its second fell on the end)."""
+    room = window_len - SNAPSHOT_S
+    spacing = min(window_s, room / (warmup_windows + 1))
+    if spacing < MIN_SPACING_S:
+        spacing = MIN_SPACING_S
+    n = int(room / spacing + 1e-9)
+    return tuple(round(spacing * k, 6) for k in range(1, n + 1))
+
+
+def pruning_line(
+    name: str,
+    window_len: float,
+    *,
+    multi_objective: bool = False,
+    window_s: float = WINDOW_S,
+    n_references: int = 0,
+) -> str:
+    """What the pruner can do in this study, in one line (said at its start)."""
+    if name == "none":
+        return "pruning off (--pruner none): every trial runs whole"
+    if multi_objective:
+        return "pruning off: Optuna cannot prune a multi-objective (pareto) study"
+    at = checkpoints(window_len, window_s)
+    if len(at) <= WARMUP_WINDOWS:
+        return (
+            f"pruning cannot act: each trial's measured window is {window_len:.1f} s, too short "
+            f"for {WARMUP_WINDOWS + 1} checkpoints {MIN_SPACING_S:g} s apart (the first is never "
+            "pruned); every trial runs whole — a longer --trial-duration lets it act"
+        )
+    shown = ", ".join(f"{x:g}" for x in at)
+    return (
+        f"pruning: checkpoints at {shown} s of each trial's {window_len:.1f} s window; from "
+        f"checkpoint {WARMUP_WINDOWS + 1} a trial whose score interval lies above the median "
+        f"is stopped, once the {n_references} reference(s) and 2 sampled trials completed"
+    )
 
 
 def make_pruner(

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from pydantic import Field, InstanceOf, TypeAdapter, computed_field
+from pydantic import Field, InstanceOf, TypeAdapter, computed_field, field_serializer
 
 from lbtune.objective import Figures, ObjectiveSpec
 from lbtune.records.jsonform import key_order
@@ -51,6 +51,21 @@ class TrialResult:
     plan: RunPlan | None = None
     """The run plan the trial's measurement ran (started, measured window, target), where
     one came back (not for a trial that failed before)."""
+    folded: Annotated[Mapping[str, str], Field(exclude=True)] = field(default_factory=dict)
+    """The knobs of :attr:`params` that do not act under them, with why
+    (:meth:`lbtune.targets.space.ParameterSpace.split`): ``params`` keeps every knob (what
+    was applied); the JSON form lists them apart, as ``folded_params``."""
+
+    @field_serializer("params")
+    def _acting(self, params: ParamSet) -> ParamSet:
+        """In JSON, ``params`` are the knobs that act under them."""
+        return {k: v for k, v in params.items() if k not in self.folded}
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def folded_params(self) -> ParamSet:
+        """The knobs without effect under :attr:`params` (see :attr:`folded`)."""
+        return {k: v for k, v in self.params.items() if k in self.folded}
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,9 @@ class Comparison:
     baseline_figures: Figures | None = None
     """The baseline's figures over the same rounds, pooled like :attr:`figures`."""
     level: float = 0.95
+    against: str = "A"
+    """The arm compared with: ``A`` (the live config) or ``R`` (the study's best reference;
+    :attr:`Confirmation.reference_comparisons`). ``baseline*`` are that arm's figures."""
 
     # JSON quirk kept from the hand-written form: this key order.
     _json = key_order(
@@ -170,7 +188,18 @@ class Confirmation:
     quantile: float = 99.0
     """The tail every arm is judged on: 99 unless the pooled samples were too few."""
     note: str = ""
-    """Why confirmation was skipped, or why the tail is not P99 (one line; empty if neither)."""
+    """Why confirmation was skipped, why the tail is not P99, or which arm a candidate did
+    not beat (one line; empty if none of these)."""
+    reference_trial: int | None = None
+    """The study's best reference config (arm ``R``: its best round-robin or least-conn
+    trial) where it was confirmed alongside, else None."""
+    reference_role: str | None = None
+    reference_comparisons: tuple[Comparison, ...] = ()
+    """Each candidate against the reference, over the rounds both were measured in (the
+    reference against live is in :attr:`comparisons`, arm ``R``)."""
+    winner_beats: tuple[str, ...] = ()
+    """What the winner was shown to beat: ``live``, and the reference's role when it is a
+    candidate that beat that too."""
 
     # JSON quirk kept from the hand-written form: ``rounds`` last.
     _json = key_order(
@@ -223,7 +252,8 @@ class StudyResult:
         "schema_version", "study", "storage", "target", "scenario", "sampler", "objective",
         "budget", "started_at", "elapsed_s", "interrupted", "counts", "baseline_trial",
         "best_trial", "best_params", "best_objective", "improvement_vs_baseline",
-        "pareto_front", "importances", "confirmation", "rollout", "report_dir", "notes",
+        "winner_trial", "winner_params", "pareto_front", "importances", "confirmation",
+        "rollout", "report_dir", "notes",
     )  # fmt: skip
 
     def trial(self, number: int | None) -> TrialResult | None:
@@ -246,8 +276,23 @@ class StudyResult:
     @computed_field  # type: ignore[prop-decorator]
     @property
     def best_params(self) -> ParamSet | None:
+        """The search's best trial's acting knobs (not confirmed: see ``winner_params``)."""
         best = self.trial(self.best)
-        return None if best is None else dict(best.params)
+        return None if best is None else _acting(best)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def winner_trial(self) -> int | None:
+        """The confirmed winner: the configuration the study shows, rolls out and
+        ``lbtune apply --study`` applies (None without one)."""
+        return None if self.confirmation is None else self.confirmation.winner
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def winner_params(self) -> ParamSet | None:
+        """The confirmed winner's acting knobs (its trial row lists the folded ones)."""
+        won = self.trial(self.winner_trial)
+        return None if won is None else _acting(won)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -263,6 +308,10 @@ class StudyResult:
         if best is None or base is None or best.objective is None or not base.objective:
             return None
         return best.objective / base.objective - 1
+
+
+def _acting(t: TrialResult) -> ParamSet:
+    return {k: v for k, v in t.params.items() if k not in t.folded}
 
 
 STUDY: TypeAdapter[StudyResult] = TypeAdapter(StudyResult)

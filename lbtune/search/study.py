@@ -27,12 +27,10 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from pydantic import ValidationError
 
 from lbtune.errors import BalancerDown, ConfigError, DependencyError, TrialFailed
 from lbtune.objective import (
@@ -41,14 +39,11 @@ from lbtune.objective import (
     ObjectiveSpec,
     composite,
     constraints,
-    feasible,
     values,
 )
 from lbtune.records.addresses import without_userinfo
 from lbtune.records.jsonform import json_data
-from lbtune.scenario.runplan import RunPlan
 from lbtune.search.pruning import INTERVAL_ATTR, window_interval, window_value
-from lbtune.search.result import TrialResult
 from lbtune.search.trial import GeneratorBehind, Measurement, TrialRunner
 
 if TYPE_CHECKING:
@@ -62,6 +57,8 @@ log = logging.getLogger(__name__)
 SAMPLERS = ("tpe", "gp", "nsga2", "random")
 DEFAULT_STORAGE = "sqlite:///reports/studies.db"
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
+REFERENCE_ROLES = ("live", "round-robin", "least-conn")
+"""The roles of the enqueued reference trials (:func:`reference_trials`)."""
 PLAN_ATTR = "run_plan"
 """Trial user attribute: the run plan its measurement ran (:class:`RunPlan`, as JSON)."""
 
@@ -304,6 +301,8 @@ def run_loop(
                 raise
             continue
         trial.set_user_attr("duration_s", time.monotonic() - t0)
+        if isinstance(m.extra.get("timing"), dict):
+            trial.set_user_attr("timing", m.extra["timing"])
         if m.plan is not None:
             trial.set_user_attr(PLAN_ATTR, m.plan.model_dump(mode="json", by_alias=True))
         if m.stopped:
@@ -409,42 +408,3 @@ def _tell(study: optuna.Study, trial: Any, m: Measurement, spec: ObjectiveSpec) 
         trial.set_constraint("error_rate", cons[0])
     trial.set_user_attr("objective", trial_objective(m, spec))
     study.tell(trial, values(m.figures, spec))
-
-
-def collect(study: optuna.Study, spec: ObjectiveSpec) -> list[TrialResult]:
-    """Every trial of the study as a :class:`TrialResult`, in number order."""
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        ua: Mapping[str, Any] = t.user_attrs
-        fig = (
-            FIGURES.validate_python(ua["figures"]) if isinstance(ua.get("figures"), dict) else None
-        )
-        params = ua.get("params") or ua.get("enqueued_params") or dict(t.params)
-        out.append(
-            TrialResult(
-                number=t.number,
-                state=t.state.name,
-                role=str(ua.get("role", "sampled")),
-                params=dict(params),
-                objective=ua.get("objective"),
-                values=None if t.values is None else tuple(t.values),
-                figures=fig,
-                feasible=None if fig is None else feasible(fig, spec),
-                fail_reason=ua.get("fail_reason"),
-                duration_s=ua.get("duration_s"),
-                intermediate=dict(t.intermediate_values),
-                plan=_plan(ua.get(PLAN_ATTR)),
-            )
-        )
-    return out
-
-
-def _plan(stored: object) -> RunPlan | None:
-    """A trial's recorded run plan (None when it has none, or one lbtune cannot read)."""
-    if not isinstance(stored, dict):
-        return None
-    try:
-        return RunPlan.model_validate(stored)
-    except ValidationError as exc:
-        log.debug("trial run plan not read: %s", exc)
-        return None

@@ -6,10 +6,11 @@ the measured part (after warm-up), hands :func:`partial_figures` to the study's 
 hook (intermediate values for the pruner).
 
 Intermediate and final figures come from the same samples and the same estimator:
-:func:`lbtune.metrics.censor.censored_samples` over the requests sent in the
-measurement window — a request still running at a checkpoint (or cut off at the
-test's end) counts at the time it has been running, so a configuration cannot look
-good by leaving its slowest requests unfinished — and the P99 of those samples
+:func:`lbtune.metrics.censor.censored_samples` over the requests that occupy the
+measurement window (sent in it, or sent in the warm-up and still running when it opened)
+— a request still running at a checkpoint (or cut off at the test's end) counts at the
+time it has been running, so a configuration cannot look good by leaving its slowest
+requests unfinished, nor by parking users on them from the warm-up — and the P99 of those samples
 (:func:`lbtune.records.quantiles.percentile`) with its bootstrap interval
 (:func:`lbtune.metrics.bootstrap.percentile_interval`).
 """
@@ -23,7 +24,7 @@ from lbtune.metrics.censor import CensoredSamples, censored_samples
 from lbtune.objective import Figures
 from lbtune.records.requests import RequestRecord
 
-__all__ = ["N_BOOT", "TAIL_Q", "partial_figures", "tail_figures"]
+__all__ = ["N_BOOT", "TAIL_Q", "partial_figures", "scored_figures", "tail_figures"]
 
 TAIL_Q = 99.0
 """The objective's tail percentile."""
@@ -52,6 +53,27 @@ def tail_figures(cs: CensoredSamples) -> Figures | None:
     )
 
 
+def scored_figures(figures: Figures, cs: CensoredSamples) -> Figures:
+    """A run's summary ``figures`` as a trial scores them: the P99s (with their intervals)
+    and the error rate of the window's censored samples ``cs`` (every request that
+    occupied the window; the summary's are over finished requests sent in it). The one
+    place this is decided, for a live trial and a twin run alike; unchanged when the
+    window holds no sample."""
+    tail = tail_figures(cs)
+    if tail is None:
+        return figures
+    return replace(
+        figures,
+        p99_e2e_s=tail.p99_e2e_s,
+        p99_ttft_s=tail.p99_ttft_s,
+        p99_e2e_ci=tail.p99_e2e_ci,
+        p99_ttft_ci=tail.p99_ttft_ci,
+        samples=tail.samples,
+        censored=tail.censored,
+        error_rate=cs.error_rate,
+    )
+
+
 def partial_figures(
     records: list[RequestRecord],
     start: float,
@@ -60,13 +82,11 @@ def partial_figures(
     now: float,
     open_requests: tuple[tuple[float, float | None, bool], ...] = (),
 ) -> Figures | None:
-    """Figures at ``now`` of the requests sent in ``[start, end)``: the finished ones, and the
-    ones still open at ``now`` at their elapsed time (censored, like the final figures)."""
+    """Figures at ``now`` of the requests that occupy ``[start, end)``: the finished ones,
+    and the ones still open at ``now`` at their elapsed time (censored, like the final
+    figures)."""
     cs = censored_samples(records, start=start, end=end, now=now, open_requests=open_requests)
     tail = tail_figures(cs)
     if tail is None:
         return None
-    judged = len(cs.e2e) - cs.censored + cs.errors  # ended, cut-off ones excluded
-    return replace(
-        tail, error_rate=cs.errors / judged if judged else 0.0, completed=len(cs.e2e) - cs.censored
-    )
+    return replace(tail, error_rate=cs.error_rate, completed=cs.finished)

@@ -110,6 +110,7 @@ class TrialRunner:
             raise TrialFailed(f"apply failed: {exc}") from exc
         if self.settle_s:
             time.sleep(self.settle_s)
+        applied = time.monotonic() - t0
         try:
             m = self.measure(label, on_window)
         except TrialFailed:
@@ -123,5 +124,8 @@ class TrialRunner:
             raise GeneratorBehind("load generator fell behind: " + "; ".join(m.degraded))
         if m.figures is None and not m.stopped:
             raise TrialFailed("not measurable: no figures")
+        timing = m.extra.get("timing")
+        if isinstance(timing, dict):
+            timing["apply"] = round(applied, 3)
         log.debug("%s measured in %.1f s", label, time.monotonic() - t0)
         return m

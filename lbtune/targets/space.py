@@ -12,7 +12,13 @@ A space file (``lbtune/targets/<target>/space.yaml``, or the user's own via
 
 ``per_server`` knobs expand to one knob per replica (``weight.h100-0``, ...). ``when``
 makes a knob active only while other knobs have the given values (a value or a list of
-values); inactive knobs keep their value but the optimizer does not sample them.
+values). **Activity is a property of the space** (:meth:`ParameterSpace.is_active`,
+:meth:`ParameterSpace.split`): a knob is inactive under a parameter set when one of its
+``when`` conditions fails (or names a knob that is itself inactive), or when nobody acts
+on it in this cluster (:attr:`ParameterSpace.idle`: the target's ``agent.*`` without an
+agent, its weights while the agent sets them). The search does not sample an inactive
+knob (it keeps its value), the study's JSON and report fold it away, ``lbtune apply
+--show`` lists it apart: all three ask the space.
 ``fixed: true`` keeps a knob at its baseline during a search (it can still be applied).
 ``references`` names the value a knob takes in the study's reference trials, in the
 balancer's own spelling: ``{round-robin: roundrobin, least-conn: leastconn}`` (the
@@ -46,6 +52,10 @@ MAX_MAGNITUDE = 1e12
 _Int = Annotated[int, Field(ge=-(10**12), le=10**12)]
 _Num = Annotated[float, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
 Scalar = _Int | _Num | str | bool
+IDLE_REASON = (
+    "fixed in this cluster: nobody acts on it (agent.* without an agent, weights while the "
+    "agent sets them)"
+)
 ReferenceRole = Literal["round-robin", "least-conn"]
 
 
@@ -171,14 +181,23 @@ def _check_value(spec: ParamSpec, value: object) -> str | None:
 class ParameterSpace:
     """The knobs of one target, expanded for a cluster's replicas."""
 
-    def __init__(self, target: str, params: Mapping[str, ParamSpec], source: str = "") -> None:
+    def __init__(
+        self,
+        target: str,
+        params: Mapping[str, ParamSpec],
+        source: str = "",
+        idle: Iterable[str] = (),
+    ) -> None:
         self.target = target
         self.params: dict[str, ParamSpec] = dict(params)
         self.source = source
+        self.idle: frozenset[str] = frozenset(idle)
+        """Knobs nobody acts on in this cluster (fixed, and inactive under any values)."""
         for name, spec in self.params.items():
             for ref in spec.when:
                 if ref not in self.params:
                     raise ConfigError(f"{source}: {name}: `when` refers to unknown knob {ref!r}")
+        self._order = _dependency_order(self.params)
 
     @classmethod
     def load(cls, path: str | Path, replicas: Iterable[str] | None = None) -> ParameterSpace:
@@ -229,13 +248,36 @@ class ParameterSpace:
         return {**self.baseline(), **named}
 
     def is_active(self, name: str, params: Mapping[str, ParamValue]) -> bool:
-        """Whether ``name``'s ``when`` conditions hold in ``params`` (baseline where absent)."""
+        """Whether ``name`` acts under ``params`` (baseline where absent): not idle in this
+        cluster, and every ``when`` condition holds on a knob that is active itself."""
+        return self.why_inactive(name, params) is None
+
+    def why_inactive(self, name: str, params: Mapping[str, ParamValue]) -> str | None:
+        """None when ``name`` acts under ``params``; else why not, in words."""
+        if name in self.idle:
+            return IDLE_REASON
         for ref, wanted in self.params[name].when.items():
             value = params.get(ref, self.params[ref].baseline)
             options = wanted if isinstance(wanted, list) else [wanted]
-            if value not in options:
-                return False
-        return True
+            if value not in options or not self.is_active(ref, params):
+                shown = "/".join(str(o) for o in options)
+                return f"acts only when {ref} = {shown}"
+        return None
+
+    def split(
+        self, params: Mapping[str, ParamValue]
+    ) -> tuple[dict[str, ParamValue], dict[str, str]]:
+        """``(active, inactive)``: the knobs of ``params`` that act under them, and the rest
+        with why (knobs the space does not know are kept as active)."""
+        active: dict[str, ParamValue] = {}
+        inactive: dict[str, str] = {}
+        for name, value in params.items():
+            why = self.why_inactive(name, params) if name in self.params else None
+            if why is None:
+                active[name] = value
+            else:
+                inactive[name] = why
+        return active, inactive
 
     def validate(self, params: Mapping[str, object], source: str | None = None) -> ParamSet:
         """A checked copy of ``params`` (a subset of the knobs is fine).
@@ -269,15 +311,31 @@ class ParameterSpace:
     def suggest(
         self, trial: optuna.trial.Trial, base: Mapping[str, ParamValue] | None = None
     ) -> ParamSet:
-        """Sample every active, non-fixed knob from an Optuna trial; the rest take
-        ``base`` (default the baseline). Conditions see the values sampled so far, so a
-        knob's ``when`` must refer to knobs listed before it."""
+        """Sample every active, non-fixed knob from an Optuna trial; the rest keep their
+        value in ``base`` (default the baseline). The knobs a ``when`` names are sampled
+        before the knobs that depend on them, so a condition sees the sampled value."""
         out: ParamSet = dict(base) if base is not None else self.baseline()
-        for name, spec in self.params.items():
+        for name in self._order:
+            spec = self.params[name]
             if spec.fixed or not self.is_active(name, out):
                 continue
             out[name] = _suggest_one(trial, name, spec)
         return out
+
+
+def _dependency_order(params: Mapping[str, ParamSpec]) -> list[str]:
+    """The knobs, each after the knobs its ``when`` names (file order otherwise)."""
+    depth: dict[str, int] = {}
+
+    def of(name: str, seen: tuple[str, ...]) -> int:
+        if name in seen:
+            raise ConfigError(f"{name}: `when` conditions form a cycle ({' -> '.join(seen)})")
+        if name not in depth:
+            refs = params[name].when
+            depth[name] = 1 + max((of(r, (*seen, name)) for r in refs), default=-1)
+        return depth[name]
+
+    return sorted(params, key=lambda n: of(n, ()))
 
 
 def _suggest_one(trial: optuna.trial.Trial, name: str, spec: ParamSpec) -> ParamValue:

@@ -134,8 +134,9 @@ class TargetBase(ABC):
 
     def space(self) -> ParameterSpace:
         """The knobs, their ranges, conditions and untuned baseline values, for this
-        cluster's replicas; knobs nobody acts on now (:meth:`idle_knobs`) are fixed, so
-        a study does not search noise. Loaded once per target."""
+        cluster's replicas; knobs nobody acts on now (:meth:`idle_knobs`) are fixed and
+        idle (inactive: :meth:`ParameterSpace.is_active`), so a study does not search
+        noise nor show it. Loaded once per target."""
         if self._space is None:
             space = ParameterSpace.load(self.space_file, replicas=self.replica_names())
             idle = self.idle_knobs()
@@ -144,7 +145,8 @@ class TargetBase(ABC):
                     n: s.model_copy(update={"fixed": True}) if n.startswith(idle) else s
                     for n, s in space.params.items()
                 }
-                space = ParameterSpace(space.target, fixed, space.source)
+                names = [n for n in space.params if n.startswith(idle)]
+                space = ParameterSpace(space.target, fixed, space.source, idle=names)
             self._space = space
         return self._space
 

@@ -7,12 +7,12 @@ one), the measurement (one ``run_stress`` per trial), the rollout path
 
 Every trial sees the same traffic (same scenario, seed and duration: the run plan is made
 once, :func:`plan_trials`). While the load runs, the records the run's one tail of its
-record files hands on with each snapshot are gathered and, every ``window_s`` seconds of
-the measured part (after warm-up), the figures so far are handed to the study's window
-hook (intermediate values for the pruner); when the hook asks to stop, the load is
-stopped and the measurement is marked ``stopped``. The window is the plan's
-(:meth:`~lbtune.scenario.runplan.RunPlan.window_at`), as for ``--until-samples`` and the
-summary.
+record files hands on with each snapshot are gathered and, at each checkpoint of the
+measured part (after warm-up; :func:`lbtune.search.pruning.checkpoints`), the figures so
+far are handed to the study's window hook (intermediate values for the pruner); when the
+hook asks to stop, the load is stopped and the measurement is marked ``stopped``. The
+window is the plan's (:meth:`~lbtune.scenario.runplan.RunPlan.window_at`), as for
+``--until-samples`` and the summary.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from lbtune.run.stress import StressOptions, StressResult, run_stress
 from lbtune.run.target import resolve_target
 from lbtune.scenario.runplan import RunPlan
 from lbtune.search.harness import Harness
-from lbtune.search.tail import partial_figures, tail_figures
+from lbtune.search.pruning import WINDOW_S, checkpoints
+from lbtune.search.tail import partial_figures, scored_figures
 from lbtune.search.trial import Measurement, Samples, WindowHook
 from lbtune.targets import get_target
 from lbtune.targets.base import ParamSet
@@ -156,7 +157,7 @@ class StressMeasure:
     """Every trial's options, with their run plan (:func:`plan_trials`); ``out_dir`` is
     replaced per trial."""
     runs_dir: Path
-    window_s: float = 5.0
+    window_s: float = WINDOW_S
     interrupt: threading.Event = field(default_factory=threading.Event)
     """Set by Ctrl-C: stops the running measurement."""
 
@@ -176,7 +177,7 @@ class StressMeasure:
             if self.interrupt.is_set() or feed(p):
                 stop.set()
 
-        t_start = time.monotonic()
+        t_start, wall = time.monotonic(), time.time()
         res = run_stress(
             replace(opts, out_dir=out_dir, write_report=False),
             on_progress=on_progress,
@@ -184,16 +185,21 @@ class StressMeasure:
             say=lambda msg: log.debug("%s: %s", label, msg),
         )
         stopped = stop.is_set() or res.load.stopped_early
-        return _measurement(res, stopped, time.monotonic() - t_start)
+        m = _measurement(res, stopped, time.monotonic() - t_start)
+        m.extra["timing"] = _timing(res, wall, time.time())
+        return m
 
 
 class WindowFeed:
-    """Every ``window_s`` seconds of the measured part, the figures so far to ``on_window``
-    (from the records the run's one tail hands on with each snapshot); True when it asks
-    to stop."""
+    """At each of the measured part's checkpoints (:func:`lbtune.search.pruning.
+    checkpoints`: every ``window_s`` seconds, closer on a short window), the figures so
+    far to ``on_window`` (from the records the run's one tail hands on with each
+    snapshot); True when it asks to stop."""
 
     def __init__(self, plan: RunPlan, window_s: float, on_window: WindowHook | None) -> None:
-        self._plan, self._window_s, self._on_window = plan, window_s, on_window
+        self._plan, self._on_window = plan, on_window
+        self.offsets = checkpoints(plan.window_end_s - plan.window_start_s, window_s)
+        """The checkpoints, seconds after the window's start (the same in every trial)."""
         self._records: list[RequestRecord] = []
         self._step = 1
         self.window: tuple[float, float] | None = None
@@ -206,13 +212,31 @@ class WindowFeed:
         self._records.extend(p.records)
         self.window = start, end = self._plan.window_at(p.started_at)
         at = p.started_at + p.elapsed_s  # this snapshot, on the runner's clock
-        if at - start < self._step * self._window_s or at >= end:
+        if self._step > len(self.offsets) or at - start < self.offsets[self._step - 1]:
+            return False
+        if at >= end:
             return False
         fig = partial_figures(self._records, start, end, now=p.now, open_requests=p.open_requests)
         if fig is None:  # nothing sent in the window as of the snapshot: next time
             return False
         this, self._step = self._step, self._step + 1
         return self._on_window(this, fig)
+
+
+def _timing(res: StressResult, called: float, returned: float) -> dict[str, float]:
+    """Where a trial's measurement spent its wall time (seconds): ``start`` (plan, target,
+    the generator processes until they send), ``load`` (the planned length), ``drain``
+    (past it: the last requests, the generators' exit, the records written) and
+    ``summary`` (the figures, Prometheus's included)."""
+    load = res.load
+    planned = res.plan.load.duration_s
+    ran = load.ended_at - load.started_at
+    return {
+        "start": round(load.started_at - called, 3),
+        "load": round(min(ran, planned), 3),
+        "drain": round(max(0.0, ran - planned), 3),
+        "summary": round(returned - load.ended_at, 3),
+    }
 
 
 def _measurement(res: StressResult, stopped: bool, seconds: float) -> Measurement:
@@ -228,19 +252,8 @@ def _measurement(res: StressResult, stopped: bool, seconds: float) -> Measuremen
         if not stopped:
             raise
         figures = None
-    tail_fig = tail_figures(cs)
-    if figures is not None and tail_fig is not None:
-        # The one estimator: the scored P99s are the censored samples' (summary's are
-        # over finished requests only), with their intervals.
-        figures = replace(
-            figures,
-            p99_e2e_s=tail_fig.p99_e2e_s,
-            p99_ttft_s=tail_fig.p99_ttft_s,
-            p99_e2e_ci=tail_fig.p99_e2e_ci,
-            p99_ttft_ci=tail_fig.p99_ttft_ci,
-            samples=tail_fig.samples,
-            censored=tail_fig.censored,
-        )
+    if figures is not None:
+        figures = scored_figures(figures, cs)  # the one rule and the one estimator
     # Paired per request (the bootstrap resamples requests); a non-streamed request
     # has no TTFT: NaN, left out of the TTFT percentile. Nothing streamed: E2E stands in.
     samples = Samples.of(

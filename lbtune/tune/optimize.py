@@ -26,20 +26,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lbtune.errors import BalancerDown, LbtuneError
+from lbtune.errors import BalancerDown
 from lbtune.history import add_entry, db_path
 from lbtune.history.index import study_entry
 from lbtune.objective import ObjectiveSpec, pareto_front, pareto_values, pick
 from lbtune.report.study import write_study_report
 from lbtune.safety.files import inside, name_part
-from lbtune.search.confirm import Arm, BaselineUnmeasurable, confirm
-from lbtune.search.harness import Harness, rollout
-from lbtune.search.pruning import make_pruner
-from lbtune.search.result import Confirmation, Rollout, StudyResult, TrialResult
+from lbtune.scenario.runplan import RunPlan
+from lbtune.search.confirm import BaselineUnmeasurable
+from lbtune.search.harness import Harness
+from lbtune.search.pruning import make_pruner, pruning_line
+from lbtune.search.result import StudyResult, TrialResult
+from lbtune.search.stored import collect
 from lbtune.search.study import (
+    REFERENCE_ROLES,
     LoopEvent,
     LoopOptions,
-    collect,
     enqueue_references,
     make_sampler,
     open_study,
@@ -50,9 +52,9 @@ from lbtune.search.study import (
 from lbtune.search.trial import TrialRunner
 from lbtune.targets.base import ParamSet
 from lbtune.targets.space import ParameterSpace
+from lbtune.tune.after import AfterSearch, SearchDone, after_search, restore
 from lbtune.tune.harness import plan_trials, real_harness
 from lbtune.tune.options import STORED, OptimizeOptions, StudyProgress, objective_spec
-from lbtune.tune.options import _name_part as _name_part  # re-exported (tests)
 from lbtune.tune.options import cluster_balancer as cluster_balancer  # re-exported
 from lbtune.tune.options import resolve_options as resolve_options  # re-exported
 
@@ -99,18 +101,21 @@ def run_optimize(
     space, lkg = _space_and_lkg(h)
     study = _open(opts, spec, h, space, lkg, show)
     runner = TrialRunner(h.target, h.measure, check_balancer=h.check_balancer)
-    _seed_progress(show.prog, collect(study, spec))
+    before = collect(study, spec)
+    _seed_progress(show.prog, before)
     show.phase(f"study {opts.study}: {opts.budget} trials of {opts.trial_duration_s:g} s")
+    show.say(_pruning_line(opts, spec, trial_opts.plan, before))
     try:
         loop = LoopOptions(opts.budget, opts.pruner != "none", stop, show.on_event, say)
         run_loop(study, space, runner, spec, loop)
     except BalancerDown:
         release_lease()  # nothing left to guard; the study is stored and resumable
         raise
-    trials = collect(study, spec)
+    trials = collect(study, spec, space)
     best, front = _best(trials, spec)
-    after = _after_search(opts, h, runner, spec, trials, study, lkg, best, front, stop, show)
-    _restore(h, lkg, after, show)
+    done = SearchDone(opts, spec, trials, study, lkg, best, front)
+    after = after_search(done, h, runner, stop, show)
+    restore(h, lkg, after, show)
     release_lease()
     if stop.is_set():
         after.notes.append(
@@ -126,6 +131,20 @@ def run_optimize(
         raise BaselineUnmeasurable(f"{after.unmeasurable}{where}") from after.unmeasurable
     show.phase("done")
     return result
+
+
+def _pruning_line(
+    opts: OptimizeOptions, spec: ObjectiveSpec, plan: RunPlan, trials: list[TrialResult]
+) -> str:
+    """What the pruner can do with this study's trial length, said once at its start."""
+    refs = sum(t.role in REFERENCE_ROLES for t in trials)
+    return pruning_line(
+        opts.pruner,
+        plan.window_end_s - plan.window_start_s,
+        multi_objective=spec.kind != "composite",
+        window_s=opts.window_s,
+        n_references=refs,
+    )
 
 
 def _space_and_lkg(h: Harness) -> tuple[ParameterSpace, ParamSet]:
@@ -151,7 +170,7 @@ class _Run:
     t_start: float = field(default_factory=time.monotonic)
 
     def result(
-        self, study: Any, trials: list[TrialResult], after: _AfterSearch, interrupted: bool
+        self, study: Any, trials: list[TrialResult], after: AfterSearch, interrupted: bool
     ) -> StudyResult:
         o = self.opts
         assert o.study and o.target and o.scenario and o.budget
@@ -194,7 +213,8 @@ class _Progress:
         self._notify = on_progress or (lambda p: None)
 
     def phase(self, text: str) -> None:
-        self.prog.phase, self.prog.message = text, text
+        """A new step: "score so far" belonged to the trial that ran (none runs now)."""
+        self.prog.phase, self.prog.message, self.prog.last_value = text, text, None
         self.say(text)
         self._notify(self.prog)
 
@@ -248,74 +268,6 @@ def _open(
     return study
 
 
-@dataclass
-class _AfterSearch:
-    """What the confirmation and the rollout came to."""
-
-    confirmation: Confirmation | None = None
-    rollout: Rollout | None = None
-    unmeasurable: BaselineUnmeasurable | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-def _after_search(
-    opts: OptimizeOptions,
-    h: Harness,
-    runner: TrialRunner,
-    spec: ObjectiveSpec,
-    trials: list[TrialResult],
-    study: Any,
-    lkg: ParamSet,
-    best: TrialResult | None,
-    front: list[int],
-    stop: threading.Event,
-    show: _Progress,
-) -> _AfterSearch:
-    """Confirm the best candidates against the live config, then roll a confirmed winner
-    out (unless ``--no-apply`` or stopped); every skip is a note."""
-    assert opts.study is not None
-    out = _AfterSearch()
-    live_no, live_params = _live(trials, study, lkg)
-    try:
-        if not stop.is_set():
-            out.confirmation = _confirm(
-                opts, runner, spec, trials, live_no, live_params, best, front, stop, show.phase
-            )
-            if out.confirmation.note:
-                out.notes.append(out.confirmation.note)
-        conf = out.confirmation
-        if conf is not None and conf.winner is not None and opts.apply and not stop.is_set():
-            show.phase(f"rolling out trial {conf.winner} through {h.rollout_via}")
-            winner = next(t for t in trials if t.number == conf.winner)
-            out.rollout = rollout(h, winner.params, lkg, conf, spec, opts.study, show.say)
-        elif conf is not None and conf.winner is not None:
-            out.notes.append("--no-apply: the confirmed winner was not applied")
-        elif conf is not None and not stop.is_set():
-            why = f"rollout skipped: {conf.verdict}; the last known good stays live"
-            show.say(why)
-            out.notes.append(why)
-    except BaselineUnmeasurable as exc:
-        out.unmeasurable = exc
-        out.confirmation = Confirmation("not run", live_no, note=str(exc))
-        out.notes.append(str(exc))
-        show.say(str(exc))
-    except LbtuneError as exc:
-        out.notes.append(f"stopped after the search: {exc}")
-        show.say(f"error after the search: {exc}")
-    return out
-
-
-def _restore(h: Harness, lkg: ParamSet, after: _AfterSearch, show: _Progress) -> None:
-    """Unless a winner was rolled out and kept, put the last known good back."""
-    ro = after.rollout
-    if ro is None or not ro.applied or ro.rolled_back:
-        show.phase("restoring the last known good")
-        try:
-            h.target.apply(h.lkg_get() or lkg)
-        except LbtuneError as exc:
-            after.notes.append(f"could not restore the last known good: {exc}")
-
-
 def _seed_progress(prog: StudyProgress, trials: list[TrialResult]) -> None:
     """On resume: counts and best so far from the trials already in the study."""
     for t in trials:
@@ -349,80 +301,6 @@ def _best(trials: list[TrialResult], spec: ObjectiveSpec) -> tuple[TrialResult |
             ok[j].number for j in pareto_front([pareto_values(t.figures) for t in ok if t.figures])
         ]
     return (None if i is None else done[i]), front
-
-
-def _candidates(
-    trials: list[TrialResult], spec: ObjectiveSpec, live: ParamSet, front: list[int], k: int
-) -> list[TrialResult]:
-    pool = [t for t in trials if t.state == "COMPLETE" and t.feasible and t.objective is not None]
-    if spec.kind == "pareto":
-        pool = [t for t in pool if t.number in front]
-    pool.sort(key=lambda t: t.objective if t.objective is not None else float("inf"))
-    out: list[TrialResult] = []
-    for t in pool:
-        if t.params != live and all(t.params != c.params for c in out):
-            out.append(t)
-    return out[:k]
-
-
-def _live(trials: list[TrialResult], study: Any, lkg: ParamSet) -> tuple[int | None, ParamSet]:
-    """The live configuration's trial number (whatever its state) and parameters.
-
-    The baseline of the confirmation is the live configuration re-measured, never its
-    search run: a failed trial 0 still names what to measure. Without a live trial
-    (a study from before roles), the parameters recorded when the study began.
-    """
-    live = next((t for t in trials if t.role == "live"), None)
-    if live is not None and live.params:
-        return live.number, dict(live.params)
-    stored = study.user_attrs.get("lkg_params")
-    return None, dict(stored) if isinstance(stored, dict) else dict(lkg)
-
-
-def _confirm(
-    opts: OptimizeOptions,
-    runner: Any,
-    spec: ObjectiveSpec,
-    trials: list[TrialResult],
-    live_no: int | None,
-    live: ParamSet,
-    best: TrialResult | None,
-    front: list[int],
-    stop: threading.Event,
-    phase: Callable[[str], None],
-) -> Confirmation:
-    """Confirm the best candidates against the live config; every skip says why."""
-
-    def skipped(verdict: Any, why: str) -> Confirmation:
-        phase(f"confirmation skipped: {why}")
-        return Confirmation(verdict, live_no, note=f"confirmation skipped: {why}")
-
-    if best is None:
-        return skipped("not run", "no feasible completed trial to confirm; nothing applied")
-    if best.params == live:
-        return skipped("baseline is best", f"the best trial ({best.number}) is the live config")
-    cands = _candidates(trials, spec, live, front, opts.confirm_top)
-    if not cands:
-        return skipped("baseline is best", "no feasible candidate differs from the live config")
-    if opts.confirm_runs == 0:
-        return skipped("not run", "--confirm-runs 0; nothing applied")
-    arms = [Arm(f"B{i + 1}", t.number, t.params) for i, t in enumerate(cands)]
-    phase(
-        f"confirmation: {len(arms)} candidate(s) against the live config, at least "
-        f"{opts.confirm_runs} round(s), up to {opts.confirm_max_rounds} for enough samples"
-    )
-    return confirm(
-        runner,
-        Arm("A", live_no, live),
-        arms,
-        spec,
-        runs=opts.confirm_runs,
-        max_rounds=opts.confirm_max_rounds,
-        max_s=opts.confirm_max_s,
-        seed=opts.seed or 0,
-        stop=stop,
-        say=phase,
-    )
 
 
 def _importances(study: Any) -> dict[str, float]:

@@ -70,6 +70,27 @@ def test_study_line_names_the_trial_once() -> None:
     assert plain(study_line(p, time.monotonic())).startswith("confirmation round 1: A (trial 0) |")
 
 
+def test_study_line_signs_the_change_as_study_json_does() -> None:
+    """A score 90 % lower than the baseline's is "-90.0 %" (``improvement_vs_baseline``
+    is ``best/baseline - 1``), not "+90.0 %"."""
+    p = StudyProgress(study="s", phase="trial", budget=5, trial=3, role="sampled")
+    p.best, p.best_trial, p.baseline = 0.1, 3, 1.0
+    text = plain(study_line(p, time.monotonic()))
+    assert "score -90.0% vs baseline" in text and "+90" not in text
+
+
+def test_confirmation_shows_no_score_of_the_last_search_trial() -> None:
+    from lbtune.tune.optimize import _Progress
+
+    shown: list[str] = []
+    show = _Progress(StudyProgress(study="s", budget=5), None, shown.append)
+    show.prog.phase, show.prog.trial, show.prog.last_value = "trial", 4, 0.734
+    assert "score so far 0.734" in plain(study_line(show.prog, time.monotonic()))
+    show.phase("confirmation round 1: A (trial 0)")
+    text = plain(study_line(show.prog, time.monotonic()))
+    assert text.startswith("confirmation round 1") and "score so far" not in text
+
+
 def test_ticking_emits_plain_lines_and_stops_with_the_block() -> None:
     got: list[str] = []
     with ticking(lambda: "[bold]trial 3[/] (sampled)\nbest -", got.append, True, every_s=0.01):

@@ -41,13 +41,37 @@ def test_open_requests_at_now_are_lower_bounds() -> None:
         (12.0, 0.5, True),  # first token arrived, still streaming
         (13.0, None, True),  # waiting for its first token
         (14.0, None, False),  # not streamed
-        (9.0, None, True),  # sent before the window
+        (9.0, None, True),  # sent before the window, still open: it occupies the window
+        (31.0, None, True),  # sent after the window (and after now): not there
     ]
     got = censored_samples(records, start=10.0, end=30.0, now=15.0, open_requests=open_requests)
-    assert got.e2e == pytest.approx((1.0, 3.0, 2.0, 1.0))
+    assert got.e2e == pytest.approx((1.0, 3.0, 2.0, 1.0, 6.0))
     assert got.ttft[:3] == pytest.approx((0.2, 0.5, 2.0))
     assert math.isnan(got.ttft[3])
-    assert (got.sent, got.errors, got.censored) == (4, 0, 3)
+    assert got.ttft[4] == pytest.approx(6.0)  # from its send, no first token yet
+    assert (got.sent, got.errors, got.censored, got.carried) == (5, 0, 4, 1)
+
+
+def test_a_window_sees_every_request_that_occupies_it() -> None:
+    """Sent in the warm-up and still running when the window opens: counted from its send;
+    ended before the window opened, or sent after it closed: not counted."""
+    records = [
+        rec(0, sent=5.0, ttft=0.1, e2e=5.0),  # ended exactly at the start: not in flight
+        rec(1, sent=6.0, ttft=0.2, e2e=8.0),  # warm-up, ends at 14: 8 s from its send
+        rec(2, sent=7.0, ttft=None, e2e=30.0, outcome="cancelled"),  # parked, cut off at 37
+        rec(3, sent=8.0, ttft=None, e2e=3.0, outcome="timeout"),  # warm-up, fails at 11
+        rec(4, sent=12.0, ttft=0.1, e2e=1.0),  # sent in the window
+        rec(5, sent=20.0, ttft=0.1, e2e=1.0),  # at the window's end: not in it
+    ]
+    got = censored_samples(records, start=10.0, end=20.0)
+    assert got.e2e == pytest.approx((8.0, 30.0, 1.0))
+    assert got.ttft == pytest.approx((0.2, 30.0, 0.1))
+    assert (got.sent, got.errors, got.censored, got.carried) == (4, 1, 1, 3)
+    assert got.finished == 2 and got.error_rate == pytest.approx(1 / 3)
+    # At a checkpoint (now = 12): the warm-up request still open counts at 6 s.
+    mid = censored_samples(records, start=10.0, end=20.0, now=12.5)
+    assert mid.e2e == pytest.approx((6.5, 5.5, 0.5))
+    assert (mid.sent, mid.errors, mid.censored) == (4, 1, 3)
 
 
 def test_records_that_end_after_now_are_open_then() -> None:

@@ -7,12 +7,12 @@ import dataclasses
 import pytest
 
 from lbtune.metrics.summary import GeneratorHealth
-from lbtune.report import frame
+from lbtune.report import frame, series
 from tests.report import data
 
 
 def test_latency_over_time_bins_by_send_second() -> None:
-    points = frame.latency_over_time(data.records(), data.T0)
+    points = series.latency_over_time(data.records(), data.T0)
     assert [p.t for p in points] == [float(t) for t in range(30)]
     assert all(p.n == 10 for p in points)  # 10 successful requests per second
     # Second 0: TTFTs (ms) 40, 42, 46, 48, 52, 54, 58, 204, 210, 216 -> P50 = (52 + 54) / 2.
@@ -24,7 +24,7 @@ def test_latency_over_time_bins_by_send_second() -> None:
 
 def test_ttft_histogram_covers_the_window_only() -> None:
     s = data.summary()
-    bins = frame.ttft_histogram(data.records(), s, bins=20)
+    bins = series.ttft_histogram(data.records(), s, bins=20)
     assert len(bins) == 20
     assert sum(b.count for b in bins) == 280 == s.latency.ttft.count  # i = 20..299
     assert bins[0].lo_ms == pytest.approx(40.0, abs=1e-3)
@@ -33,7 +33,7 @@ def test_ttft_histogram_covers_the_window_only() -> None:
 
 def test_throughput_vs_load_and_replica_points() -> None:
     s = data.summary()
-    load = frame.throughput_vs_load(s)
+    load = series.throughput_vs_load(s)
     assert [(p.label, p.offered_load) for p in load] == [
         ("4 users", 4.0),
         ("8 users", 8.0),
@@ -41,14 +41,14 @@ def test_throughput_vs_load_and_replica_points() -> None:
     ]
     assert [p.meets_slo for p in load] == [False, True, True]  # stage 0: 3 errors of 103
     assert s.knee_offered_load == 16.0
-    reps = frame.replica_load(s)
+    reps = series.replica_load(s)
     assert [r.replica for r in reps] == ["r0", "r1", "r2"]
     # Window: i = 20..299 -> r2 gets 94, r0 93, r1 93 ok + 3 errors; 283 sent.
     assert [r.share_pct for r in reps] == pytest.approx([9300 / 283, 9600 / 283, 9400 / 283])
     assert reps[2].busy_pct == pytest.approx(90.0)
     assert sum(r.share_pct for r in reps) == pytest.approx(100.0)
     no_stages = dataclasses.replace(s, stages=())
-    (only,) = frame.throughput_vs_load(no_stages)
+    (only,) = series.throughput_vs_load(no_stages)
     assert only.label == "window" and only.offered_load == pytest.approx(283 / 28)
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import re
 
 from lbtune.metrics.summary import CrossCheck, QuantileCheck
-from lbtune.report import frame, html, plots
+from lbtune.report import frame, html, plots, series
 from tests.report import data
 
 
@@ -41,8 +41,8 @@ def test_stages_get_the_offered_load_curve_one_stage_gets_throughput_over_time()
     assert "throughput" in staged and "throughput_time" not in staged
     single = html.render_plots(data.summary(stages=()), data.records())
     assert "throughput_time" in single and "throughput" not in single
-    series = frame.throughput_over_time(data.records(), data.T0)
-    assert sum(p.completed_per_s for p in series) == 300  # every ok request, once
+    over_time = series.throughput_over_time(data.records(), data.T0)
+    assert sum(p.completed_per_s for p in over_time) == 300  # every ok request, once
 
 
 def test_ttft_caption_promises_only_the_lines_it_draws() -> None:
@@ -87,3 +87,21 @@ def test_verdict_says_what_the_figures_mean() -> None:
     )
     assert "no P99 yet: 40 requests in the window, 100 needed" in frame.verdict(few)
     assert frame.verdict(s) in html.render(s, data.records())
+
+
+def test_a_verdict_says_which_slo_was_not_set() -> None:
+    """Round robin at an 11 s P99 with no E2E SLO in the scenario is not "SLO met"."""
+    from lbtune.metrics.summary import SloCheck
+
+    s = data.summary()
+    ttft = SloCheck("p99_ttft", 1.0, 0.4, True)
+    e2e = SloCheck("p99_e2e", 20.0, 11.0, True)
+    errors = SloCheck("error_rate", 0.01, 0.0, True)
+    no_e2e = dataclasses.replace(s, slo_checks=(ttft, errors))
+    assert frame.verdict(no_e2e).startswith("Verdict: SLO met for TTFT and errors; no E2E SLO set.")
+    only_errors = dataclasses.replace(s, slo_checks=(errors,))
+    assert "SLO met for errors; no TTFT or E2E SLO set" in frame.verdict(only_errors)
+    every = dataclasses.replace(s, slo_checks=(ttft, e2e, errors))
+    assert frame.verdict(every).startswith("Verdict: SLO met. ")
+    failed = dataclasses.replace(s, slo_checks=(dataclasses.replace(e2e, ok=False), errors))
+    assert frame.verdict(failed).startswith("Verdict: SLO NOT met (p99_e2e)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lbtune.report.study import is_plain_round_robin
+from lbtune.report.study_frame import is_plain_round_robin
 
 
 def test_plain_round_robin_is_recognised() -> None:

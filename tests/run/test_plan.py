@@ -155,6 +155,14 @@ def test_closed_loop_estimate_from_the_last_indexed_run(
     assert estimate_window_requests(half, tmp_path).rate_per_s == pytest.approx(1.0)  # type: ignore[union-attr]
     other = plan_run(StressOptions(scenario="longctx", target_url="http://127.0.0.1:9"))
     assert estimate_window_requests(other, tmp_path) is None
+    # Nor is the same target under another balancer config: in a closed loop the config
+    # sets the rate (issue 22: ~305 predicted from a tuned run, 50 held by round robin).
+    tuned = plan.with_target("haproxy", url, {"algorithm": "llm"})
+    assert estimate_window_requests(tuned, tmp_path) is None
+    assert "current balancer config" in describe_estimate(tuned, None)
+    write_run_plan(past_dir, past.with_target("haproxy", url, {"algorithm": "llm"}))
+    assert estimate_window_requests(tuned, tmp_path) is not None
+    assert estimate_window_requests(plan, tmp_path) is None  # now the past run was tuned
 
 
 def test_every_readme_stress_example_plans_enough_for_a_p99_or_holds_until_it() -> None:

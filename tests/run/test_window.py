@@ -20,6 +20,7 @@ from lbtune.loadgen.collect import Progress
 from lbtune.loadgen.health import GeneratorHealth
 from lbtune.loadgen.recordio import write_parquet
 from lbtune.loadgen.runner import LoadResult
+from lbtune.metrics.censor import occupies
 from lbtune.objective import Figures
 from lbtune.records.requests import RequestRecord
 from lbtune.run.plan import plan_run
@@ -101,7 +102,11 @@ def test_until_samples_pruning_and_the_summary_use_one_window(
     assert (summary.window.start, summary.window.end) == planned
     # ... and each counted what lies in that window, nothing outside it.
     assert counter.reached_at is not None
-    assert len(seen) == 1 and seen[0].samples == _in_window(early, planned)
+    # (The pruning feed's samples follow the censoring rule: every request that occupies
+    # the window, the one sent in the warm-up and still running when it opened included.)
+    occupying = sum(1 for r in early if occupies(r.sent_at, r.ended_at, *planned))
+    assert occupying == _in_window(early, planned) + 1
+    assert len(seen) == 1 and seen[0].samples == occupying
     assert summary.outcomes.sent == need and summary.all_outcomes.sent == len(records)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from lbtune.objective import ObjectiveSpec
-from lbtune.search.confirm import bootstrap_diff
+from lbtune.search.judge import bootstrap_diff
 from lbtune.search.trial import Samples
 from lbtune.targets.base import ParamSet
 from lbtune.tune.optimize import OptimizeOptions, run_optimize

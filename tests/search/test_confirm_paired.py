@@ -21,8 +21,9 @@ import pytest
 from lbtune.errors import LbtuneError, TrialFailed
 from lbtune.objective import Figures, ObjectiveSpec
 from lbtune.records.quantiles import percentile
-from lbtune.report.study import before_after, rounds_table
-from lbtune.search.confirm import Arm, BaselineUnmeasurable, bootstrap_diff, confirm
+from lbtune.report.study_frame import before_after, rounds_table
+from lbtune.search.confirm import Arm, BaselineUnmeasurable, confirm
+from lbtune.search.judge import bootstrap_diff
 from lbtune.search.result import StudyResult, TrialResult
 from lbtune.search.trial import Measurement, Samples, TrialRunner, WindowHook
 from lbtune.targets.base import ParamSet

@@ -8,7 +8,7 @@ import pytest
 
 from lbtune.errors import ConfigError
 from lbtune.targets.haproxy.target import SPACE_FILE
-from lbtune.targets.space import ParameterSpace, load_params_file
+from lbtune.targets.space import IDLE_REASON, ParameterSpace, SpaceFile, load_params_file
 
 REPLICAS = ["h100-0", "l4-0"]
 
@@ -97,8 +97,46 @@ def test_suggest_samples_only_active_knobs_and_stays_in_the_space(space: Paramet
             assert "hash_bytes" not in sampled and "hash_balance_factor" not in sampled
         if params["algorithm"] != "random":
             assert "random_draws" not in sampled
-        assert "weight.h100-0" in sampled
+        # The LLM scheduler picks its server itself: weights act under every other one.
+        assert ("weight.h100-0" in sampled) == (params["algorithm"] != "llm")
+        assert space.is_active("weight.h100-0", params) == (params["algorithm"] != "llm")
         study.tell(trial, 0.0)
+    assert any(t.params.get("algorithm") == "llm" for t in study.trials)
+
+
+def test_a_condition_sees_the_sampled_value_whatever_the_file_order() -> None:
+    """``weight`` comes before ``algorithm`` in the file; its condition on ``algorithm`` is
+    judged on the sampled algorithm, not on the baseline (the knobs a ``when`` names are
+    sampled first), and a knob that depends on an inactive knob is inactive too."""
+    optuna = pytest.importorskip("optuna")
+    doc = SpaceFile.model_validate(
+        {
+            "target": "x",
+            "params": {
+                "w": {"type": "int", "low": 1, "high": 9, "baseline": 5,
+                      "when": {"algo": ["rr", "lc"]}},
+                "algo": {"type": "categorical", "choices": ["rr", "lc", "llm"], "baseline": "rr"},
+                "x": {"type": "int", "low": 1, "high": 9, "baseline": 1, "when": {"w": 9}},
+            },
+        }
+    )  # fmt: skip
+    space = ParameterSpace.from_file(doc)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen = set()
+    for _ in range(30):
+        trial = study.ask()
+        params = space.suggest(trial)
+        seen.add(params["algo"])
+        assert ("w" in trial.params) == (params["algo"] != "llm")
+        study.tell(trial, 0.0)
+    assert seen == {"rr", "lc", "llm"}
+    active, inactive = space.split({"w": 9, "algo": "llm", "x": 3})
+    assert active == {"algo": "llm"}
+    assert inactive == {"w": "acts only when algo = rr/lc", "x": "acts only when w = 9"}
+    assert ParameterSpace(space.target, space.params, idle=["algo"]).split({"algo": "rr"}) == (
+        {},
+        {"algo": IDLE_REASON},
+    )
 
 
 @pytest.mark.parametrize(

@@ -150,7 +150,7 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
     from lbtune.metrics.stats import throughput
     from lbtune.metrics.summary import Window
     from lbtune.records.quantiles import percentile
-    from lbtune.report.study import before_after, shown_comparison
+    from lbtune.report.study_frame import before_after, shown_comparison
     from lbtune.scenario.runplan import read_run_plan
     from lbtune.targets import get_target
     from lbtune.tune.optimize import OptimizeOptions, run_optimize

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lbtune.errors import ConfigError
+from lbtune.metrics.censor import occupies
 from lbtune.records.requests import RequestRecord
 from lbtune.scenario.workload import build_workload
 from lbtune.targets.haproxy.twin import routing_model
@@ -170,7 +171,17 @@ def test_the_window_and_figures_are_the_live_ones(tmp_path: Path) -> None:
     assert s.latency.e2e.count == len(inside)
     assert "virtual-time twin" in " ".join(s.notes)
     cs = run.censored()
-    assert cs.sent == len([r for r in run.records if run.window.contains(r.sent_at)])
+    # The live rule (issue 22): every request that occupies the window, those sent in the
+    # warm-up and still running when it opened included.
+    w = run.window
+    occupying = [r for r in run.records if occupies(r.sent_at, r.ended_at, w.start, w.end)]
+    carried = [r for r in occupying if r.sent_at < w.start]
+    assert (
+        cs.sent
+        == len(occupying)
+        == len([r for r in run.records if w.contains(r.sent_at)]) + len(carried)
+    )
+    assert cs.carried == len(carried)
 
 
 def test_a_model_no_replica_serves_is_a_config_error(tmp_path: Path) -> None:
