@@ -201,8 +201,11 @@ def read_stream(
                 if remaining <= 0:
                     st.ended_at = t
                     return head.keep_alive
-            if fresh:
-                _note(st, data, t, stamped)
+            if fresh:  # _note, inlined (once per read)
+                if not stamped:
+                    st.unstamped = True
+                elif len(data) < RECV:
+                    st.lower = t
             elif st.head_lower is not None:  # rest: its read (the head's) drained the socket
                 st.lower = st.head_lower
         fresh = True
