@@ -296,6 +296,9 @@ def summarize(
     idle_total = sum(i for i, _ in idle)
     idle_share = idle_total / (idle_total + sum(e for _, e in idle)) if idle else None
     degraded, reasons = assess(lateness, bound, idle_share)
+    late = bound.inexact_share > 0.01 and "kernel" in timings
+    if late and any(r.startswith("TTFT") for r in reasons):
+        reasons.append(_busy_hint(bound.inexact_share, lag_p99))
     if cap_hits:
         reasons.append(f"max in-flight cap hit {cap_hits} times (open-loop sends delayed)")
         degraded = True
@@ -323,6 +326,16 @@ def summarize(
         loop_stamped_share=timings.count("loop") / len(timings) if timings else 0.0,
         idle_share=idle_share,
         idle_max_s=max(i for i, _ in idle) if idle else None,
+    )
+
+
+def _busy_hint(inexact_share: float, lag_p99: float | None) -> str:
+    """Why first-token stamps went inexact, and what to do about it."""
+    lag = "" if lag_p99 is None else f" (event-loop lag P99 {lag_p99 * 1e3:.0f} ms)"
+    return (
+        f"{inexact_share:.0%} of first tokens were read late{lag}, after later bytes had "
+        "joined them: this process drives more streams than it reads on time; spread them "
+        "over more processes (--workers) or cores, or run fewer streams"
     )
 
 

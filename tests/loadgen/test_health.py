@@ -78,6 +78,15 @@ def test_loop_stamped_records_are_counted() -> None:
     assert w.loop_stamped_share == pytest.approx(0.01) and w.timing == "mixed"
 
 
+def test_late_reads_say_what_to_do() -> None:
+    """Kernel stamps, but 10 % of first tokens shared their read (read late, 40 ms of
+    loop lag): degraded, and the reasons say why and what to change."""
+    ttfts = [(0.05, 0.0)] * 90 + [(0.09, 0.04)] * 10
+    w = summarize("w0", [], [0.04] * 100, [], 0, ttfts=ttfts, timings=["kernel"])
+    assert w.degraded and w.reasons[0].startswith("TTFT P99")
+    assert "10% of first tokens were read late" in w.reasons[-1] and "--workers" in w.reasons[-1]
+
+
 def test_loop_timed_stamps_are_bounded_by_the_loop_lag() -> None:
     """TLS (loop-timed): a 20 ms loop lag P99 may be in every 100 ms TTFT stamp."""
     ttfts = [(0.1, None)] * 100
