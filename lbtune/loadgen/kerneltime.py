@@ -69,6 +69,7 @@ arrival time of the last byte; else ``time.time()`` after the read returned (an 
 bound of the arrival). ``b""`` at EOF."""
 Reader = Callable[[], Read]
 _held: list[socket.socket] = []
+_tried: list[bool] = []
 
 
 def enable(sock: Any) -> bool:
@@ -86,10 +87,12 @@ def hold(timeout_s: float = 2.0) -> bool:
 
     A socket that asks for stamps keeps them on while it is open: one loopback pair is
     kept open (module-wide, made once); the probe is repeated until the deferred switch
-    has flipped. False where the kernel refuses or never stamps.
+    has flipped. False where the kernel refuses or never stamps (asked once: a later call
+    answers at once).
     """
-    if _held:
-        return True
+    if _tried:
+        return bool(_held)
+    _tried.append(True)  # asked once per process, whatever the answer
     if not KERNEL_TIMESTAMPS:
         return False
     with socket.create_server(("127.0.0.1", 0)) as srv:
