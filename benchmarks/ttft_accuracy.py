@@ -22,7 +22,9 @@ Per request (:mod:`lbtune.loadgen.groundtruth`, one definition with the honesty 
 
 * error  = |client TTFT − server TTFT| = |(first − sent) − (t_first − t_recv)|
 * excess = how much the client's TTFT overstates even the server's latest view
-  (its own part of the error: lbtune promises excess ≤ each record's bound)
+  (its own part of the error: lbtune promises excess ≤ each record's bound), and its
+  two sides, P99 each: send = t_recv − sent (send stamp to the request's arrival),
+  late = first − t_sent (first token stamped after the server's write had ended)
 
 and lbtune's own verdict: ``degraded``, the TTFT bound it printed, and whether the flag
 was right (flagged exactly when the excess P99 was beyond the limit it applies).
@@ -160,6 +162,8 @@ def analyse(
         err_p50=ms(acc.error_p50_s),
         err_p99=ms(acc.error_p99_s),
         excess_p99=ms(acc.excess_p99_s),
+        send_p99=ms(acc.send_p99_s),
+        late_p99=ms(acc.late_p99_s),
         run_excess_p99=ms(every.excess_p99_s),
         violations=every.violations if every.unbounded < every.n else None,
         rps=len(recs) / max(1e-9, max((r.ended_at for r in recs), default=t0) - t0),
@@ -225,7 +229,8 @@ def measure(
 def report(results: dict[str, dict[str, Any]]) -> None:
     print(
         f"{'client':11} {'streams':>7} {'hog':>3} {'n':>5} {'req/s':>6} | {'|err| P50':>9} "
-        f"{'P99':>7} | {'excess P99':>10} | {'CPU%':>4} | lbtune's verdict"
+        f"{'P99':>7} | {'excess P99':>10} {'send':>6} {'late':>6} | {'CPU%':>4} | "
+        "lbtune's verdict"
     )
     for key, r in results.items():
         client, n, with_hog = key.split("|")
@@ -241,7 +246,8 @@ def report(results: dict[str, dict[str, Any]]) -> None:
         print(
             f"{client:11} {int(n):7d} {'yes' if with_hog == 'True' else 'no':>3} {r['n']:5d} "
             f"{r['rps']:6.0f} | {fmt(r['err_p50'], 9)} {fmt(r['err_p99'], 7)} | "
-            f"{fmt(r['excess_p99'], 10)} | {r['cpu'] or 0:4.0f} | {verdict}"
+            f"{fmt(r['excess_p99'], 10)} {fmt(r['send_p99'])} {fmt(r['late_p99'])} | "
+            f"{r['cpu'] or 0:4.0f} | {verdict}"
         )
     own = [r for k, r in results.items() if k.startswith("lbtune|")]
     print(

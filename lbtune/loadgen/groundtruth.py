@@ -49,6 +49,12 @@ class Accuracy:
     """Records whose ``excess > bound`` or ``under > 0`` (beyond :data:`EPSILON_S`)."""
     unbounded: int
     """Records with no bound (loop-timed client)."""
+    send_p99_s: float | None = None
+    """P99 of ``t_recv - sent_at``: from the send stamp to the request's arrival (the
+    send side of the excess: a preempted process, a slow write)."""
+    late_p99_s: float | None = None
+    """P99 of ``max(0, first_token_at - t_sent)``: how much later than the server's write
+    the first token was stamped (the receive side: merged, late or unstamped reads)."""
 
 
 def _p(values: Sequence[float], q: float) -> float | None:
@@ -61,6 +67,8 @@ def compare(records: Sequence[RequestRecord], truth: Truth, since: float = 0.0) 
     excess: list[float] = []
     bounds: list[float] = []
     server: list[float] = []
+    send: list[float] = []
+    late: list[float] = []
     violations = unbounded = 0
     for r in records:
         g = truth.get(r.request_id)
@@ -73,8 +81,10 @@ def compare(records: Sequence[RequestRecord], truth: Truth, since: float = 0.0) 
         error.append(abs(m - (t_first - t_recv)))
         over = max(0.0, m - (t_sent - t_recv)) if t_sent is not None else 0.0
         excess.append(over)
+        send.append(t_recv - r.sent_at)
         if t_sent is not None:
             server.append(t_sent - t_first)
+            late.append(max(0.0, r.first_token_at - t_sent))
         b = r.first_token_bound_s
         if b is None:
             unbounded += 1
@@ -92,4 +102,6 @@ def compare(records: Sequence[RequestRecord], truth: Truth, since: float = 0.0) 
         server_write_p99_s=_p(server, 99),
         violations=violations,
         unbounded=unbounded,
+        send_p99_s=_p(send, 99),
+        late_p99_s=_p(late, 99),
     )
