@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,18 +79,27 @@ def truth(url: str, clear: bool = False) -> dict[str, dict[str, float | None]]:
         return doc
 
 
-def run_lbtune(
-    url: str, users: int, duration: float, tokens: int, tmp: Path, stamps: str = "kernel"
-) -> tuple[list[RequestRecord], dict[str, Any]]:
+@dataclass(frozen=True)
+class Load:
+    """One client run's load: the server, streams, seconds, tokens per request, scratch."""
+
+    url: str
+    users: int
+    duration: float
+    tokens: int
+    tmp: Path
+
+
+def run_lbtune(load: Load, stamps: str = "kernel") -> tuple[list[RequestRecord], dict[str, Any]]:
     os.environ["LBTUNE_TIMESTAMPS"] = stamps
     try:
         res = run_load(
             LoadConfig(
-                target_url=url,
-                scenario=f"fixed:output={tokens}",
-                users=users,
-                duration_s=duration,
-                records_dir=tmp / f"lbtune-{stamps}-{users}-{time.time()}",
+                target_url=load.url,
+                scenario=f"fixed:output={load.tokens}",
+                users=load.users,
+                duration_s=load.duration,
+                records_dir=load.tmp / f"lbtune-{stamps}-{load.users}-{time.time()}",
                 grace_s=3.0,
             )
         )
@@ -108,17 +118,15 @@ def run_lbtune(
     }
 
 
-def run_stock(
-    kind: str, url: str, users: int, duration: float, tokens: int, tmp: Path
-) -> dict[str, Any]:
+def run_stock(kind: str, load: Load) -> dict[str, Any]:
     """A stock client's run: its raw rows (``_stockclients.py``'s form) and CPU."""
-    out = tmp / f"{kind}-{users}-{time.time()}.json"
-    args = ["--url", url, "--users", str(users), "--duration", str(duration)]
-    args += ["--output-tokens", str(tokens), "--out", str(out)]
+    out = load.tmp / f"{kind}-{load.users}-{time.time()}.json"
+    args = ["--url", load.url, "--users", str(load.users), "--duration", str(load.duration)]
+    args += ["--output-tokens", str(load.tokens), "--out", str(out)]
     subprocess.run(
         [sys.executable, str(HERE / "_stockclients.py"), kind, *args],
         check=True,
-        timeout=duration + 120,
+        timeout=load.duration + 120,
         stderr=subprocess.DEVNULL,
     )
     doc: dict[str, Any] = json.loads(out.read_text())
@@ -212,12 +220,13 @@ def measure(
             for n in [int(x) for x in a.levels.split(",")]:
                 for client in clients:
                     truth(url, clear=True)
+                    load = Load(url, n, a.duration, a.tokens, tmp)
                     if client in ("locust", "aiohttp"):
-                        doc = run_stock(client, url, n, a.duration, a.tokens, tmp)
+                        doc = run_stock(client, load)
                         recs, info = stock_records(doc), {"cpu": doc["cpu"], "degraded": None}
                     else:
                         stamps = "loop" if client == "lbtune-loop" else "kernel"
-                        recs, info = run_lbtune(url, n, a.duration, a.tokens, tmp, stamps)
+                        recs, info = run_lbtune(load, stamps)
                     results[f"{client}|{n}|{with_hog}"] = analyse(recs, info, truth(url))
         finally:
             if hog is not None:
