@@ -90,9 +90,15 @@ def hold(timeout_s: float = 2.0) -> bool:
     has flipped. False where the kernel refuses or never stamps (asked once: a later call
     answers at once).
     """
-    if _tried:
+    if _held or _tried:
         return bool(_held)
-    _tried.append(True)  # asked once per process, whatever the answer
+    ok = _probe(timeout_s)
+    _tried.append(ok)  # answered once per process (callers meanwhile probe for themselves)
+    return ok
+
+
+def _probe(timeout_s: float) -> bool:
+    """One loopback pair asking for stamps, probed until a segment comes back stamped."""
     if not KERNEL_TIMESTAMPS:
         return False
     with socket.create_server(("127.0.0.1", 0)) as srv:
