@@ -29,7 +29,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ttft_accuracy import run_stock, start_echo
+from ttft_accuracy import Load, run_stock, start_echo
 
 from lbtune.loadgen.recordio import read_records
 from lbtune.loadgen.runner import LoadConfig, run_load
@@ -106,7 +106,7 @@ def main() -> int:
                 elif name.startswith("lbtune x2"):
                     doc = run_lb(url, a.users, a.duration, 2, tmp)
                 else:
-                    doc = run_stock(name, url, a.users, a.duration, TOKENS, tmp)
+                    doc = run_stock(name, Load(url, a.users, a.duration, TOKENS, tmp))
                     doc["procs"] = 1
                 c1 = srv.cpu_times()
                 srv_cpu = 100 * ((c1.user - c0.user) + (c1.system - c0.system)) / (time.time() - w0)

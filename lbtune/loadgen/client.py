@@ -9,8 +9,12 @@ however late the event loop gets to a socket, the stamp is when the bytes came. 
 read that returns the first content event together with later bytes only bounds its
 arrival: the record's ``first_token_bound_s`` says by how much. Over TLS (records
 cannot be matched to segments) or where the kernel gives no stamp, reads are stamped
-with ``time.time()`` and the record says ``timing="loop"``.
-Send times are ``time.time()`` right before the request is written.
+with ``time.time()`` and the record says ``timing="loop"``; a kernel-timed record
+with such a read still carries an honest bound (the interval since the last stamped
+read, :mod:`lbtune.loadgen.response`).
+Send times are ``time.time()`` right before the request is written, once the
+connection is ready (connecting is not in TTFT); the write's own duration is in
+``first_token_bound_s``: the true TTFT lies in ``[ttft - bound, ttft]``.
 
 Every call of :meth:`StreamClient.send` returns exactly one
 :class:`~lbtune.records.requests.RequestRecord` with exactly one outcome:
@@ -102,7 +106,8 @@ class StreamClient:
         open_set: OpenSet | None = None,
         kernel_timestamps: bool = True,
     ) -> None:
-        """``kernel_timestamps=False`` stamps reads with ``time.time()`` (for comparison)."""
+        """``kernel_timestamps=False`` stamps reads with ``time.time()`` (for comparison).
+        Kernel stamps are turned on for the process (:func:`kerneltime.hold`) here."""
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"target URL must be http(s)://host[:port], got {base_url!r}")
@@ -111,9 +116,7 @@ class StreamClient:
         self.prefix = u.path.rstrip("/")
         self._tls = ssl.create_default_context() if u.scheme == "https" else None
         self.timing: Timing = (
-            "kernel"
-            if kernel_timestamps and kerneltime.KERNEL_TIMESTAMPS and self._tls is None
-            else "loop"
+            "kernel" if kernel_timestamps and self._tls is None and kerneltime.hold() else "loop"
         )
         self._host_header = f"{self.host}:{self.port}" if u.port else self.host
         self._api_key = None if api_key is None else check_key(api_key, "the API key")
@@ -236,8 +239,12 @@ class StreamClient:
             prefix_group=spec.prefix_group,
             session_id=spec.session_id,
             worker=self.worker,
-            timing=st.timing,
-            first_token_bound_s=st.first_bound if spec.stream else None,
+            timing="loop" if st.unstamped else st.timing,
+            first_token_bound_s=(
+                st.first_bound + st.send_bound
+                if spec.stream and st.first_bound is not None
+                else None
+            ),
         )
         return self._scrub(rec)
 

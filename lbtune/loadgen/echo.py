@@ -13,6 +13,10 @@ them) and ``GET /debug/requests/{id}``:
   event-loop lag does not enter it (``time.time()`` where the kernel gives none);
 * ``t_first`` — ``time.time()`` right before the first content chunk is written
   (a causal lower bound of its arrival at the client: loopback adds ~20 µs);
+* ``t_sent`` — ``time.time()`` right after that write returned with every byte taken
+  by the kernel (an upper bound of its arrival over loopback), ``null`` where the write
+  was held back (the socket's buffer was full): so the server's own delays between its
+  stamps and its writes are measured, not assumed away;
 * ``t_last`` — after the last write.
 
 No framework: an asyncio loop for readiness and timers over non-blocking raw
@@ -143,6 +147,11 @@ class _Conn:
         self.sock.close()
 
 
+def _sent_at(c: _Conn) -> float | None:
+    """After a write: now, if the kernel took every byte (else ``None``: held back)."""
+    return None if c.out or c.closed else time.time()
+
+
 class EchoServer:
     def __init__(
         self,
@@ -157,7 +166,7 @@ class EchoServer:
         self.one_write = one_write
         self.replica = replica.encode()
         self.keep_truth = keep_truth
-        self.truth: dict[str, dict[str, float]] = {}
+        self.truth: dict[str, dict[str, float | None]] = {}
         self.requests = 0
         self._tok = {True: _chunk(_TOKEN), False: _chunk(_TEXT)}
 
@@ -193,7 +202,7 @@ class EchoServer:
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                 b"X-Lbtune-Replica: %s\r\n\r\n%s" % (len(doc), self.replica, doc)
             )
-            self._truth(rid, t_recv, t, t)
+            self._truth(rid, t_recv, (t, _sent_at(c)), t)
             return
         head = (
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -205,7 +214,7 @@ class EchoServer:
         if self.one_write and not model.startswith("x-"):
             t = time.time()
             c.write(head + _chunk(_ROLE) + tok * n + tail)
-            self._truth(rid, t_recv, t, t)
+            self._truth(rid, t_recv, (t, _sent_at(c)), t)
             return
         c.write(head + _chunk(_ROLE))
         _Stream(self, c, rid, t_recv, n, tok, tail, model).schedule(self.ttft)
@@ -226,9 +235,17 @@ class EchoServer:
             % (status, len(out), out)
         )
 
-    def _truth(self, rid: str, t_recv: float, t_first: float, t_last: float) -> None:
+    def _truth(
+        self, rid: str, t_recv: float, first: tuple[float, float | None], t_last: float
+    ) -> None:
+        """``first``: (``t_first``, ``t_sent``) of the first content write."""
         if self.keep_truth and rid:
-            self.truth[rid] = {"t_recv": t_recv, "t_first": t_first, "t_last": t_last}
+            self.truth[rid] = {
+                "t_recv": t_recv,
+                "t_first": first[0],
+                "t_sent": first[1],
+                "t_last": t_last,
+            }
 
     async def serve(self, host: str, port: int, ready: Callable[[int], Any] | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -270,7 +287,19 @@ class EchoServer:
 class _Stream:
     """The timed content chunks of one streamed response (asyncio timers, no coroutine)."""
 
-    __slots__ = ("c", "i", "model", "n", "rid", "srv", "t_first", "t_recv", "tail", "tok")
+    __slots__ = (
+        "c",
+        "i",
+        "model",
+        "n",
+        "rid",
+        "srv",
+        "t_first",
+        "t_recv",
+        "t_sent",
+        "tail",
+        "tok",
+    )
 
     def __init__(
         self,
@@ -287,6 +316,7 @@ class _Stream:
         self.n, self.tok, self.tail, self.model = n, tok, tail, model
         self.i = 0
         self.t_first = 0.0
+        self.t_sent: float | None = None
 
     def schedule(self, delay: float) -> None:
         if delay > 0:
@@ -301,11 +331,13 @@ class _Stream:
         i = self.i
         if i >= self.n:
             c.write(self.tail)
-            self.srv._truth(self.rid, self.t_recv, self.t_first, time.time())
+            self.srv._truth(self.rid, self.t_recv, (self.t_first, self.t_sent), time.time())
             return
         if i == 0:
             self.t_first = time.time()  # just before the bytes leave: a causal lower bound
         c.write(self.tok)
+        if i == 0:
+            self.t_sent = _sent_at(c)
         self.i = i + 1
         if self.model == "x-break" and i == 1:
             c.close()

@@ -10,12 +10,18 @@ distort, and what is judged here, per generator process:
   the end of its previous one: ``idle = sent_at(next) - ended_at(prev)``. The
   idle share of the users' time, ``Σ idle / Σ (idle + e2e)``, is how much lower
   the offered concurrency was than asked;
-* **the TTFT timing-error bound** — a first-token stamp is exact unless later
-  bytes shared its read (then its true arrival lies in a known interval), and a
-  ``loop``-timed record (TLS) may be late by the loop lag (its P99 is used). Each
-  sample's true TTFT lies in ``[m - b, m]``, so each percentile lies in
-  ``[P(m - b), P(m)]``: the bound of a figure is ``P(m) - P(m - b)``, reported
-  beside it;
+* **the TTFT timing-error bound** — a request's TTFT ``m`` is measured from right
+  before its write; the write's duration and the first-token stamp's uncertainty (0
+  when the kernel stamped it and no later byte shared its read, else the interval
+  since the last stamped read) add up to its bound ``b`` (the record's
+  ``first_token_bound_s``): its true TTFT lies in ``[m - b, m]``. A record from a
+  ``loop``-timed client (TLS, kernel stamps off) has no such interval: the loop lag's
+  P99 stands in for it, an estimate, not a bound. Each percentile lies in
+  ``[P(m - b), P(m)]``; the bound printed for a figure is the larger of
+  ``P(m) - P(m - b)`` (how much the figure could be overstated) and ``P(b)`` (so that
+  the same percentile of the per-request errors is inside it too). Where the kernel
+  left a first token unstamped, the record says ``timing="loop"`` and the worker's
+  ``loop_stamped_share`` counts it;
 * the open-loop in-flight cap (sends held back).
 
 ``degraded`` when open-loop lateness P99 > :data:`LATENESS_P99_LIMIT_S`, the
@@ -88,7 +94,8 @@ class TimingBound:
     ttft_p50_s: float | None
     ttft_p99_s: float | None
     bound_p50_s: float | None
-    """``P50(m) - P50(m - b)``: the true P50 lies in [P50 - bound, P50]."""
+    """``max(P50(m) - P50(m - b), P50(b))``: the true P50 lies in [P50 - bound, P50], and
+    the P50 of the per-request errors is at most this."""
     bound_p99_s: float | None
     inexact_share: float
     """Share of first-token stamps that are not exact (b > 0)."""
@@ -100,11 +107,12 @@ def timing_bound(ttfts: Sequence[float], bounds: Sequence[float]) -> TimingBound
         return TimingBound(None, None, None, None, 0.0)
     low = [m - b for m, b in zip(ttfts, bounds, strict=True)]
     p50, p99 = quantiles.percentile(ttfts, 50), quantiles.percentile(ttfts, 99)
+    pb = quantiles.percentile
     return TimingBound(
         ttft_p50_s=p50,
         ttft_p99_s=p99,
-        bound_p50_s=max(0.0, p50 - quantiles.percentile(low, 50)),
-        bound_p99_s=max(0.0, p99 - quantiles.percentile(low, 99)),
+        bound_p50_s=max(0.0, p50 - pb(low, 50), pb(bounds, 50)),
+        bound_p99_s=max(0.0, p99 - pb(low, 99), pb(bounds, 99)),
         inexact_share=sum(1 for b in bounds if b > 0) / len(bounds),
     )
 
@@ -197,6 +205,9 @@ class WorkerHealth:
     """How much TTFT P50 could be overstated by the generator's stamps."""
     ttft_bound_p99_s: float | None = None
     inexact_share: float = 0.0
+    loop_stamped_share: float = 0.0
+    """Share of first-token stamps that are the loop's time, not the kernel's (TLS, kernel
+    stamps off, or a read the kernel left unstamped)."""
     idle_share: float | None = None
     """Closed loop: Σ idle / Σ (idle + e2e) over users' consecutive requests."""
     idle_max_s: float | None = None
@@ -275,8 +286,9 @@ def summarize(
     timings: Sequence[str] = (),
     idle: Sequence[tuple[float, float]] = (),
 ) -> WorkerHealth:
-    """``ttfts``: (measured TTFT, stamp bound or ``None`` = loop-timed) of streamed ok
-    requests; ``idle``: (idle before, e2e) of closed-loop users' consecutive requests."""
+    """``ttfts``: (measured TTFT, bound or ``None`` = loop-timed client) of streamed ok
+    requests, ``timings``: their records' timing, one each (or one kind for all);
+    ``idle``: (idle before, e2e) of closed-loop users' consecutive requests."""
     cpu = [s.cpu_percent for s in samples]
     lag_p99 = percentile(lag, 99)
     loop_b = lag_p99 or 0.0  # a loop-timed stamp may be late by the loop's lag
@@ -284,6 +296,9 @@ def summarize(
     idle_total = sum(i for i, _ in idle)
     idle_share = idle_total / (idle_total + sum(e for _, e in idle)) if idle else None
     degraded, reasons = assess(lateness, bound, idle_share)
+    late = bound.inexact_share > 0.01 and "kernel" in timings
+    if late and any(r.startswith("TTFT") for r in reasons):
+        reasons.append(_busy_hint(bound.inexact_share, lag_p99))
     if cap_hits:
         reasons.append(f"max in-flight cap hit {cap_hits} times (open-loop sends delayed)")
         degraded = True
@@ -308,8 +323,19 @@ def summarize(
         ttft_bound_p50_s=bound.bound_p50_s,
         ttft_bound_p99_s=bound.bound_p99_s,
         inexact_share=bound.inexact_share,
+        loop_stamped_share=timings.count("loop") / len(timings) if timings else 0.0,
         idle_share=idle_share,
         idle_max_s=max(i for i, _ in idle) if idle else None,
+    )
+
+
+def _busy_hint(inexact_share: float, lag_p99: float | None) -> str:
+    """Why first-token stamps went inexact, and what to do about it."""
+    lag = "" if lag_p99 is None else f" (event-loop lag P99 {lag_p99 * 1e3:.0f} ms)"
+    return (
+        f"{inexact_share:.0%} of first tokens were read late{lag}, after later bytes had "
+        "joined them: this process drives more streams than it reads on time; spread them "
+        "over more processes (--workers) or cores, or run fewer streams"
     )
 
 
@@ -330,7 +356,7 @@ class HealthMonitor:
         self.lag: list[float] = []
         self.ttfts: list[tuple[float, float | None]] = []
         self.idle: list[tuple[float, float]] = []
-        self.timings: set[str] = set()
+        self.timings: list[str] = []
         self.samples: list[HealthSample] = []
         self._greenlet: Any = None
         self._lag_mark = 0
@@ -340,9 +366,10 @@ class HealthMonitor:
         self.lateness.append(seconds)
 
     def note_ttft(self, ttft: float, bound: float | None, timing: str) -> None:
-        """A streamed, successful request's TTFT and its stamp's bound (None: loop-timed)."""
+        """A streamed, successful request's TTFT, its bound (None: loop-timed client) and
+        its record's timing."""
         self.ttfts.append((ttft, bound))
-        self.timings.add(timing)
+        self.timings.append(timing)
 
     def note_idle(self, idle_s: float, e2e_s: float) -> None:
         """A closed-loop user's gap before a request, and that request's E2E."""
@@ -405,6 +432,6 @@ class HealthMonitor:
             self.samples,
             cap_hits,
             ttfts=self.ttfts,
-            timings=sorted(self.timings),
+            timings=self.timings,
             idle=self.idle,
         )

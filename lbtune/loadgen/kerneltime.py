@@ -8,19 +8,28 @@ returns several segments is stamped with the last one's arrival. :class:`Peek`
 recovers the first content event's own arrival in that case by peeking
 (``MSG_PEEK``) up to the event's last byte.
 
-Where the kernel gives no stamp (EOF, an unstamped segment) a read is stamped with
-``time.time()``; :func:`loop_reader` stamps every read that way (TLS, or for
-comparison).
+Every read says whether the kernel stamped it. Where it did not (EOF, or a segment
+that came while the kernel's stamping was off) the read carries ``time.time()`` after
+it returned: an upper bound of the arrival, never claimed as exact
+(:mod:`lbtune.loadgen.response` bounds it by the last stamped read instead).
+:func:`loop_reader` stamps every read that way (TLS, or for comparison).
+
+The kernel stamps arriving segments only while some socket on the machine asks for
+stamps, and turns that on *lazily* (``net_enable_timestamp`` flips a static key from a
+work queue), so segments that come just after the first socket asked go unstamped.
+:func:`hold` asks once per process, keeps asking for the process's lifetime, and waits
+until a probe segment comes back stamped.
 """
 
 from __future__ import annotations
 
 import platform
+import select
 import socket
 import struct
 import sys
 from collections.abc import Callable
-from time import time
+from time import monotonic, sleep, time
 from typing import Any
 
 from lbtune.loadgen.wire import first_content_at
@@ -30,8 +39,10 @@ __all__ = [
     "RECV",
     "SO_TIMESTAMPNS",
     "Peek",
+    "Read",
     "Reader",
     "enable",
+    "hold",
     "kernel_reader",
     "loop_reader",
 ]
@@ -52,8 +63,13 @@ KERNEL_TIMESTAMPS = sys.platform.startswith("linux") and platform.machine() in (
 )
 """Architectures whose socket option numbers are asm-generic's."""
 
-Reader = Callable[[], tuple[bytes, float]]
-"""One read of a response: (bytes, arrival time of the last byte); ``b""`` at EOF."""
+Read = tuple[bytes, float, bool]
+"""One read of a response: (bytes, time, stamped): ``stamped`` — the time is the kernel's
+arrival time of the last byte; else ``time.time()`` after the read returned (an upper
+bound of the arrival). ``b""`` at EOF."""
+Reader = Callable[[], Read]
+_held: list[socket.socket] = []
+_tried: list[bool] = []
 
 
 def enable(sock: Any) -> bool:
@@ -65,20 +81,61 @@ def enable(sock: Any) -> bool:
     return True
 
 
+def hold(timeout_s: float = 2.0) -> bool:
+    """Keep the kernel's receive stamping on for this process's lifetime; True once a
+    probe segment over loopback came back stamped (within ``timeout_s``).
+
+    A socket that asks for stamps keeps them on while it is open: one loopback pair is
+    kept open (module-wide, made once); the probe is repeated until the deferred switch
+    has flipped. False where the kernel refuses or never stamps (asked once: a later call
+    answers at once).
+    """
+    if _held or _tried:
+        return bool(_held)
+    ok = _probe(timeout_s)
+    _tried.append(ok)  # answered once per process (callers meanwhile probe for themselves)
+    return ok
+
+
+def _probe(timeout_s: float) -> bool:
+    """One loopback pair asking for stamps, probed until a segment comes back stamped."""
+    if not KERNEL_TIMESTAMPS:
+        return False
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        a = socket.create_connection(srv.getsockname(), timeout=timeout_s)
+        b, _ = srv.accept()
+    if not enable(b):
+        a.close()
+        b.close()
+        return False
+    deadline = monotonic() + timeout_s
+    while monotonic() < deadline:
+        a.sendall(b"x")
+        if not select.select([b], [], [], max(0.0, deadline - monotonic()))[0]:
+            break
+        if kernel_reader(b)()[2]:
+            _held.extend((a, b))
+            return True
+        sleep(0.001)  # the switch is flipped from a work queue
+    a.close()
+    b.close()
+    return False
+
+
 def kernel_reader(sock: Any) -> Reader:
-    """Reads stamped with the kernel's arrival time of their last byte."""
+    """Reads stamped with the kernel's arrival time of their last byte, where it gave one."""
     recvmsg = sock.recvmsg
     unpack = _TIMESPEC.unpack
     size = _TIMESPEC.size
 
-    def read() -> tuple[bytes, float]:
+    def read() -> Read:
         data, anc, _flags, _addr = recvmsg(RECV, _ANC)
         if anc:
             cdata = anc[0][2]
             if len(cdata) == size:
                 sec, nsec = unpack(cdata)
-                return data, sec + nsec * 1e-9
-        return data, time()  # EOF, or a segment the kernel did not stamp
+                return data, sec + nsec * 1e-9, True
+        return data, time(), False  # EOF, or a segment the kernel did not stamp
 
     return read
 
@@ -87,9 +144,9 @@ def loop_reader(sock: Any) -> Reader:
     """Reads stamped with ``time.time()`` when the loop got to them (TLS)."""
     recv = sock.recv
 
-    def read() -> tuple[bytes, float]:
+    def read() -> Read:
         data = recv(RECV)
-        return data, time()
+        return data, time(), False
 
     return read
 
@@ -109,12 +166,12 @@ class Peek:
         self._recvmsg = sock.recvmsg
         self._recv = sock.recv
 
-    def peek(self, n: int) -> tuple[bytes, float]:
+    def peek(self, n: int) -> Read:
         data, anc, _flags, _addr = self._recvmsg(n, _ANC, socket.MSG_PEEK)
         if anc and len(anc[0][2]) == _TIMESPEC.size:
             sec, nsec = _TIMESPEC.unpack(anc[0][2])
-            return data, sec + nsec * 1e-9
-        return data, time()
+            return data, sec + nsec * 1e-9, True
+        return data, time(), False
 
     def consume(self, n: int) -> None:
         while n > 0:  # the bytes are queued: this never waits
@@ -124,7 +181,8 @@ class Peek:
             n -= got
 
     def first_event_arrival(self, data: bytes, t: float) -> tuple[float, bool]:
-        """(arrival, exact) of the first content event in the peeked ``data``."""
+        """(arrival, exact) of the first content event in the peeked ``data`` (stamped
+        ``t`` by the kernel): exact only from two kernel-stamped peeks."""
         p = first_content_at(data)
         end = data.find(b"\n\n", p) if p >= 0 else -1
         if end < 0:
@@ -134,8 +192,8 @@ class Peek:
             end += 2
         if end >= len(data):
             return t, False
-        d1, t1 = self.peek(end)  # stamp of the segment holding the event's last byte
-        d2, t2 = self.peek(end + 1)  # ... and of the next byte's
-        if len(d1) < end or len(d2) < end + 1:
+        d1, t1, s1 = self.peek(end)  # stamp of the segment holding the event's last byte
+        d2, t2, s2 = self.peek(end + 1)  # ... and of the next byte's
+        if len(d1) < end or len(d2) < end + 1 or not (s1 and s2):
             return t, False
         return t1, t1 != t2  # different segments: nothing later was merged into it

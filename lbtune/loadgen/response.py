@@ -7,6 +7,15 @@ A read that returns the first content event together with later bytes only bound
 its arrival (the kernel keeps one time per read): until the first content event,
 kernel-stamped streams are read by peeking (:class:`~lbtune.loadgen.kerneltime.Peek`),
 and ``RequestState.first_bound`` says how wide the remaining uncertainty is.
+
+The bound is an interval, never a hope: a first-token stamp is exact only when the
+kernel stamped the read and nothing later shared it; otherwise the event arrived after
+the last *kernel-stamped* read that drained the socket (or after the request was
+written) and no later than its stamp. A read the kernel did not stamp (its time is the
+loop's) never moves that lower end, and marks the request ``unstamped``. The send side
+is bounded the same way: ``sent_at`` is taken right before the write (the connection is
+ready by then) and ``send_bound`` is how long the write took, so the request reached the
+wire inside ``[sent_at, sent_at + send_bound]``.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from __future__ import annotations
 from time import time
 from typing import Any
 
-from lbtune.loadgen.kerneltime import RECV, Peek, Reader, kernel_reader, loop_reader
+from lbtune.loadgen.kerneltime import RECV, Peek, Read, Reader, kernel_reader, loop_reader
 from lbtune.loadgen.wire import (
     ChunkedDecoder,
     ProtocolError,
@@ -47,15 +56,19 @@ class RequestState:
         "error_body",
         "first_bound",
         "got_bytes",
+        "head_lower",
         "headers_at",
         "lower",
         "replica",
         "scanner",
+        "send_bound",
         "sent_at",
+        "stamped",
         "status",
         "stream",
         "times",
         "timing",
+        "unstamped",
         "usage_in",
         "usage_out",
     )
@@ -69,7 +82,17 @@ class RequestState:
         self.stream = True
         self.timing: Timing = "loop"
         self.lower = 0.0
+        """Response bytes not yet read arrived after this (the last stamped draining read)."""
         self.first_bound: float | None = None
+        """Kernel timing: the first token arrived in ``[times[0] - first_bound, times[0]]``."""
+        self.send_bound = 0.0
+        """The request was written in ``[sent_at, sent_at + send_bound]``."""
+        self.stamped = False
+        """Whether the kernel stamped the last read."""
+        self.head_lower: float | None = None
+        """The head's read: ``lower`` once the bytes that came with the head are used."""
+        self.unstamped = False
+        """Some read with bytes carried the loop's time, not the kernel's."""
         self.replica: str | None = None
         self.times: list[float] = []
         self.scanner: SseScanner | None = None
@@ -85,11 +108,13 @@ def exchange(sock: Any, req: bytes, st: RequestState, replica_header: str) -> bo
     ``replica_header`` (lower case) names the header whose value is ``st.replica``.
     """
     read = kernel_reader(sock) if st.timing == "kernel" else loop_reader(sock)
+    st.sent_at = time()
     sock.sendall(req)
+    st.send_bound = time() - st.sent_at
     buf = b""
-    lower = st.sent_at
+    st.lower = st.sent_at
     while True:
-        data, t = read()
+        data, t, stamped = read()
         if not data:
             st.ended_at = t
             raise Closed(got_bytes=bool(buf))
@@ -100,10 +125,11 @@ def exchange(sock: Any, req: bytes, st: RequestState, replica_header: str) -> bo
             break
         if len(buf) > _MAX_HEAD:
             raise ProtocolError("response head larger than 64 KiB")
-        if len(data) < RECV:  # the queue was drained: later bytes arrived after t
-            lower = t
+        _note(st, data, t, stamped)
     st.headers_at = t
-    st.lower = lower
+    st.stamped = stamped
+    st.unstamped |= not stamped
+    st.head_lower = t if stamped and len(data) < RECV else None
     head = parse_head(buf[:i])
     st.status = head.status
     st.replica = head.headers.get(replica_header)
@@ -122,6 +148,15 @@ def exchange(sock: Any, req: bytes, st: RequestState, replica_header: str) -> bo
     return read_stream(read, head, rest, st, peek)
 
 
+def _note(st: RequestState, data: bytes, t: float, stamped: bool) -> None:
+    """After a read with bytes: is it stamped, and does it move the lower end?"""
+    st.stamped = stamped
+    if not stamped:
+        st.unstamped = True
+    elif len(data) < RECV:  # the queue was drained: later bytes arrived after t
+        st.lower = t
+
+
 def read_stream(
     read: Reader, head: ResponseHead, rest: bytes, st: RequestState, peek: Peek | None = None
 ) -> bool:
@@ -129,18 +164,17 @@ def read_stream(
 
     Until the first content event, reads are peeks (``peek``, kernel stamps only), so
     that when the first event shares a read with later bytes its own segment's stamp
-    can still be had; each read's lower time bound (the previous read's stamp, once
-    that read drained the socket) is kept: a stamp that is not exact lies in
-    (lower, stamp], and ``st.first_bound`` says how wide that is.
+    can still be had. ``rest`` came with the head (``st.headers_at``, ``st.stamped``);
+    ``st.lower`` is the lower end of the next bytes' arrival (see the module's notes).
     """
     sc = st.scanner = SseScanner()
     times = st.times
     t = st.headers_at or time()
-    lower = st.lower
+    stamped = st.stamped
     dec = ChunkedDecoder() if head.chunked else None
     remaining = head.content_length
     data = rest
-    peeked = False
+    peeked = fresh = False  # fresh: data is a read of its own (else rest, read with the head)
     while True:
         if data:
             payload = dec.feed(data) if dec is not None else data
@@ -153,7 +187,7 @@ def read_stream(
                         else:
                             times.extend([t] * k)
                 else:
-                    _first_events(st, sc, payload, data, t, lower, dec, peek if peeked else None)
+                    _first_events(st, payload, (data, t, stamped), dec, peek if peeked else None)
             if peeked:
                 assert peek is not None
                 peek.consume(len(data))
@@ -167,13 +201,19 @@ def read_stream(
                 if remaining <= 0:
                     st.ended_at = t
                     return head.keep_alive
-            if len(data) < RECV:
-                lower = t
+            if fresh:  # _note, inlined (once per read)
+                if not stamped:
+                    st.unstamped = True
+                elif len(data) < RECV:
+                    st.lower = t
+            elif st.head_lower is not None:  # rest: its read (the head's) drained the socket
+                st.lower = st.head_lower
+        fresh = True
         if peek is not None and not times:
-            data, t = peek.peek(RECV)
+            data, t, stamped = peek.peek(RECV)
             peeked = True
         else:
-            data, t = read()
+            data, t, stamped = read()
         if not data:
             st.ended_at = t
             if sc.done or (remaining is not None and remaining <= 0):
@@ -182,32 +222,28 @@ def read_stream(
 
 
 def _first_events(
-    st: RequestState,
-    sc: SseScanner,
-    payload: bytes,
-    data: bytes,
-    t: float,
-    lower: float,
-    dec: ChunkedDecoder | None,
-    peek: Peek | None,
+    st: RequestState, payload: bytes, got: Read, dec: ChunkedDecoder | None, peek: Peek | None
 ) -> None:
     """Stamp the events of ``payload`` while no content event has come yet.
 
-    ``data`` is the read's raw bytes, stamped ``t`` and no earlier than ``lower``;
-    ``peek`` is given when they are still queued (peeked), to find the first event's
-    own arrival where later bytes shared its read.
+    ``got`` is the read (raw bytes, time, kernel-stamped); its bytes arrived no earlier
+    than ``st.lower``. ``peek`` is given when they are still queued (peeked), to find
+    the first event's own arrival where later bytes shared its read. Exact only from a
+    kernel stamp; else the bound is the whole interval since ``st.lower``.
     """
-    k, alone = sc.feed_first(payload)
+    assert st.scanner is not None
+    k, alone = st.scanner.feed_first(payload)
     if not k:
         return
-    t1, exact = t, alone and (dec is None or dec.between_chunks)
-    if peek is not None and not exact:
+    data, t, stamped = got
+    t1, exact = t, stamped and alone and (dec is None or dec.between_chunks)
+    if stamped and peek is not None and not exact:
         t1, exact = peek.first_event_arrival(data, t)
     st.times.append(t1)
     if k > 1:
         st.times.extend([t] * (k - 1))
     if st.timing == "kernel":
-        st.first_bound = 0.0 if exact else max(0.0, t1 - lower)
+        st.first_bound = 0.0 if exact else max(0.0, t1 - st.lower)
 
 
 def read_body(read: Reader, head: ResponseHead, rest: bytes, t: float) -> tuple[bytes, float]:
@@ -216,7 +252,7 @@ def read_body(read: Reader, head: ResponseHead, rest: bytes, t: float) -> tuple[
         dec = ChunkedDecoder()
         parts = [dec.feed(rest)] if rest else []
         while not dec.done:
-            data, t = read()
+            data, t, _ = read()
             if not data:
                 raise Closed(got_bytes=True)
             parts.append(dec.feed(data))
@@ -225,7 +261,7 @@ def read_body(read: Reader, head: ResponseHead, rest: bytes, t: float) -> tuple[
         parts = [rest]
         have = len(rest)
         while have < head.content_length:
-            data, t = read()
+            data, t, _ = read()
             if not data:
                 raise Closed(got_bytes=True)
             parts.append(data)
@@ -233,7 +269,7 @@ def read_body(read: Reader, head: ResponseHead, rest: bytes, t: float) -> tuple[
         return b"".join(parts), t
     parts = [rest]
     while True:
-        data, t = read()
+        data, t, _ = read()
         if not data:
             return b"".join(parts), t
         parts.append(data)

@@ -20,7 +20,8 @@ from typing import Literal, NamedTuple
 Timing = Literal["kernel", "loop"]
 """Where a record's response time stamps come from: ``kernel`` — the arrival time of the
 bytes (``SO_TIMESTAMPNS``, plain TCP); ``loop`` — ``time.time()`` when the event loop got
-to them (TLS, or no kernel stamps), so event-loop lag is in them."""
+to them (TLS, or no kernel stamps, or a read the kernel left unstamped), so event-loop lag
+may be in them."""
 
 Outcome = Literal["ok", "http_error", "broken_stream", "timeout", "connect_error", "cancelled"]
 OUTCOMES: tuple[Outcome, ...] = (
@@ -78,9 +79,11 @@ class RequestRecord:
     worker: str = "local"
     timing: Timing = "loop"
     first_token_bound_s: float | None = None
-    """``first_token_at`` is at most this much later than the true arrival of the first
-    content event: 0 when no later byte shared its read (kernel stamps), ``None`` when
-    unknown (``loop`` timing, or no content)."""
+    """The TTFT (``first_token_at - sent_at``) is at most this much more than the true
+    time from the request's write to the first content event's arrival: the first
+    event's stamp (0 when the kernel stamped it and no later byte shared its read, else
+    the interval since the last stamped read) plus the write's own duration. ``None``
+    when unknown (a ``loop``-timed client: TLS or kernel stamps off; or no content)."""
 
     @property
     def ttft(self) -> float | None:
