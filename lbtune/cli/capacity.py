@@ -55,6 +55,9 @@ def capacity_command(
         str | None,
         typer.Option("--target", help="Balancer base URL. Default: the embedded cluster."),
     ] = None,
+    allow_remote: Annotated[
+        bool, typer.Option("--allow-remote", help="Allow load against a non-loopback target.")
+    ] = False,
     duration: Annotated[
         float | None,
         typer.Option("--probe-duration", "-d", help="Seconds per probe (default: the scenario's)."),
@@ -122,7 +125,10 @@ def capacity_command(
     from lbtune.capacity.search import SearchOptions
     from lbtune.errors import ConfigError
     from lbtune.run.stress import StressOptions, default_out_dir
+    from lbtune.run.target import check_target_allowed
 
+    if target is not None:
+        check_target_allowed(target, allow_remote)  # before anything starts
     share = fraction(attainment, "--attainment")
     limit = None if fail_on is None else parse_gate(fail_on)
     if limit is not None and compare is None and baseline is None:
@@ -130,6 +136,7 @@ def capacity_command(
     base = StressOptions(
         scenario=scenario,
         target_url=target,
+        allow_remote=allow_remote,
         duration_s=duration,
         seed=seed,
         state_dir=state_dir,

@@ -51,6 +51,10 @@ ADDRESSES: dict[tuple[str, str], tuple[list[str], str]] = {
         ["stress", "-d", "1", "--target", CLOSED, "--worker", "--master-host", "{host}"],
         "--master-host",
     ),
+    ("capacity", "--target"): (
+        ["capacity", "--no-twin", "--max-probes", "1", "--target", "{url}"],
+        "--target",
+    ),
     ("agent run", "--prometheus"): (
         ["agent", "run", "--once", "--state-dir", "{tmp}", "--prometheus", "{url}"],
         "prometheus_url",
@@ -61,6 +65,7 @@ NOT_ADDRESSES: dict[tuple[str, str], str] = {
     ("stress", "--master"): "a switch: run the master (where it listens: --master-bind)",
     ("stress", "--master-port"): "a port number; the host is --master-bind/--master-host",
     ("stress", "--allow-remote"): "the opt-in itself",
+    ("capacity", "--allow-remote"): "the opt-in itself",
     ("agent run", "--allow-remote"): "the opt-in itself",
     ("agent run", "--port"): "the agent's /metrics, always on 127.0.0.1",
     ("dashboard", "--port"): "optuna-dashboard, always on 127.0.0.1",
