@@ -41,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from lbtune.cli.twin import routing_factory, space_path, twin_cluster, twin_figures, twin_params
+from lbtune.cluster.twin import space_path, twin_cluster, twin_params
 from lbtune.records.quantiles import percentile
 from lbtune.scenario.runplan import read_run_plan
 from lbtune.targets.params import ParamSet
+from lbtune.tune.virtual import twin_figures
 from lbtune.twin.options import TwinOptions
 from lbtune.twin.requests import RequestSource
 from lbtune.twin.run import Reuse, simulate
@@ -63,7 +64,7 @@ def draw_configs(cluster: str, n: int, seed: int) -> list[ParamSet]:
     from lbtune.targets.space import ParameterSpace
 
     tc = twin_cluster(cluster)
-    base, _ = twin_params(tc, None, [])
+    base, _ = twin_params(tc)
     full = ParameterSpace.load(space_path("haproxy"), [r.name for r in tc.replicas])
     specs = {
         k: v.model_copy(update={"fixed": True}) if k == "algorithm" else v
@@ -155,7 +156,7 @@ def twin_runs(
         server_extra_s=args.server_extra_s,
         step_extra_s=args.step_extra_s,
     )
-    factory = routing_factory("haproxy")
+    factory = tc.factory()
     sources: dict[str, RequestSource] = {}
     out = []
     engines = None  # the live cluster's replicas keep their prefix caches between runs

@@ -23,7 +23,7 @@ from lbtune.metrics.censor import CensoredSamples, censored_samples
 from lbtune.objective import Figures
 from lbtune.records.requests import RequestRecord
 
-__all__ = ["N_BOOT", "TAIL_Q", "partial_figures", "tail_figures"]
+__all__ = ["N_BOOT", "TAIL_Q", "partial_figures", "scored_figures", "tail_figures"]
 
 TAIL_Q = 99.0
 """The objective's tail percentile."""
@@ -49,6 +49,25 @@ def tail_figures(cs: CensoredSamples) -> Figures | None:
         p99_ttft_ci=(t_lo, t_hi),
         samples=len(cs.e2e),
         censored=cs.censored,
+    )
+
+
+def scored_figures(figures: Figures, cs: CensoredSamples) -> Figures:
+    """A run's figures as a study scores them: ``figures`` (the summary's) with the P99s of
+    its censored samples and their intervals (the one estimator: the summary's are over
+    finished requests only). A live trial's measurement and a virtual trial both score
+    through this."""
+    tail = tail_figures(cs)
+    if tail is None:
+        return figures
+    return replace(
+        figures,
+        p99_e2e_s=tail.p99_e2e_s,
+        p99_ttft_s=tail.p99_ttft_s,
+        p99_e2e_ci=tail.p99_e2e_ci,
+        p99_ttft_ci=tail.p99_ttft_ci,
+        samples=tail.samples,
+        censored=tail.censored,
     )
 
 

@@ -39,7 +39,7 @@ from lbtune.run.stress import StressOptions, StressResult, run_stress
 from lbtune.run.target import resolve_target
 from lbtune.scenario.runplan import RunPlan
 from lbtune.search.harness import Harness
-from lbtune.search.tail import partial_figures, tail_figures
+from lbtune.search.tail import partial_figures, scored_figures
 from lbtune.search.trial import Measurement, Samples, WindowHook
 from lbtune.targets import get_target
 from lbtune.targets.base import ParamSet
@@ -228,19 +228,8 @@ def _measurement(res: StressResult, stopped: bool, seconds: float) -> Measuremen
         if not stopped:
             raise
         figures = None
-    tail_fig = tail_figures(cs)
-    if figures is not None and tail_fig is not None:
-        # The one estimator: the scored P99s are the censored samples' (summary's are
-        # over finished requests only), with their intervals.
-        figures = replace(
-            figures,
-            p99_e2e_s=tail_fig.p99_e2e_s,
-            p99_ttft_s=tail_fig.p99_ttft_s,
-            p99_e2e_ci=tail_fig.p99_e2e_ci,
-            p99_ttft_ci=tail_fig.p99_ttft_ci,
-            samples=tail_fig.samples,
-            censored=tail_fig.censored,
-        )
+    if figures is not None:
+        figures = scored_figures(figures, cs)
     # Paired per request (the bootstrap resamples requests); a non-streamed request
     # has no TTFT: NaN, left out of the TTFT percentile. Nothing streamed: E2E stands in.
     samples = Samples.of(
