@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from lbtune.cli.options import JsonOpt, ScenarioOpt, SeedOpt
+
 if TYPE_CHECKING:
     from lbtune.cluster.twin import TwinCluster
     from lbtune.objective import Figures
@@ -71,9 +73,7 @@ SetOpt = Annotated[
 @app.command("run")
 def run_command(
     config: ConfigOpt = None,
-    scenario: Annotated[
-        str, typer.Option("--scenario", "-s", help="Built-in scenario or a YAML file.")
-    ] = "chat",
+    scenario: ScenarioOpt[str] = "chat",
     params: Annotated[
         Path | None, typer.Option("--params", "-p", help="YAML file of knob: value.")
     ] = None,
@@ -84,12 +84,12 @@ def run_command(
     ] = None,
     users: Annotated[int | None, typer.Option("--users", "-u", help="Closed-loop users.")] = None,
     rate: Annotated[float | None, typer.Option("--rate", "-r", help="Open-loop req/s.")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Request sequence seed.")] = None,
+    seed: SeedOpt = None,
     replicas: ReplicasOpt = None,
     time_scale: Annotated[
         float | None, typer.Option("--time-scale", help="Override the cluster's time_scale.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output only.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Simulate one run of SCENARIO against the cluster with a parameter set, in virtual
     time: the figures `lbtune stress` would print, computed the same way, plus the
