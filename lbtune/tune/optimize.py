@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ from lbtune.report.study import write_study_report
 from lbtune.search.confirm import Arm, BaselineUnmeasurable, confirm
 from lbtune.search.harness import Harness, rollout
 from lbtune.search.pruning import make_pruner
-from lbtune.search.result import Confirmation, Rollout, StudyResult, TrialResult
+from lbtune.search.result import Confirmation, Rollout, Screening, StudyResult, TrialResult
 from lbtune.search.study import (
     LoopEvent,
     LoopOptions,
@@ -50,10 +49,12 @@ from lbtune.search.trial import TrialRunner
 from lbtune.targets.base import ParamSet
 from lbtune.targets.space import ParameterSpace
 from lbtune.tune.harness import plan_trials, real_harness
+from lbtune.tune.importance import importances
 from lbtune.tune.options import STORED, OptimizeOptions, StudyProgress, objective_spec
 from lbtune.tune.options import _name_part as _name_part  # re-exported (tests)
 from lbtune.tune.options import cluster_balancer as cluster_balancer  # re-exported
 from lbtune.tune.options import resolve_options as resolve_options  # re-exported
+from lbtune.tune.screen import ScreenRequest, screen_study
 
 __all__ = [
     "OptimizeOptions",
@@ -96,6 +97,12 @@ def run_optimize(
     space, lkg = _space_and_lkg(h)
     study = _open(opts, spec, h, space, lkg, show)
     runner = TrialRunner(h.target, h.measure, check_balancer=h.check_balancer)
+    screener, screen_note = (None, None)
+    if not opts.resume:
+        req = ScreenRequest(
+            opts.screen, h.state_dir, trial_opts, opts.seed, opts.budget, h.target.name
+        )
+        screener, screen_note = screen_study(req, space, study, spec, show.phase)
     _seed_progress(show.prog, collect(study, spec))
     show.phase(f"study {opts.study}: {opts.budget} trials of {opts.trial_duration_s:g} s")
     try:
@@ -106,7 +113,10 @@ def run_optimize(
         raise
     trials = collect(study, spec)
     best, front = _best(trials, spec)
+    screening = None if screener is None else screener.compare(trials, show.say)
     after = _after_search(opts, h, runner, spec, trials, study, lkg, best, front, stop, show)
+    after.screening = screening
+    after.notes[:0] = [screen_note] if screen_note else []
     _restore(h, lkg, after, show)
     release_lease()
     if stop.is_set():
@@ -166,7 +176,7 @@ class _Run:
             best=None if best is None else best.number,
             baseline=None if base is None else base.number,
             pareto_front=tuple(front),
-            importances=_importances(study),
+            importances=importances(study),
             confirmation=after.confirmation,
             rollout=after.rollout,
             interrupted=interrupted,
@@ -174,6 +184,7 @@ class _Run:
             report_dir=str(self.out_dir) if o.write_report else None,
             notes=tuple(after.notes),
             started_at=self.stamp,
+            screening=after.screening,
         )
 
 
@@ -253,6 +264,7 @@ class _AfterSearch:
     rollout: Rollout | None = None
     unmeasurable: BaselineUnmeasurable | None = None
     notes: list[str] = field(default_factory=list)
+    screening: Screening | None = None
 
 
 def _after_search(
@@ -420,27 +432,6 @@ def _confirm(
         stop=stop,
         say=phase,
     )
-
-
-def _importances(study: Any) -> dict[str, float]:
-    """PED-ANOVA importances of the composite score (fast, no scikit-learn); {} if too few."""
-    import optuna
-
-    done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
-    if len(done) < 4:
-        return {}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            found = optuna.importance.get_param_importances(
-                study,
-                evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
-                target=lambda t: float(t.user_attrs.get("objective", float("nan"))),
-            )
-        return {k: float(v) for k, v in found.items()}
-    except (ValueError, RuntimeError, ZeroDivisionError) as exc:
-        log.debug("importances not computed: %s", exc)
-        return {}
 
 
 def record_study(opts: OptimizeOptions, result: StudyResult) -> None:
