@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from lbtune.cli.options import JsonOpt, ScenarioOpt, SeedOpt
+from lbtune.cli.options import JsonOpt, ScenarioOpt, SeedOpt, StateDirOpt
 
 if TYPE_CHECKING:
     from lbtune.cluster.twin import TwinCluster
     from lbtune.objective import Figures
+    from lbtune.tune.twincheck import CheckResult
     from lbtune.twin.result import TwinRun
 
 __all__ = ["app", "overlays"]
@@ -162,3 +163,94 @@ def _describe(facts: Mapping[str, Any], score: float, fig: Figures) -> str:
         f"(P99 E2E {fig.p99_e2e_s:.3g} s, P99 TTFT {fig.p99_ttft_s:.3g} s over "
         f"{fig.samples} samples)"
     )
+
+
+@app.command("check")
+def check_command(
+    scenario: ScenarioOpt[str] = "mixed",
+    configs: Annotated[
+        int, typer.Option("--configs", "-n", help="Configs to measure, 3 to 20.")
+    ] = 6,
+    duration: Annotated[
+        float, typer.Option("--duration", "-d", help="Seconds of load per config, 5 to 60.")
+    ] = 15.0,
+    seed: SeedOpt = None,
+    draw_seed: Annotated[int, typer.Option("--draw-seed", help="Seed of the drawn configs.")] = 0,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """How close the twin comes to the running cluster: CONFIGS configs (the live one,
+    round robin, least-conn, then random draws of the balancer's space) each applied and
+    measured live for DURATION s, then simulated on the same recorded plan; the rank
+    correlation of the composite scores and the median error of P99 E2E, P99 TTFT and
+    req/s, with 95 % bootstrap intervals over the configs. Changes the live balancer while
+    it runs (the live config is put back at the end); about CONFIGS x (DURATION + 5) s.
+
+    Example: lbtune twin check -s mixed -n 6 -d 15
+    """
+    from rich.console import Console
+
+    from lbtune.tune.twincheck import CheckOptions, check_twin
+
+    err = Console(stderr=True)
+    opts = CheckOptions(scenario, configs, duration, seed, draw_seed, state_dir)
+    res = check_twin(opts, lambda m: err.print(m, markup=False, highlight=False))
+    if as_json:
+        typer.echo(json.dumps(_check_json(res), indent=2, allow_nan=False))
+        return
+    for line in _check_lines(res):
+        typer.echo(line)
+
+
+def _check_json(res: CheckResult) -> dict[str, Any]:
+    from lbtune.objective import FIGURES
+    from lbtune.records.jsonform import json_data
+
+    return {
+        "cluster": res.cluster,
+        "balancer": res.balancer,
+        "scenario": res.scenario,
+        "duration_s": res.duration_s,
+        "spearman": res.spearman,
+        "spearman_ci95": res.spearman_ci,
+        "median_rel_error": res.errors,
+        "median_rel_error_ci95": res.errors_ci,
+        "configs": [
+            {
+                "config": r.config,
+                "params": dict(r.params),
+                "live_score": r.live_score,
+                "twin_score": r.twin_score,
+                "live": json_data(FIGURES, r.live),
+                "twin": json_data(FIGURES, r.twin),
+            }
+            for r in res.rows
+        ],
+    }
+
+
+def _check_lines(res: CheckResult) -> list[str]:
+    lines = [
+        f"{res.cluster} ({res.balancer}), {res.scenario}, {len(res.rows)} configs of "
+        f"{res.duration_s:g} s; live vs twin:",
+        f"{'config':>6} {'algorithm':<11} {'score':>15} {'P99 E2E s':>15} "
+        f"{'P99 TTFT s':>15} {'req/s':>15}",
+    ]
+    for r in res.rows:
+        lines.append(
+            f"{r.config:>6} {r.params.get('algorithm', ''):<11} "
+            f"{r.live_score:>7.3f} {r.twin_score:<7.3f} "
+            f"{r.live.p99_e2e_s:>7.2f} {r.twin.p99_e2e_s:<7.2f} "
+            f"{r.live.p99_ttft_s:>7.2f} {r.twin.p99_ttft_s:<7.2f} "
+            f"{r.live.requests_per_s or 0:>7.2f} {r.twin.requests_per_s or 0:<7.2f}"
+        )
+    ci = res.spearman_ci
+    rho = "n/a" if res.spearman is None else f"{res.spearman:.2f}"
+    lines.append(
+        f"rank correlation (Spearman, scores): {rho}"
+        + ("" if ci is None else f" (95 % CI {ci[0]:.2f} … {ci[1]:.2f})")
+    )
+    for m, e in res.errors.items():
+        lo, hi = res.errors_ci[m]
+        lines.append(f"median |error| {m}: {e:.1%} (95 % CI {lo:.1%} … {hi:.1%})")
+    return lines
