@@ -50,7 +50,9 @@ def screening_markdown(s: Screening | None) -> list[str]:
         "",
         f"{s.screened} configs screened in the virtual-time twin ({s.window_s:g} virtual s "
         f"each, {s.wall_s:.0f} s wall, {s.cpu_s:.0f} CPU s); the best {s.sent_live} went live. "
-        f"Rank agreement of the twin's and the live scores (Spearman): {rho}.",
+        f"Each live trial's config simulated on the live trials' plan ({s.live_window_s:g} "
+        "virtual s) beside its measurement. Rank agreement of the twin's and the live "
+        f"scores (Spearman): {rho}.",
         "",
     ]
     if s.rows:

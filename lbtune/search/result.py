@@ -78,6 +78,8 @@ class Screening:
     sent_live: int
     window_s: float
     """Virtual seconds per screened config."""
+    live_window_s: float
+    """Virtual seconds of each prediction of a live trial (the live trials' duration)."""
     cpu_s: float
     wall_s: float
     rows: tuple[TwinPrediction, ...] = ()

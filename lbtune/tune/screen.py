@@ -79,15 +79,19 @@ class ScreenRequest:
 class Screener:
     """The screening stage's result and what the study does with it."""
 
-    def __init__(self, tc: TwinCluster, plan: RunPlan, spec: ObjectiveSpec) -> None:
+    def __init__(
+        self, tc: TwinCluster, plan: RunPlan, spec: ObjectiveSpec, live: RunPlan | None = None
+    ) -> None:
         self.tc, self.plan, self.spec = tc, plan, spec
+        self.live_plan = live or plan
+        """The live trials' plan: their predictions run it (the same window as measured)."""
         self.picked: list[Predicted] = []
         self.screened = 0
         self.cpu_s = 0.0
         self.wall_s = 0.0
 
-    def bench(self) -> VirtualBench:
-        return VirtualBench(self.tc, self.plan, self.spec)
+    def bench(self, plan: RunPlan | None = None) -> VirtualBench:
+        return VirtualBench(self.tc, plan or self.plan, self.spec)
 
     def twin_params(self, params: ParamSet) -> ParamSet:
         return drop_inactive(self.tc, params)[0]
@@ -102,10 +106,11 @@ class Screener:
             )
 
     def compare(self, trials: Sequence[TrialResult], say: Callable[[str], None]) -> Screening:
-        """Every completed live trial beside the twin's prediction of it."""
+        """Every completed live trial beside the twin's prediction of it: its config simulated
+        on the live trials' own plan (the same window, not the screen's longer one)."""
         done = [t for t in trials if t.state == "COMPLETE" and t.figures is not None]
         try:
-            with self.bench() as bench:
+            with self.bench(self.live_plan) as bench:
                 predicted = bench.run([self.twin_params(t.params) for t in done])
         except Exception as exc:  # the twin never blocks the live result
             log.debug("twin predictions failed", exc_info=True)
@@ -127,6 +132,7 @@ class Screener:
             screened=self.screened,
             sent_live=len(self.picked),
             window_s=self.plan.load.duration_s,
+            live_window_s=self.live_plan.load.duration_s,
             cpu_s=self.cpu_s,
             wall_s=self.wall_s,
             rows=rows,
@@ -153,7 +159,8 @@ def describe(s: Screening) -> list[str]:
     """What the terminal says of a screening: how many configs, and twin against live."""
     lines = [
         f"the twin screened {s.screened} configs ({s.window_s:g} virtual s each) in "
-        f"{s.wall_s:.0f} s; {s.sent_live} went live"
+        f"{s.wall_s:.0f} s; {s.sent_live} went live; every live trial beside the twin's "
+        f"prediction of it ({s.live_window_s:g} virtual s, as measured):"
     ]
     for r in s.rows:
         if r.predicted is None or r.measured is None:
@@ -218,7 +225,7 @@ def start_screen(
         plan = plan_run(replace(req.trials, duration_s=seconds, plan=None))
         if spec.kind != "composite":  # the twin ranks by the composite score
             spec = objective_spec("composite", plan.slo_value(), None)
-        sc = Screener(tc, plan, spec)
+        sc = Screener(tc, plan, spec, req.trials.plan)
         tc.routing(sc.twin_params(space.baseline()))  # no model: one line, before any work
     except LbtuneError as exc:
         note = f"no screening: {exc}; the search is live-only"

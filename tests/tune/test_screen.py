@@ -128,9 +128,11 @@ def test_a_twin_failure_falls_back_to_live_only(
 def test_live_trials_beside_the_twin(tmp_path: Path) -> None:
     so, space = _trials(), _space()
     spec = objective_spec("composite", so.plan.slo_value(), None)  # type: ignore[union-attr]
-    sc = Screener(twin_cluster(CLUSTER), plan_run(replace(so, plan=None)), spec)
+    assert so.plan is not None
+    long = plan_run(replace(so, duration_s=12.0, plan=None))
+    sc = Screener(twin_cluster(CLUSTER), long, spec, so.plan)
     configs = [{**space.baseline(), "algorithm": a} for a in ("roundrobin", "leastconn", "random")]
-    with sc.bench() as bench:
+    with sc.bench(so.plan) as bench:  # the live trials' plan, as they were measured
         twin = bench.run([sc.twin_params(c) for c in configs])
     trials = [
         TrialResult(i, "COMPLETE", "sampled", c, p.score, figures=p.figures)
@@ -140,7 +142,8 @@ def test_live_trials_beside_the_twin(tmp_path: Path) -> None:
     said: list[str] = []
     out = sc.compare(trials, said.append)
     assert [r.trial for r in out.rows] == [0, 1, 2]  # the failed trial has no row
-    assert all(r.predicted == r.measured for r in out.rows)  # same runs: same figures
+    assert all(r.predicted == r.measured for r in out.rows)  # same plan: same figures
+    assert (out.window_s, out.live_window_s) == (12.0, 4.0)
     assert out.rank_corr == pytest.approx(1.0)
     assert any("rank agreement" in line for line in said)
 
