@@ -39,12 +39,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from lbtune.cli.twin import routing_factory, space_path, twin_cluster, twin_figures, twin_params
+from lbtune.cluster.twin import space_path, twin_cluster, twin_params
 from lbtune.records.quantiles import percentile
 from lbtune.scenario.runplan import read_run_plan
 from lbtune.targets.params import ParamSet
+from lbtune.tune.screen import spearman as rank_corr
+from lbtune.tune.twincheck import live_figures as run_figures
+from lbtune.tune.virtual import twin_figures
 from lbtune.twin.options import TwinOptions
 from lbtune.twin.requests import RequestSource
 from lbtune.twin.run import Reuse, simulate
@@ -63,7 +64,7 @@ def draw_configs(cluster: str, n: int, seed: int) -> list[ParamSet]:
     from lbtune.targets.space import ParameterSpace
 
     tc = twin_cluster(cluster)
-    base, _ = twin_params(tc, None, [])
+    base, _ = twin_params(tc)
     full = ParameterSpace.load(space_path("haproxy"), [r.name for r in tc.replicas])
     specs = {
         k: v.model_copy(update={"fixed": True}) if k == "algorithm" else v
@@ -130,15 +131,7 @@ def live_runs(args: argparse.Namespace, configs: list[ParamSet], out: Path) -> l
 
 def live_figures(run_dir: Path, scenario: str) -> dict[str, float]:
     """A study trial's figures of a recorded live run."""
-    from lbtune.loadgen.recordio import read_records
-    from lbtune.twin.result import TwinRun
-
-    plan = read_run_plan(run_dir)
-    assert plan.started_at is not None and plan.window_end is not None
-    records = tuple(read_records(run_dir / "requests.parquet"))
-    ended = max([plan.window_end, *(r.ended_at for r in records)])
-    as_run = TwinRun(records=records, plan=plan, ended_at=ended, run_start=plan.started_at)
-    fig, score = twin_figures(as_run)
+    fig, score = run_figures(run_dir)
     return {**{m: getattr(fig, m) for m in METRICS}, "score": score, "samples": fig.samples}
 
 
@@ -155,7 +148,7 @@ def twin_runs(
         server_extra_s=args.server_extra_s,
         step_extra_s=args.step_extra_s,
     )
-    factory = routing_factory("haproxy")
+    factory = tc.factory()
     sources: dict[str, RequestSource] = {}
     out = []
     engines = None  # the live cluster's replicas keep their prefix caches between runs
@@ -174,19 +167,9 @@ def twin_runs(
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-
-    def ranks(x: Sequence[float]) -> np.ndarray[Any, np.dtype[np.float64]]:
-        order = np.argsort(x, kind="stable")
-        r = np.empty(len(x))
-        r[order] = np.arange(len(x), dtype=float)
-        for v in set(x):
-            idx = [i for i, y in enumerate(x) if y == v]
-            r[idx] = float(np.mean(r[idx]))
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    return float(np.corrcoef(ra, rb)[0, 1])
+    """Spearman's rank correlation (average ranks for ties); NaN when undefined."""
+    rho = rank_corr(a, b)
+    return float("nan") if rho is None else rho
 
 
 def analyse(rows: list[dict[str, Any]], configs: list[ParamSet]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import platform
 import time
 from collections.abc import Sequence
 
-from lbtune.cli.twin import routing_factory, twin_cluster, twin_params
+from lbtune.cluster.twin import twin_cluster, twin_params
 from lbtune.run.plan import plan_run
 from lbtune.run.stress import StressOptions
 from lbtune.twin.options import TwinOptions
@@ -39,11 +39,11 @@ def one(cluster: str, scenario: str, args: argparse.Namespace) -> list[str]:
     plan = plan_run(StressOptions(scenario=scenario, duration_s=args.duration))
     src = RequestSource(plan, tc.config.seed)
     lines = [f"{cluster}/{scenario}: time scale {scale:g}, {args.duration:g} virtual s"]
-    base, _ = twin_params(tc, None, [])
+    base, _ = twin_params(tc)
     for algorithm in ("roundrobin", "roundrobin", "llm"):
         for chunks in (True, False):
             params = {**base, "algorithm": algorithm}
-            model = routing_factory("haproxy")(params, tc.replicas)
+            model = tc.routing(params)
             opts = TwinOptions(time_scale=scale, host_seed=tc.config.seed, chunk_times=chunks)
             run = simulate(plan, tc.replicas, model, opts, Reuse(src))
             cold = "(requests built)" if len(lines) == 1 else "(requests shared)"
@@ -57,7 +57,7 @@ def one(cluster: str, scenario: str, args: argparse.Namespace) -> list[str]:
 
 def pool(args: argparse.Namespace) -> list[str]:
     tc = twin_cluster("hetero4")
-    base, _ = twin_params(tc, None, [])
+    base, _ = twin_params(tc)
     plan = plan_run(StressOptions(scenario="mixed", duration_s=args.pool_duration))
     opts = TwinOptions(time_scale=tc.config.time_scale, host_seed=tc.config.seed)
     algos = ("roundrobin", "leastconn", "random", "llm")

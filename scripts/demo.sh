@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main-job command: set up, bring the embedded cluster up, show one
-# streamed completion through the balancer, then run a short tuning study (a few minutes)
-# that applies a confirmed winner, and show what is live.
+# streamed completion through the balancer, then run a short tuning study (a few minutes:
+# configs screened in the twin first, the best measured live) that applies a confirmed
+# winner, and show what is live.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -18,7 +19,9 @@ curl -sN -D - "$balancer/v1/chat/completions" -H 'Content-Type: application/json
 
 echo
 echo "== a short tuning study on the mixed scenario (about 6-8 minutes) =="
-$LB optimize --budget ${LBTUNE_DEMO_BUDGET:-8} --trial-duration ${LBTUNE_DEMO_TRIAL_S:-20} --confirm-runs 1
+echo "   first ${LBTUNE_DEMO_SCREEN:-60} configs screened in the virtual-time twin, the best few then measured live"
+$LB optimize --budget ${LBTUNE_DEMO_BUDGET:-8} --trial-duration ${LBTUNE_DEMO_TRIAL_S:-20} --confirm-runs 1 \
+  --screen ${LBTUNE_DEMO_SCREEN:-60}
 
 echo
 echo "== live balancer parameters now =="

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-APT_PACKAGES=(haproxy prometheus nginx prometheus-nginx-exporter openssh-server)
+APT_PACKAGES=(haproxy prometheus nginx prometheus-nginx-exporter openssh-server lua5.3)
 [ "${LBTUNE_SKIP_BROWSER:-0}" = 1 ] || APT_PACKAGES+=(chromium)
 
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
@@ -37,6 +37,8 @@ command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx)
 command -v prometheus-nginx-exporter >/dev/null 2>&1 || need+=(prometheus-nginx-exporter)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+# the llm scheduler's Lua run outside HAProxy (tests/targets/haproxy/test_llm_conformance.py)
+command -v lua5.3 >/dev/null 2>&1 || need+=(lua5.3)
 # `python3 -m venv` needs ensurepip, which Debian ships apart (python3-venv = python3.X-venv).
 [ -x "$VENV/bin/python" ] || have_venv || need+=("python$PY_VERSION-venv")
 if [[ " ${APT_PACKAGES[*]} " == *" chromium "* ]] && ! command -v chromium >/dev/null 2>&1; then

@@ -303,23 +303,24 @@ def _twin_case(base: StressOptions, config: str | None, params: Path | None) -> 
     default preset) behind its balancer's routing model, with ``params`` (else what is
     live); None, said, when it has none."""
     from lbtune.capacity.probes import TwinCase
-    from lbtune.cli.twin import routing_factory, twin_cluster, twin_params
+    from lbtune.cli.twin import overlays
     from lbtune.cluster import api
+    from lbtune.cluster.twin import twin_cluster, twin_params
     from lbtune.errors import ConfigError
     from lbtune.run.target import live_config
-    from lbtune.twin.options import TwinOptions
 
     ep = api.status(base.state_dir).endpoints
     ref = config or (ep.config_path if ep is not None else None)
     try:
         tc = twin_cluster(ref)
-        factory = routing_factory(tc.config.balancer)
+        values, _ = twin_params(tc, overlays(tc.balancer, params, []))
+        tc.routing(values)  # the balancer has a model: else ConfigError, said below
     except ConfigError as exc:
         typer.echo(f"note: no twin bracket ({exc})", err=True)
         return None
-    values, _ = twin_params(tc, params, [])
     if ep is not None and config is None and params is None:
         live, _ = live_config(ep)
         values.update({k: v for k, v in (live or {}).items() if k in values})
-    options = TwinOptions(time_scale=tc.config.time_scale, host_seed=tc.config.seed)
+    options = tc.options()
+    factory = tc.factory()
     return TwinCase(tc.replicas, lambda plan: factory(values, tc.replicas, seed=plan.seed), options)

@@ -102,6 +102,14 @@ def optimize_command(
             "(and 15 min at most).",
         ),
     ] = 6,
+    screen: Annotated[
+        int | None,
+        typer.Option(
+            "--screen",
+            help="Configs to screen in the virtual-time twin first; the best go live "
+            "(default 100 where the twin models the cluster; 0 = live-only).",
+        ),
+    ] = None,
     seed: SeedOpt = None,
     slo: SloOpt = None,
     weights: Annotated[
@@ -125,7 +133,10 @@ def optimize_command(
     """Tune the balancer for your traffic: search, confirm the winner, roll it out.
 
     Trial 0 is what runs now, then plain round robin and least-conn (where the target has
-    it), each once: when the live config already is round robin, trial 1 is least-conn. The
+    it), each once: when the live config already is round robin, trial 1 is least-conn.
+    Where the virtual-time twin models the cluster, --screen configs are first simulated
+    and the best few go live next; the report sets each live trial beside the twin's
+    prediction. The
     best candidates are re-run in rounds against the live config, measured
     afresh and interleaved, and the winner is applied through Ansible only if a paired
     bootstrap CI says it is better. If the live config cannot be measured, exit 2. Ctrl-C
@@ -169,6 +180,7 @@ def optimize_command(
         cluster_config=cluster,
         inventory=None if inventory is None else str(inventory),
         out_dir=out,
+        screen=screen,
     )
     err = ci_mode.start(ci, junit)
     term = threading.Event()

@@ -1,170 +1,56 @@
 """`lbtune twin run`: a what-if in virtual time — figures for a config, a scenario or a
-cluster with a replica more or less, without touching any balancer.
+cluster with a replica more or less, without touching any balancer; `lbtune twin check`:
+how close the twin comes to the live cluster.
 
-Thin: parse, call :mod:`lbtune.twin` with the cluster's replicas and the balancer's own
-routing model (``lbtune/targets/<balancer>/twin.py``), render. The glue that turns a
-cluster file into twin replicas and a full parameter set (:func:`twin_cluster`,
-:func:`twin_params`) lives here until a library module above ``cluster`` owns it.
+Thin: parse, call the library — :mod:`lbtune.cluster.twin` (the cluster's replicas and its
+balancer's routing model), :mod:`lbtune.twin` (the simulation), :mod:`lbtune.tune.virtual`
+(the figures a study gives a run) — and render.
 """
 
 from __future__ import annotations
 
-import importlib
-import itertools
 import json
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from lbtune.cli.options import JsonOpt, ScenarioOpt, SeedOpt
+from lbtune.cli.options import JsonOpt, ScenarioOpt, SeedOpt, StateDirOpt
 
 if TYPE_CHECKING:
-    from lbtune.cluster.config import ClusterConfig
+    from lbtune.cluster.twin import TwinCluster
     from lbtune.objective import Figures
-    from lbtune.targets.params import ParamSet
-    from lbtune.twin.replica import TwinReplica
+    from lbtune.tune.twincheck import CheckResult
     from lbtune.twin.result import TwinRun
-    from lbtune.twin.routing import RoutingFactory
 
-__all__ = [
-    "TwinCluster",
-    "app",
-    "routing_factory",
-    "space_path",
-    "twin_cluster",
-    "twin_figures",
-    "twin_params",
-]
+__all__ = ["app", "overlays"]
 
 app = typer.Typer(
     help="The virtual-time twin: a run of the embedded cluster simulated in seconds of CPU.",
     no_args_is_help=True,
 )
-_DELTA = re.compile(r"^(?P<group>[A-Za-z0-9_.-]*?)(?P<sign>[+-])(?P<n>\d+)$")
 
 
-@dataclass(frozen=True)
-class TwinCluster:
-    """A cluster file as the twin sees it."""
-
-    config: ClusterConfig
-    replicas: list[TwinReplica]
-    source: str
-
-
-def twin_cluster(ref: str | None, delta: str | None = None) -> TwinCluster:
-    """The replicas of cluster ``ref`` (a preset or a file), named as ``lbtune cluster up``
-    names them; ``delta`` changes them: ``+1``/``-1`` (the first replica group),
-    ``GROUP+N``/``GROUP-N`` (by its name prefix, e.g. ``l4-1``) or another cluster file
-    whose replicas replace them."""
-    from lbtune.cluster.config import load_config, parse_config, resolve
-    from lbtune.errors import ConfigError
-    from lbtune.twin.replica import TwinReplica
-
-    cfg, path = load_config(ref)
-    source = str(path)
-    if delta is not None:
-        m = _DELTA.match(delta.strip())
-        if m is None:
-            other, other_path = load_config(delta)
-            cfg = cfg.model_copy(update={"replicas": other.replicas})
-            source = f"{path} with the replicas of {other_path}"
-        else:
-            groups = list(cfg.replicas)
-            names = [g.prefix for g in groups]
-            want = m["group"] or (names[0] if names else "")
-            if want not in names:
-                raise ConfigError(
-                    f"--replicas {delta}: no replica group {want!r}; groups: {', '.join(names)}"
-                )
-            i = names.index(want)
-            n = groups[i].count + (int(m["n"]) if m["sign"] == "+" else -int(m["n"]))
-            if n < 0:
-                raise ConfigError(f"--replicas {delta}: group {want} has {groups[i].count}")
-            groups[i] = groups[i].model_copy(update={"count": n})
-            data = cfg.model_dump()
-            data["replicas"] = [g.model_dump() for g in groups if g.count > 0]
-            cfg = parse_config(data, f"{path} with --replicas {delta}")
-            source = f"{path} with --replicas {delta}"
-    if not cfg.replicas:
-        raise ConfigError(
-            f"{source}: the twin simulates the embedded cluster's simulated replicas; "
-            "this cluster has none (external or real vLLM servers)"
-        )
-    ports = itertools.count(1)
-    resolved = resolve(cfg, pick_port=lambda: next(ports))
-    replicas = [TwinReplica(r.name, r.gpu or "", r.models) for r in resolved.replicas]
-    return TwinCluster(cfg, replicas, source)
-
-
-def space_path(balancer: str) -> Path:
-    """The packaged ``space.yaml`` of ``balancer``."""
-    from lbtune.targets import TARGETS
-
-    module = importlib.import_module(TARGETS[balancer].split(":", 1)[0])
-    return Path(str(module.__file__)).with_name("space.yaml")
-
-
-def routing_factory(balancer: str) -> RoutingFactory:
-    """``routing_model`` of ``lbtune/targets/<balancer>/twin.py``; ConfigError if none."""
-    from lbtune.errors import ConfigError
-    from lbtune.targets import TARGETS
-    from lbtune.targets import balancer as entry
-
-    entry(balancer)  # an unknown name lists the names
-    package = TARGETS[balancer].split(":", 1)[0].rsplit(".", 1)[0]
-    try:
-        factory: RoutingFactory = importlib.import_module(package + ".twin").routing_model
-    except (ModuleNotFoundError, AttributeError):
-        raise ConfigError(f"the twin has no routing model of balancer {balancer!r}") from None
-    return factory
-
-
-def twin_params(
-    tc: TwinCluster, params_file: Path | None, sets: Sequence[str]
-) -> tuple[ParamSet, list[str]]:
-    """The full parameter set: the balancer's baseline, the cluster's ``params``, the file,
-    then each ``--set KNOB=VALUE``; and notes (knobs without effect on this cluster)."""
+def overlays(
+    balancer: str, params_file: Path | None, sets: Sequence[str]
+) -> list[tuple[str, Mapping[str, object]]]:
+    """``--params FILE`` then each ``--set KNOB=VALUE``, as :func:`lbtune.cluster.twin.
+    twin_params` layers them over the baseline."""
     import yaml
 
     from lbtune.apply.paramfile import read_params_for
     from lbtune.errors import ConfigError
-    from lbtune.targets.space import ParameterSpace
 
-    balancer = tc.config.balancer
-    space = ParameterSpace.load(space_path(balancer), [r.name for r in tc.replicas])
-    params = space.baseline()
-    params.update(space.validate(tc.config.params, f"{tc.source}: params"))
+    out: list[tuple[str, Mapping[str, object]]] = []
     if params_file is not None:
-        params.update(space.validate(read_params_for(params_file, balancer), str(params_file)))
+        out.append((str(params_file), read_params_for(params_file, balancer)))
     for item in sets:
         knob, eq, text = item.partition("=")
         if not eq:
             raise ConfigError(f"--set {item!r}: expected KNOB=VALUE (e.g. algorithm=leastconn)")
-        params.update(space.validate({knob.strip(): yaml.safe_load(text)}, "--set"))
-    notes = []
-    if not tc.config.agent.enabled:
-        agent = sorted(k for k in params if k.startswith("agent."))
-        for k in agent:
-            del params[k]
-        if agent:
-            notes.append("agent.* knobs have no effect: this cluster runs no feedback agent")
-    return params, notes
-
-
-def twin_figures(run: TwinRun) -> tuple[Figures, float]:
-    """A study trial's figures of a twin run (summary, with the censored samples' P99s) and
-    its composite score under the scenario's SLO."""
-    from lbtune.objective import composite, figures_from_summary
-    from lbtune.search.tail import scored_figures
-    from lbtune.tune.options import objective_spec
-
-    fig = scored_figures(figures_from_summary(run.summary()), run.censored())
-    return fig, composite(fig, objective_spec("composite", run.plan.slo_value(), None))
+        out.append(("--set", {knob.strip(): yaml.safe_load(text)}))
+    return out
 
 
 ConfigOpt = Annotated[
@@ -214,23 +100,22 @@ def run_command(
     """
     from rich.console import Console
 
+    from lbtune.cluster.twin import twin_cluster, twin_params
     from lbtune.run.plan import plan_run
     from lbtune.run.stress import StressOptions, check_bounds
-    from lbtune.twin.options import TwinOptions
+    from lbtune.tune.virtual import twin_figures
     from lbtune.twin.run import simulate
 
     tc = twin_cluster(config, replicas)
-    values, notes = twin_params(tc, params, set_ or [])
+    values, notes = twin_params(tc, overlays(tc.balancer, params, set_ or []))
     opts = StressOptions(scenario=scenario, duration_s=duration, users=users, rate=rate, seed=seed)
     check_bounds(opts)
     plan = plan_run(opts)
-    model = routing_factory(tc.config.balancer)(values, tc.replicas, seed=plan.seed)
-    scale = tc.config.time_scale if time_scale is None else time_scale
-    run = simulate(
-        plan, tc.replicas, model, TwinOptions(time_scale=scale, host_seed=tc.config.seed)
-    )
+    model = tc.routing(values, seed=plan.seed)
+    twin_opts = tc.options(time_scale)
+    run = simulate(plan, tc.replicas, model, twin_opts)
     fig, score = twin_figures(run)
-    facts = _facts(tc, values, notes, run, scale)
+    facts = _facts(tc, values, notes, run, twin_opts.time_scale)
     if as_json:
         from lbtune.metrics.summary_file import dumps
         from lbtune.objective import FIGURES
@@ -278,3 +163,94 @@ def _describe(facts: Mapping[str, Any], score: float, fig: Figures) -> str:
         f"(P99 E2E {fig.p99_e2e_s:.3g} s, P99 TTFT {fig.p99_ttft_s:.3g} s over "
         f"{fig.samples} samples)"
     )
+
+
+@app.command("check")
+def check_command(
+    scenario: ScenarioOpt[str] = "mixed",
+    configs: Annotated[
+        int, typer.Option("--configs", "-n", help="Configs to measure, 3 to 20.")
+    ] = 6,
+    duration: Annotated[
+        float, typer.Option("--duration", "-d", help="Seconds of load per config, 5 to 60.")
+    ] = 15.0,
+    seed: SeedOpt = None,
+    draw_seed: Annotated[int, typer.Option("--draw-seed", help="Seed of the drawn configs.")] = 0,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """How close the twin comes to the running cluster: CONFIGS configs (the live one,
+    round robin, least-conn, then random draws of the balancer's space) each applied and
+    measured live for DURATION s, then simulated on the same recorded plan; the rank
+    correlation of the composite scores and the median error of P99 E2E, P99 TTFT and
+    req/s, with 95 % bootstrap intervals over the configs. Changes the live balancer while
+    it runs (the live config is put back at the end); about CONFIGS x (DURATION + 5) s.
+
+    Example: lbtune twin check -s mixed -n 6 -d 15
+    """
+    from rich.console import Console
+
+    from lbtune.tune.twincheck import CheckOptions, check_twin
+
+    err = Console(stderr=True)
+    opts = CheckOptions(scenario, configs, duration, seed, draw_seed, state_dir)
+    res = check_twin(opts, lambda m: err.print(m, markup=False, highlight=False))
+    if as_json:
+        typer.echo(json.dumps(_check_json(res), indent=2, allow_nan=False))
+        return
+    for line in _check_lines(res):
+        typer.echo(line)
+
+
+def _check_json(res: CheckResult) -> dict[str, Any]:
+    from lbtune.objective import FIGURES
+    from lbtune.records.jsonform import json_data
+
+    return {
+        "cluster": res.cluster,
+        "balancer": res.balancer,
+        "scenario": res.scenario,
+        "duration_s": res.duration_s,
+        "spearman": res.spearman,
+        "spearman_ci95": res.spearman_ci,
+        "median_rel_error": res.errors,
+        "median_rel_error_ci95": res.errors_ci,
+        "configs": [
+            {
+                "config": r.config,
+                "params": dict(r.params),
+                "live_score": r.live_score,
+                "twin_score": r.twin_score,
+                "live": json_data(FIGURES, r.live),
+                "twin": json_data(FIGURES, r.twin),
+            }
+            for r in res.rows
+        ],
+    }
+
+
+def _check_lines(res: CheckResult) -> list[str]:
+    lines = [
+        f"{res.cluster} ({res.balancer}), {res.scenario}, {len(res.rows)} configs of "
+        f"{res.duration_s:g} s; live vs twin:",
+        f"{'config':>6} {'algorithm':<11} {'score':>15} {'P99 E2E s':>15} "
+        f"{'P99 TTFT s':>15} {'req/s':>15}",
+    ]
+    for r in res.rows:
+        lines.append(
+            f"{r.config:>6} {r.params.get('algorithm', ''):<11} "
+            f"{r.live_score:>7.3f} {r.twin_score:<7.3f} "
+            f"{r.live.p99_e2e_s:>7.2f} {r.twin.p99_e2e_s:<7.2f} "
+            f"{r.live.p99_ttft_s:>7.2f} {r.twin.p99_ttft_s:<7.2f} "
+            f"{r.live.requests_per_s or 0:>7.2f} {r.twin.requests_per_s or 0:<7.2f}"
+        )
+    ci = res.spearman_ci
+    rho = "n/a" if res.spearman is None else f"{res.spearman:.2f}"
+    lines.append(
+        f"rank correlation (Spearman, scores): {rho}"
+        + ("" if ci is None else f" (95 % CI {ci[0]:.2f} … {ci[1]:.2f})")
+    )
+    for m, e in res.errors.items():
+        lo, hi = res.errors_ci[m]
+        lines.append(f"median |error| {m}: {e:.1%} (95 % CI {lo:.1%} … {hi:.1%})")
+    return lines

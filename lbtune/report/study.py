@@ -18,6 +18,7 @@ from lbtune.report.html import CSS, esc, img
 from lbtune.report.html import table as html_table
 from lbtune.report.markdown import table as md_table
 from lbtune.report.plots import _figure, _no_data, _png
+from lbtune.report.screening import screening_markdown
 from lbtune.report.study_frame import (
     before_after,
     confirmation_table,
@@ -28,9 +29,11 @@ from lbtune.report.study_frame import (
     trials_table,
 )
 from lbtune.report.study_plots import (
+    PARETO_CAPTION,
     SLICE_CAPTION,
     best_params_html,
     best_params_markdown,
+    pareto_plot,
     slice_plot,
 )
 from lbtune.safety.secrets import scrub
@@ -113,7 +116,8 @@ def render_markdown(result: StudyResult) -> str:
     if result.importances:
         lines += ["## Parameter importances (PED-ANOVA)", ""]
         lines += [f"- `{k}`: {v:.3f}" for k, v in result.importances.items()] + [""]
-    lines += ["## Trials", "", md_table(trials_table(result)), ""]
+    lines += [*screening_markdown(result.screening), "## Trials", ""]
+    lines += [md_table(trials_table(result)), ""]
     if result.notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in result.notes] + [""]
     return "\n".join(lines)
@@ -177,28 +181,5 @@ def render_plots(result: StudyResult) -> dict[str, tuple[bytes, str]]:
     out["importances"] = (_png(fig), "Parameter importances of the composite score.")
     out["slices"] = (slice_plot(result), SLICE_CAPTION)
     if result.spec.kind == "pareto":
-        out["pareto"] = (_pareto(result), "Pareto front: P99 e2e against P99 TTFT (front in red).")
+        out["pareto"] = (pareto_plot(result), PARETO_CAPTION)
     return out
-
-
-def _pareto(result: StudyResult) -> bytes:
-    fig, (ax,) = _figure()
-    done = [t for t in result.trials if t.state == "COMPLETE" and t.figures is not None]
-    if not done:
-        _no_data(ax, "no completed trial")
-        return _png(fig)
-    xs = [t.figures.p99_e2e_s for t in done if t.figures]
-    ys = [t.figures.p99_ttft_s for t in done if t.figures]
-    ax.scatter(xs, ys, s=18, color="#7f7f7f", label="trial")
-    front = [t for t in done if t.number in result.pareto_front and t.figures]
-    ax.scatter(
-        [t.figures.p99_e2e_s for t in front if t.figures],
-        [t.figures.p99_ttft_s for t in front if t.figures],
-        s=30,
-        color="#d62728",
-        label="Pareto front",
-    )
-    ax.set_xlabel("P99 e2e (s)")
-    ax.set_ylabel("P99 TTFT (s)")
-    ax.legend(fontsize=8)
-    return _png(fig)

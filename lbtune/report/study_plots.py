@@ -281,3 +281,30 @@ def best_params_html(
             f"<ul class='notes'>{items}</ul></details>"
         )
     return out
+
+
+PARETO_CAPTION = "Pareto front: P99 e2e against P99 TTFT (front in red)."
+
+
+def pareto_plot(result: StudyResult) -> bytes:
+    """P99 E2E against P99 TTFT of the completed trials, the Pareto front in red."""
+    fig, (ax,) = _figure()
+    done = [t for t in result.trials if t.state == "COMPLETE" and t.figures is not None]
+    if not done:
+        _no_data(ax, "no completed trial")
+        return _png(fig)
+    xs = [t.figures.p99_e2e_s for t in done if t.figures]
+    ys = [t.figures.p99_ttft_s for t in done if t.figures]
+    ax.scatter(xs, ys, s=18, color="#7f7f7f", label="trial")
+    front = [t for t in done if t.number in result.pareto_front and t.figures]
+    ax.scatter(
+        [t.figures.p99_e2e_s for t in front if t.figures],
+        [t.figures.p99_ttft_s for t in front if t.figures],
+        s=30,
+        color="#d62728",
+        label="Pareto front",
+    )
+    ax.set_xlabel("P99 e2e (s)")
+    ax.set_ylabel("P99 TTFT (s)")
+    ax.legend(fontsize=8)
+    return _png(fig)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from lbtune.errors import LbtuneError, TrialFailed
 from lbtune.objective import ObjectiveSpec, feasible
@@ -37,6 +38,9 @@ class Harness:
     lease: Callable[[], Callable[[], None]] = lambda: lambda: None
     """Take the lease on the live balancer (:func:`lbtune.apply.lease.hold`: its guard
     restores the last known good if this process dies); returns the release."""
+    state_dir: Path | None = None
+    """The embedded cluster's state directory (its recorded config is the twin's, for
+    screening); ``None``: no twin."""
 
 
 def rollout(

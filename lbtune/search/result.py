@@ -25,7 +25,7 @@ from lbtune.targets.base import ParamSet
 
 STUDY_SCHEMA_VERSION = 1
 
-Role = Literal["live", "round-robin", "least-conn", "sampled", "retry"]
+Role = Literal["live", "round-robin", "least-conn", "screened", "sampled", "retry"]
 Verdict = Literal["improved", "no significant improvement", "baseline is best", "not run"]
 _Pair = tuple[float, float]
 _STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING")
@@ -66,6 +66,41 @@ class TrialResult:
     def folded_params(self) -> ParamSet:
         """The knobs without effect under :attr:`params` (see :attr:`folded`)."""
         return {k: v for k, v in self.params.items() if k in self.folded}
+
+
+@dataclass(frozen=True)
+class TwinPrediction:
+    """One completed live trial beside the twin's prediction of its config."""
+
+    trial: int
+    role: str
+    predicted: float | None
+    """The twin's composite score (lower is better)."""
+    measured: float | None
+    """The live trial's."""
+    predicted_p99_e2e_s: float | None = None
+    measured_p99_e2e_s: float | None = None
+    predicted_rps: float | None = None
+    measured_rps: float | None = None
+
+
+@dataclass(frozen=True)
+class Screening:
+    """The screening stage (``optimize --screen``): configs screened in the twin, those
+    sent live, and every live trial beside the twin's prediction."""
+
+    screened: int
+    sent_live: int
+    window_s: float
+    """Virtual seconds per screened config."""
+    live_window_s: float
+    """Virtual seconds of each prediction of a live trial (the live trials' duration)."""
+    cpu_s: float
+    wall_s: float
+    rows: tuple[TwinPrediction, ...] = ()
+    rank_corr: float | None = None
+    """Spearman's rank correlation of the twin's and the live scores (3 pairs or more)."""
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -247,6 +282,7 @@ class StudyResult:
     report_dir: str | None = None
     notes: tuple[str, ...] = ()
     started_at: str = ""
+    screening: Screening | None = None
 
     _json = key_order(
         "schema_version", "study", "storage", "target", "scenario", "sampler", "objective",

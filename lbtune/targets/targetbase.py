@@ -23,9 +23,10 @@ Everything that crosses these hooks is a record of :mod:`lbtune.targets.base`.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -52,6 +53,8 @@ from lbtune.targets.space import ParameterSpace
 
 if TYPE_CHECKING:
     from lbtune.records.endpoints import Endpoints
+    from lbtune.twin.replica import TwinReplica
+    from lbtune.twin.routing import Knobs, RoutingModel
 
 __all__ = ["WEIGHT_PREFIX", "BalancerBase", "TargetBase"]
 
@@ -330,3 +333,23 @@ class BalancerBase(ABC):
             f"{self.name} takes no per-replica weights live (no live weights API): the "
             "feedback agent needs a balancer that does"
         )
+
+    def routing_model(
+        self, params: Knobs, replicas: Sequence[TwinReplica], seed: int = 0
+    ) -> RoutingModel:
+        """This balancer's routing in the virtual-time twin (:mod:`lbtune.twin`) for the full
+        parameter set ``params`` over ``replicas``. The default calls ``routing_model`` of
+        the ``twin`` module of the balancer's own package (``lbtune/targets/<name>/twin.py``),
+        so a new balancer brings its model with it; ConfigError when it has none."""
+        package = type(self).__module__.rpartition(".")[0]
+        try:
+            module = importlib.import_module(package + ".twin")
+        except ModuleNotFoundError as exc:
+            if exc.name != package + ".twin":
+                raise
+            module = None
+        factory = getattr(module, "routing_model", None)
+        if factory is None:
+            raise ConfigError(f"the twin has no model of {self.name}")
+        model: RoutingModel = factory(params, replicas, seed=seed)
+        return model

@@ -22,7 +22,7 @@ from lbtune.errors import LbtuneError
 from lbtune.objective import ObjectiveSpec
 from lbtune.search.confirm import Arm, BaselineUnmeasurable, confirm
 from lbtune.search.harness import Harness, rollout
-from lbtune.search.result import Confirmation, Rollout, TrialResult, Verdict
+from lbtune.search.result import Confirmation, Rollout, Screening, TrialResult, Verdict
 from lbtune.search.stored import record_winner
 from lbtune.search.trial import TrialRunner
 from lbtune.targets.base import ParamSet
@@ -63,6 +63,8 @@ class AfterSearch:
     rollout: Rollout | None = None
     unmeasurable: BaselineUnmeasurable | None = None
     notes: list[str] = field(default_factory=list)
+    screening: Screening | None = None
+    """The twin's screen and how its predictions met the live trials (``--screen``)."""
 
 
 def after_search(

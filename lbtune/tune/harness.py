@@ -146,6 +146,7 @@ def real_harness(
         lkg_record=store.record,
         check_balancer=lambda: api.check_balancer(endpoints),
         lease=lambda: hold(state_dir, target.name, space_file=space_file),
+        state_dir=state_dir,
     )
 
 

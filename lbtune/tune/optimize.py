@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,9 +53,11 @@ from lbtune.targets.base import ParamSet
 from lbtune.targets.space import ParameterSpace
 from lbtune.tune.after import AfterSearch, SearchDone, after_search, restore
 from lbtune.tune.harness import plan_trials, real_harness
+from lbtune.tune.importance import importances
 from lbtune.tune.options import STORED, OptimizeOptions, StudyProgress, objective_spec
 from lbtune.tune.options import cluster_balancer as cluster_balancer  # re-exported
 from lbtune.tune.options import resolve_options as resolve_options  # re-exported
+from lbtune.tune.screen import ScreenRequest, screen_study
 
 __all__ = [
     "OptimizeOptions",
@@ -101,6 +102,12 @@ def run_optimize(
     space, lkg = _space_and_lkg(h)
     study = _open(opts, spec, h, space, lkg, show)
     runner = TrialRunner(h.target, h.measure, check_balancer=h.check_balancer)
+    screener, screen_note = (None, None)
+    if not opts.resume:
+        req = ScreenRequest(
+            opts.screen, h.state_dir, trial_opts, opts.seed, opts.budget, h.target.name
+        )
+        screener, screen_note = screen_study(req, space, study, spec, show.phase)
     before = collect(study, spec)
     _seed_progress(show.prog, before)
     show.phase(f"study {opts.study}: {opts.budget} trials of {opts.trial_duration_s:g} s")
@@ -113,8 +120,11 @@ def run_optimize(
         raise
     trials = collect(study, spec, space)
     best, front = _best(trials, spec)
+    screening = None if screener is None else screener.compare(trials, show.say)
     done = SearchDone(opts, spec, trials, study, lkg, best, front)
     after = after_search(done, h, runner, stop, show)
+    after.screening = screening
+    after.notes[:0] = [screen_note] if screen_note else []
     restore(h, lkg, after, show)
     release_lease()
     if stop.is_set():
@@ -188,7 +198,7 @@ class _Run:
             best=None if best is None else best.number,
             baseline=None if base is None else base.number,
             pareto_front=tuple(front),
-            importances=_importances(study),
+            importances=importances(study),
             confirmation=after.confirmation,
             rollout=after.rollout,
             interrupted=interrupted,
@@ -196,6 +206,7 @@ class _Run:
             report_dir=str(self.out_dir) if o.write_report else None,
             notes=tuple(after.notes),
             started_at=self.stamp,
+            screening=after.screening,
         )
 
 
@@ -301,27 +312,6 @@ def _best(trials: list[TrialResult], spec: ObjectiveSpec) -> tuple[TrialResult |
             ok[j].number for j in pareto_front([pareto_values(t.figures) for t in ok if t.figures])
         ]
     return (None if i is None else done[i]), front
-
-
-def _importances(study: Any) -> dict[str, float]:
-    """PED-ANOVA importances of the composite score (fast, no scikit-learn); {} if too few."""
-    import optuna
-
-    done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
-    if len(done) < 4:
-        return {}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            found = optuna.importance.get_param_importances(
-                study,
-                evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
-                target=lambda t: float(t.user_attrs.get("objective", float("nan"))),
-            )
-        return {k: float(v) for k, v in found.items()}
-    except (ValueError, RuntimeError, ZeroDivisionError) as exc:
-        log.debug("importances not computed: %s", exc)
-        return {}
 
 
 def record_study(opts: OptimizeOptions, result: StudyResult) -> None:

@@ -83,6 +83,9 @@ class OptimizeOptions:
     out_dir: Path | None = None
     window_s: float = 5.0
     write_report: bool = True
+    screen: int | None = None
+    """Virtual trials in the twin before the live ones (:mod:`lbtune.tune.screen`); None:
+    its default where the twin models the cluster; 0: none."""
 
 
 @dataclass
@@ -186,6 +189,8 @@ def resolve_options(opts: OptimizeOptions, harness: Harness | None = None) -> Op
         out = replace(out, study=f"{part}-{out.target}-{stamp}")
     if out.budget is None or out.budget < 1:
         raise ConfigError(f"--budget: must be >= 1, got {out.budget}")
+    if out.screen is not None and out.screen < 0:
+        raise ConfigError(f"--screen: must be >= 0, got {out.screen}")
     if out.confirm_runs < 0 or out.confirm_top < 1:
         raise ConfigError("--confirm-runs must be >= 0")
     if out.confirm_max_rounds < out.confirm_runs:

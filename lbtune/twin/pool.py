@@ -2,8 +2,9 @@
 
 A virtual trial is CPU-bound Python; trials of a screening stage are independent, so they
 run in worker processes (one per core by default). Each job names its routing model by
-import path (``"lbtune.targets.haproxy.twin:routing_model"``), so that a job pickles small
-and the worker builds the model itself; each worker keeps the :class:`~lbtune.twin.
+import path (``"lbtune.targets.haproxy.twin:routing_model"``) or by a small picklable
+factory (:class:`lbtune.cluster.twin.BalancerModel`), so that a job pickles small and the
+worker builds the model itself; each worker keeps the :class:`~lbtune.twin.
 requests.RequestSource` of the plans it has seen, so the requests' text and tokens are
 built once per worker, not once per trial::
 
@@ -43,8 +44,9 @@ class TwinJob:
 
     plan: RunPlan
     replicas: tuple[TwinReplica, ...]
-    factory: str
-    """``module:function`` of a :class:`~lbtune.twin.routing.RoutingFactory`."""
+    factory: str | RoutingFactory
+    """``module:function`` of a :class:`~lbtune.twin.routing.RoutingFactory`, or one that
+    pickles small."""
     params: Mapping[str, int | float | str | bool]
     options: TwinOptions = field(default_factory=TwinOptions)
     seed: int = 0
@@ -73,7 +75,8 @@ def run_job(job: TwinJob) -> TwinRun:
         if len(_SOURCES) > 8:
             _SOURCES.clear()
         src = _SOURCES[key] = RequestSource(job.plan, job.options.host_seed)
-    model = load_factory(job.factory)(job.params, job.replicas, seed=job.seed)
+    factory = load_factory(job.factory) if isinstance(job.factory, str) else job.factory
+    model = factory(job.params, job.replicas, seed=job.seed)
     run = simulate(src.plan, job.replicas, model, job.options, Reuse(src))
     return replace(run, engines={})
 

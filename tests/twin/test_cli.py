@@ -12,7 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from lbtune.cli import app
-from lbtune.cli.twin import twin_cluster, twin_params
+from lbtune.cli.twin import overlays
+from lbtune.cluster.twin import twin_cluster, twin_params
 from lbtune.errors import ConfigError
 
 
@@ -59,13 +60,13 @@ def test_params_layering_and_the_inactive_agent(tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text(yaml.safe_dump({"params": {"algorithm": "hash", "hash_bytes": 64}}))
     tc = twin_cluster("mini2")
-    values, notes = twin_params(tc, f, ["hash_bytes=128", "weight.l4-0=7"])
+    values, notes = twin_params(tc, overlays("haproxy", f, ["hash_bytes=128", "weight.l4-0=7"]))
     assert values["algorithm"] == "hash" and values["hash_bytes"] == 128
     assert values["weight.l4-0"] == 7 and values["weight.h100-0"] == 100
     assert not any(k.startswith("agent.") for k in values)
     assert notes == ["agent.* knobs have no effect: this cluster runs no feedback agent"]
     with pytest.raises(ConfigError, match=r"--set: hash_bytes: 1 is out of range"):
-        twin_params(tc, None, ["hash_bytes=1"])
+        twin_params(tc, overlays("haproxy", None, ["hash_bytes=1"]))
 
 
 @pytest.mark.parametrize(
@@ -88,14 +89,3 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
-
-
-def test_a_balancer_without_a_model_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    from lbtune import targets
-    from lbtune.cli.twin import routing_factory
-
-    monkeypatch.setitem(targets.TARGETS, "plain", "lbtune.targets.haproxy.balancer:BALANCER")
-    assert routing_factory("haproxy").__module__ == "lbtune.targets.haproxy.twin"
-    monkeypatch.setitem(targets.TARGETS, "plain", "lbtune.records.endpoints:Endpoints")
-    with pytest.raises(ConfigError, match="the twin has no routing model of balancer 'plain'"):
-        routing_factory("plain")

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from lbtune.cli.twin import routing_factory, twin_cluster, twin_figures, twin_params
 from lbtune.cluster import api
 from lbtune.cluster.config import PortsConfig, load_config
+from lbtune.cluster.twin import twin_cluster, twin_params
 from lbtune.loadgen.recordio import read_records
 from lbtune.run.stress import StressOptions, run_stress
 from lbtune.targets import get_target
+from lbtune.tune.virtual import twin_figures
 from lbtune.twin.options import TwinOptions
 from lbtune.twin.result import TwinRun
 from lbtune.twin.run import Reuse, simulate
@@ -46,7 +47,7 @@ def test_the_twin_ranks_and_sizes_configs_like_the_live_cluster(tmp_path: Path) 
     cfg = cfg.model_copy(update={"ports": ports, "time_scale": SCALE})
     state = tmp_path / "cluster"
     tc = twin_cluster("mini2")
-    base, _ = twin_params(tc, None, [])
+    base, _ = twin_params(tc)
     live: dict[str, tuple[float, float, float]] = {}
     twin: dict[str, tuple[float, float, float]] = {}
     ep = api.up(cfg, state)
@@ -68,7 +69,7 @@ def test_the_twin_ranks_and_sizes_configs_like_the_live_cluster(tmp_path: Path) 
             as_run = TwinRun(recs, plan, res.load.ended_at, run_start=plan.started_at)
             fig, _ = twin_figures(as_run)
             live[name] = (fig.p99_e2e_s, fig.p99_ttft_s, fig.requests_per_s)
-            model = routing_factory("haproxy")(params, tc.replicas)
+            model = tc.routing(params)
             run = simulate(plan, tc.replicas, model, TwinOptions(SCALE), Reuse(engines=engines))
             engines = run.engines
             fig, _ = twin_figures(run)

@@ -101,6 +101,8 @@ class LlmScheduler:
         self.pending: dict[int, _Pick] = {}
         self.holds: dict[int, float] = {}
         self.sessions: dict[str, str] = {}
+        """The newer generation of session → server (the Lua's ``sessions_new``)."""
+        self.sessions_old: dict[str, str] = {}
         self.rng = random.Random(0)
         self.next_scrape = 0.0
 
@@ -139,12 +141,22 @@ class LlmScheduler:
         scores = self._scores(cands, hashes, req, tokens, t)
         srv = self._pick(cands, scores)
         self.state[srv].add(hashes, int(self.num("lru_size")))
+        if req.session_id:
+            self._session_put(req.session_id, srv)
         self.holds.pop(req.index, None)
         st = self.state[srv]
         st.inflight += tokens
         st.since += tokens
         self.pending[req.index] = _Pick(srv, tokens, now)
         return srv
+
+    def _session_put(self, sid: str, srv: str) -> None:
+        """The Lua's ``session_put``: two generations of ``lru_size / 2`` sessions each."""
+        if sid not in self.sessions and len(self.sessions) >= max(
+            1, int(self.num("lru_size")) // 2
+        ):
+            self.sessions_old, self.sessions = self.sessions, {}
+        self.sessions[sid] = srv
 
     def _refuse(self, req: RequestView) -> Refuse:
         self.holds.pop(req.index, None)
@@ -185,7 +197,8 @@ class LlmScheduler:
     ) -> dict[str, float]:
         k = self.num
         max_load = max(self.state[c].inflight for c in cands)
-        session = self.sessions.get(req.session_id) if req.session_id else None
+        sid = req.session_id
+        session = (self.sessions.get(sid) or self.sessions_old.get(sid)) if sid else None
         cls = (
             "short" if tokens < k("short_tokens") else "long" if tokens >= k("long_tokens") else ""
         )
