@@ -182,7 +182,12 @@ class Peek:
 
     def first_event_arrival(self, data: bytes, t: float) -> tuple[float, bool]:
         """(arrival, exact) of the first content event in the peeked ``data`` (stamped
-        ``t`` by the kernel): exact only from two kernel-stamped peeks."""
+        ``t`` by the kernel, the arrival of its last byte).
+
+        Exact when the event ends the read (``t`` is then its own arrival; through
+        HAProxy a chunk's closing CRLF comes with the next chunk, so this is the common
+        case) or from two kernel-stamped peeks that fall in different segments.
+        """
         p = first_content_at(data)
         end = data.find(b"\n\n", p) if p >= 0 else -1
         if end < 0:
@@ -191,7 +196,7 @@ class Peek:
         if data[end : end + 2] == b"\r\n":  # the HTTP chunk's own end, same write
             end += 2
         if end >= len(data):
-            return t, False
+            return t, True
         d1, t1, s1 = self.peek(end)  # stamp of the segment holding the event's last byte
         d2, t2, s2 = self.peek(end + 1)  # ... and of the next byte's
         if len(d1) < end or len(d2) < end + 1 or not (s1 and s2):

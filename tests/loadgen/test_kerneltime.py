@@ -193,3 +193,41 @@ def test_an_unstamped_read_says_so() -> None:
             t0 = time.time()
             data, t, stamped = kernel_reader(b)()
             assert data == b"x" and not stamped and t >= t0
+
+
+def _queued_pair() -> tuple[socket.socket, socket.socket, socket.socket]:
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    assert hold() and enable(b)
+    return srv, a, b
+
+
+def _peek_all(b: socket.socket, n: int) -> tuple[bytes, float, bool]:
+    peek = Peek(b)
+    deadline = time.monotonic() + 10
+    while True:
+        got = peek.peek(65536)
+        if len(got[0]) >= n:
+            return got
+        assert time.monotonic() < deadline
+
+
+def test_a_first_event_that_ends_the_read_is_exact() -> None:
+    """Through HAProxy a chunk's closing CRLF comes with the next chunk, so the first
+    content event is the last thing in its read: the read's stamp (its last byte's
+    arrival) is then the event's own arrival, and the time is exact. When a later
+    event shares the same segment, the time stays inexact (the control)."""
+    event = TOK[: TOK.index(b"\n\n") + 2]  # "size CRLF data: ... \n\n", no chunk CRLF yet
+    srv, a, b = _queued_pair()
+    with srv, a, b:
+        a.sendall(event)
+        data, t, stamped = _peek_all(b, len(event))
+        assert stamped and data == event
+        assert Peek(b).first_event_arrival(data, t) == (t, True)
+    srv, a, b = _queued_pair()
+    with srv, a, b:
+        a.sendall(TOK + TOK)  # one write: the second event shares the first's segment
+        data, t, stamped = _peek_all(b, 2 * len(TOK))
+        assert stamped
+        assert Peek(b).first_event_arrival(data, t)[1] is False
