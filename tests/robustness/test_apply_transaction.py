@@ -182,7 +182,9 @@ def test_cli_custom_space_beyond_haproxys_weights_touches_nothing(
     t = _fresh(deployed)
     apply_params(t, {}, via="direct")
     doc = _packaged(t)
-    doc["params"] = {"weight": {**doc["params"]["weight"], "high": 100000}}
+    # The whole space stays: weight's ``when`` names ``algorithm``, so a space of the
+    # weight alone is refused before the limits are reached.
+    doc["params"]["weight"] = {**doc["params"]["weight"], "high": 100000}
     space = _write_space(tmp_path / "wide.yaml", doc)
     params = tmp_path / "p.yaml"
     params.write_text("weight.h100-0: 50\nweight.l4-0: 1000\n")
