@@ -16,7 +16,9 @@
 #
 # Environment [default]:
 #   LBTUNE_NIGHTLY_SCENARIO [mixed]   LBTUNE_NIGHTLY_BUDGET [30]   LBTUNE_NIGHTLY_TRIAL_S [25]
-#   LBTUNE_NIGHTLY_CONFIRM_RUNS [2]   LBTUNE_NIGHTLY_CLUSTER [hetero4] (embedded preset;
+#   LBTUNE_NIGHTLY_CONFIRM_RUNS [2]   LBTUNE_NIGHTLY_SCREEN [optimize's default: 100 configs
+#       screened in the twin where the embedded cluster's balancer is tuned]
+#   LBTUNE_NIGHTLY_CLUSTER [hetero4] (embedded preset;
 #       hetero4-envoy / hetero4-nginx / hetero4-router put another balancer in front: every
 #       step tunes, applies and shows the cluster's own balancer)
 #   LBTUNE_NIGHTLY_FAIL_ON [p99=+10%,ttft=+10%,goodput=-5%,errors=+1%]
@@ -94,7 +96,7 @@ step_tune() {
   "${LB[@]}" optimize --ci --junit "$REPORT/junit.xml" --scenario "$SCENARIO" \
     --budget "${LBTUNE_NIGHTLY_BUDGET:-30}" --trial-duration "${LBTUNE_NIGHTLY_TRIAL_S:-25}" \
     --confirm-runs "${LBTUNE_NIGHTLY_CONFIRM_RUNS:-2}" --storage "$STORAGE" --out "$REPORT" \
-    $(inventory_args)
+    ${LBTUNE_NIGHTLY_SCREEN:+--screen "$LBTUNE_NIGHTLY_SCREEN"} $(inventory_args)
 }
 
 accepted_dir() { # the last accepted study's report, if it is still there

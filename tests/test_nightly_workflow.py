@@ -127,6 +127,7 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
         LBTUNE_NIGHTLY_BUDGET="3",
         LBTUNE_NIGHTLY_TRIAL_S="8",
         LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
+        LBTUNE_NIGHTLY_SCREEN="12",  # the knob reaches optimize; 100 would cost minutes
         LBTUNE_NIGHTLY_CLUSTER="mini2",
         LBTUNE_NIGHTLY_DIR=str(nightly),
         LBTUNE_NIGHTLY_REPORT=str(report),
@@ -166,6 +167,7 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
             ran.append((name, run(script, name)))
         assert len(ran) == 6 and len(skipped) == 6
         assert "nightly: target: embedded" in ran[0][1].stderr
+        assert "the twin screened 12 configs" in ran[1][1].stderr
         ET.parse(report / "junit.xml")  # valid JUnit XML
         assert (report / "study.json").is_file() and (report / "history.html").is_file()
         summary = (tmp_path / "summary.md").read_text()

@@ -195,6 +195,8 @@ def test_the_installed_wheel_runs_cluster_stress_optimize_apply(
         "6",
         "--confirm-runs",
         "0",
+        "--screen",
+        "4",  # the installed wheel's twin works; 100 configs would cost minutes
         "--study",
         "wheel",
         "--ci",

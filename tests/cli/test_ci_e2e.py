@@ -155,6 +155,8 @@ def test_optimize_ci_writes_junit_and_the_step_summary(
         "1",
         "--confirm-max-rounds",
         "2",
+        "--screen",
+        "8",
         "--junit",
         str(junit),
         "--scenario",

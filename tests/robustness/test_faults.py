@@ -174,6 +174,8 @@ def test_kill_9_of_optimize_mid_trial_puts_the_last_known_good_back(
             "random",
             "--pruner",
             "none",
+            "--screen",
+            "0",  # the kill must land in a live trial, not in the twin's screen
             "--confirm-runs",
             "0",
             "--storage",

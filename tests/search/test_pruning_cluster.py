@@ -125,6 +125,7 @@ def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path
                     window_s=WINDOW_S,
                     study=f"slow3-{pruner}",
                     pruner=pruner,
+                    screen=0,  # the pruner acts on live trials only
                     seed=1,
                     weights="e2e=0,ttft=1,decay=0",
                     storage=f"sqlite:///{tmp_path}/studies.db",

@@ -124,6 +124,7 @@ def test_short_study_on_the_balancer(tmp_path: Path, preset: str, balancer: str)
                 scenario=str(scenario),
                 trial_duration_s=6,
                 study="t",
+                screen=0,  # the target's own loop; screening has its own tests
                 storage=f"sqlite:///{tmp_path / 's.db'}",
                 state_dir=state,
                 confirm_runs=1,

@@ -46,7 +46,7 @@ from pathlib import Path
 from lbtune.tune.optimize import OptimizeOptions, run_optimize
 run_optimize(OptimizeOptions(budget=4, scenario=sys.argv[1], trial_duration_s=8,
     study="e2e", storage=sys.argv[2], state_dir=Path(sys.argv[3]), confirm_runs=1,
-    confirm_max_rounds=2, out_dir=Path(sys.argv[4])))
+    confirm_max_rounds=2, out_dir=Path(sys.argv[4]), screen=0))
 """
 
 
@@ -175,6 +175,7 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
                 scenario=str(scenario),
                 trial_duration_s=8,
                 study="paired",
+                screen=0,  # live trials only: the twin's screen is tests/tune/test_screen.py's
                 storage=f"sqlite:///{tmp_path / 's.db'}",
                 state_dir=state,
                 confirm_runs=1,
