@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lbtune.cluster.config import PORTS_ENV
+from lbtune.cluster.resolve import PORTS_ENV
 from tests import workers
 
 M8 = "llama-3.1-8b-instruct"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lbtune.cluster.config import PORTS_ENV, free_port
+from lbtune.cluster.resolve import PORTS_ENV, free_port
 from lbtune.errors import ConfigError
 from tests import workers
 from tests.workers import Fixture, check, port_range, rank, unit_of

@@ -4,7 +4,8 @@ The balancer is the cluster YAML's ``balancer:`` (a name of :data:`lbtune.target
 HAProxy by default); its registry entry launches, watches and scrapes it
 (:class:`lbtune.targets.targetbase.BalancerBase`). Nothing here names a balancer.
 
-* :mod:`lbtune.cluster.config` — the cluster YAML (pydantic models, loader, presets, ports).
+* :mod:`lbtune.cluster.config` — the cluster YAML (pydantic models, loader, presets).
+* :mod:`lbtune.cluster.resolve` — a valid config made concrete: replica names, ports, URLs.
 * :mod:`lbtune.cluster.render` — Prometheus and sim-host configs; the shared template renderer.
 * :mod:`lbtune.process.supervisor` — start/stop processes by PID, readiness waits, and the
   :class:`~lbtune.process.supervisor.ClusterSupervisor` a balancer's launch uses.

@@ -19,7 +19,8 @@ from typing import Any
 
 from lbtune.agent.config import write_agent_file
 from lbtune.cluster import health
-from lbtune.cluster.config import LOOPBACK, ResolvedCluster
+from lbtune.cluster.config import LOOPBACK
+from lbtune.cluster.resolve import ResolvedCluster
 from lbtune.errors import ConfigError
 from lbtune.process import supervisor
 from lbtune.process.supervisor import ProcessRecord

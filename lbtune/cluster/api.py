@@ -24,16 +24,9 @@ from pathlib import Path
 
 from lbtune import targets
 from lbtune.cluster import agent, health, render, restore, vllm
-from lbtune.cluster.config import (
-    DEFAULT_PRESET,
-    LOOPBACK,
-    ClusterConfig,
-    ResolvedCluster,
-    free_port,
-    load_config,
-    resolve,
-)
+from lbtune.cluster.config import DEFAULT_PRESET, LOOPBACK, ClusterConfig, load_config
 from lbtune.cluster.health import ClusterStatus, ComponentStatus, ReplicaStatus
+from lbtune.cluster.resolve import ResolvedCluster, free_port, resolve
 from lbtune.errors import BalancerDown, ClusterError
 from lbtune.process import probes, supervisor
 from lbtune.process.supervisor import ClusterSupervisor, ProcessRecord

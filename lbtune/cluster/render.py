@@ -11,7 +11,8 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
-from lbtune.cluster.config import LOOPBACK, ResolvedCluster
+from lbtune.cluster.config import LOOPBACK
+from lbtune.cluster.resolve import ResolvedCluster
 from lbtune.errors import DependencyError
 from lbtune.records.statedir import StatePaths
 from lbtune.resources import render_template, templates_dir

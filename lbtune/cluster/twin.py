@@ -26,7 +26,8 @@ from pathlib import Path
 
 from lbtune import targets
 from lbtune.cluster.api import find_state_dir
-from lbtune.cluster.config import ClusterConfig, load_config, parse_config, resolve
+from lbtune.cluster.config import ClusterConfig, load_config, parse_config
+from lbtune.cluster.resolve import resolve
 from lbtune.errors import ConfigError
 from lbtune.records.statedir import StatePaths, read_config_json
 from lbtune.targets.params import ParamSet

@@ -32,7 +32,7 @@ from importlib.resources import as_file, files
 from pathlib import Path
 
 import lbtune
-from lbtune.cluster.config import ResolvedCluster
+from lbtune.cluster.resolve import ResolvedCluster
 from lbtune.errors import ClusterError, DependencyError
 from lbtune.process import supervisor
 from lbtune.process.supervisor import ProcessRecord

@@ -176,7 +176,7 @@ def test_an_unreachable_host_is_reported_and_no_host_is_left_half_applied(
     fresh: HaproxyTarget, tmp_path: Path
 ) -> None:
     """localhost applies first, then lb-down is unreachable: the rollout stops and rolls back."""
-    from lbtune.cluster.config import free_port
+    from lbtune.cluster.resolve import free_port
 
     closed_port = free_port()  # nothing listens there (under xdist: in this worker's range)
     apply_params(fresh, {"weight.h100-0": 70}, via="direct", source="good")

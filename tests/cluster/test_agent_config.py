@@ -11,8 +11,9 @@ import pytest
 
 from lbtune.agent.config import load_agent_config, read_agent_file, write_agent_file
 from lbtune.cluster import agent
-from lbtune.cluster.config import load_config, resolve
+from lbtune.cluster.config import load_config
 from lbtune.cluster.render import render_prometheus
+from lbtune.cluster.resolve import resolve
 from lbtune.errors import ConfigError
 from lbtune.records.statedir import StatePaths
 from lbtune.targets.base import RejectedBeforeApply

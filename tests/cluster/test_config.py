@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lbtune.cluster.config import available_presets, load_config, resolve
+from lbtune.cluster.config import available_presets, load_config
+from lbtune.cluster.resolve import resolve
 from lbtune.errors import ConfigError
 
 M8 = "llama-3.1-8b-instruct"

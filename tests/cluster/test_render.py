@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from lbtune.cluster.api import launch_spec
-from lbtune.cluster.config import load_config, resolve
+from lbtune.cluster.config import load_config
 from lbtune.cluster.render import render_prometheus, sim_spec
+from lbtune.cluster.resolve import resolve
 from lbtune.records.statedir import StatePaths
 from lbtune.targets import balancer
 from lbtune.targets.base import pool_names

@@ -35,7 +35,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from lbtune.cluster import vllm
-from lbtune.cluster.config import free_port
+from lbtune.cluster.resolve import free_port
 
 MODEL = "llama-3.1-8b-instruct"
 """The name both servers serve (the sim's profile; vLLM's --served-model-name)."""

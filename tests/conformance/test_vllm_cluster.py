@@ -15,7 +15,8 @@ import pytest
 import requests
 
 from lbtune.cluster import api, vllm
-from lbtune.cluster.config import load_config, parse_config, resolve
+from lbtune.cluster.config import load_config, parse_config
+from lbtune.cluster.resolve import resolve
 from lbtune.errors import ConfigError
 from lbtune.records.endpoints import Endpoints
 from tests.conformance.conftest import MODEL

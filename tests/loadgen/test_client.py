@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from lbtune.cluster.config import free_port
+from lbtune.cluster.resolve import free_port
 from lbtune.loadgen.client import StreamClient
 from lbtune.loadgen.echo import EchoServer
 from lbtune.loadgen.source import FixedWorkload

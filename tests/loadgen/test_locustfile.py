@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lbtune.cluster.config import free_port as _free_port
+from lbtune.cluster.resolve import free_port as _free_port
 from lbtune.sim.host import run_in_thread
 from lbtune.sim.spec import HostSpec, ReplicaSpec
 

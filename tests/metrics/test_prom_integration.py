@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import pytest
 
-from lbtune.cluster.config import free_port as _free_port
+from lbtune.cluster.resolve import free_port as _free_port
 from lbtune.errors import TargetError
 from lbtune.metrics.prom import PromClient
 from lbtune.metrics.serverside import collect

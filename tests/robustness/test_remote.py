@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lbtune.cluster.config import free_port as _free_port
+from lbtune.cluster.resolve import free_port as _free_port
 from tests.robustness.conftest import LBTUNE, processes_mentioning, run_cli
 
 

@@ -196,7 +196,7 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
 
 
 def test_unreachable_target_fails_within_5_s(tmp_path: Path) -> None:
-    from lbtune.cluster.config import free_port
+    from lbtune.cluster.resolve import free_port
 
     port = free_port()  # nothing listens there (under xdist: in this worker's own range)
     began = time.monotonic()

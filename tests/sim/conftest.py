@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lbtune.cluster.config import free_port as free_port
+from lbtune.cluster.resolve import free_port as free_port
 from lbtune.sim.host import HostThread, run_in_thread
 from lbtune.sim.spec import HostSpec, ReplicaSpec
 

@@ -20,8 +20,8 @@ import typer
 
 from lbtune.cli.apply import apply_command, rollback_command
 from lbtune.cluster import api
-from lbtune.cluster.config import free_port as free_port
 from lbtune.cluster.config import load_config
+from lbtune.cluster.resolve import free_port as free_port
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets import get_target
 from lbtune.targets.base import ReplicaAddress

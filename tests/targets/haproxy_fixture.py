@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lbtune.cluster.config import free_port as free_port
+from lbtune.cluster.resolve import free_port as free_port
 
 needs_haproxy = pytest.mark.skipif(
     shutil.which("haproxy") is None, reason="haproxy is needed (sudo apt-get install haproxy)"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from lbtune.cluster.config import PORTS_ENV
+from lbtune.cluster.resolve import PORTS_ENV
 from lbtune.errors import ConfigError
 from lbtune.search.study import reference_trials
 from lbtune.targets import TARGETS

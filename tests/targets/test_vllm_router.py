@@ -22,7 +22,7 @@ import requests
 
 from lbtune.apply import apply_params, rollback
 from lbtune.cluster import api
-from lbtune.cluster.config import free_port
+from lbtune.cluster.resolve import free_port
 from lbtune.errors import ApplyError, ClusterError, ConfigError
 from lbtune.process.supervisor import read_record, stop
 from lbtune.records.endpoints import Endpoints

@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from lbtune.cluster.config import load_config, resolve
+from lbtune.cluster.config import load_config
+from lbtune.cluster.resolve import resolve
 from lbtune.run.plan import plan_run
 from lbtune.run.stress import StressOptions
 from lbtune.scenario.runplan import RunPlan
