@@ -56,16 +56,9 @@ def history_command(
     from lbtune.history.drift import check_drift as drift_of
     from lbtune.history.store import HistoryStore
 
-    if not 0 < threshold <= 100:
-        raise ConfigError(f"--threshold: must be > 0 and at most 100 (10000 %), got {threshold}")
-    if last is not None and not 1 <= last <= 10**9:
-        raise ConfigError(f"--last: must be 1..1000000000, got {last}")
+    _check(threshold, last, html_path)
     if storage is not None and "://" not in storage:
         storage = f"sqlite:///{storage}"
-    if html_path is not None:
-        from lbtune.safety.files import check_out_file
-
-        check_out_file(html_path, "--html")
     path = db_path(storage, use_env=False) if storage is not None else db_path(DEFAULT_STORAGE)
     if path is None:
         raise ConfigError(f"--storage {storage}: an in-memory database keeps no history")
@@ -141,3 +134,17 @@ def _drift_line(d: DriftReport) -> str:
     head = "DRIFT" if d.drift else "no drift"
     notes = f" (note: {'; '.join(d.notes)})" if d.notes else ""
     return f"drift {d.scenario}: {head} vs accepted {ref}: {', '.join(parts)}{notes}"
+
+
+def _check(threshold: float, last: int | None, html_path: Path | None) -> None:
+    """The options' bounds, before anything is read."""
+    from lbtune.errors import ConfigError
+
+    if not 0 < threshold <= 100:
+        raise ConfigError(f"--threshold: must be > 0 and at most 100 (10000 %), got {threshold}")
+    if last is not None and not 1 <= last <= 10**9:
+        raise ConfigError(f"--last: must be 1..1000000000, got {last}")
+    if html_path is not None:
+        from lbtune.safety.files import check_out_file
+
+        check_out_file(html_path, "--html")

@@ -117,30 +117,43 @@ def resolve(config: ClusterConfig, pick_port: Callable[[], int] = free_port) -> 
         exporter=port(cp.exporter),
         agent=port(cp.agent) if config.agent.enabled else None,
     )
-    replicas: list[Replica] = []
+    return ResolvedCluster(config=config, ports=ports, replicas=_replicas(config, port))
+
+
+def _replicas(config: ClusterConfig, port: Callable[[int], int]) -> tuple[Replica, ...]:
+    """The config's replicas, named, on the ports ``port`` decides."""
+    base = config.ports.replica_base
     if config.external:
+        out = []
         for ext in config.external:
             parts = urlsplit(ext.url)
             assert parts.hostname is not None and parts.port is not None
-            replicas.append(
+            out.append(
                 Replica(ext.name, parts.hostname, parts.port, tuple(ext.models), external=True)
             )
-    elif config.vllm is not None:
+        return tuple(out)
+    if config.vllm is not None:
         v = config.vllm
-        for i in range(v.count):
-            p = port(cp.replica_base + i if cp.replica_base else 0)
-            replicas.append(
-                Replica(f"{v.name}-{i}", LOOPBACK, p, (v.model,), "cpu", external=True, vllm=True)
+        return tuple(
+            Replica(
+                f"{v.name}-{i}",
+                LOOPBACK,
+                port(base + i if base else 0),
+                (v.model,),
+                "cpu",
+                external=True,
+                vllm=True,
             )
-    else:
-        counters: dict[str, int] = {}
-        for group in config.replicas:
-            for _ in range(group.count):
-                i = counters.get(group.prefix, 0)
-                counters[group.prefix] = i + 1
-                base = cp.replica_base
-                p = port(base + len(replicas) if base else 0)
-                replicas.append(
-                    Replica(f"{group.prefix}-{i}", LOOPBACK, p, tuple(group.models), group.gpu)
-                )
-    return ResolvedCluster(config=config, ports=ports, replicas=tuple(replicas))
+            for i in range(v.count)
+        )
+    replicas: list[Replica] = []
+    counters: dict[str, int] = {}
+    for group in config.replicas:
+        for _ in range(group.count):
+            i = counters.get(group.prefix, 0)
+            counters[group.prefix] = i + 1
+            p = port(base + len(replicas) if base else 0)
+            replicas.append(
+                Replica(f"{group.prefix}-{i}", LOOPBACK, p, tuple(group.models), group.gpu)
+            )
+    return tuple(replicas)
