@@ -17,5 +17,6 @@ fi
 # Serial by default. LBTUNE_TEST_WORKERS=2 runs the suite on two pytest-xdist workers (most
 # of its time is integration tests waiting on load they drive): each test module, or group
 # of modules sharing a server, runs whole on one worker, longest first (tests/workers.py).
-# Extra arguments go to pytest.
-exec .venv/bin/python -m pytest -n "${LBTUNE_TEST_WORKERS:-0}" --dist loadgroup "$@"
+# The 25 slowest tests are listed at the end (where the suite's time goes). Extra arguments
+# go to pytest.
+exec .venv/bin/python -m pytest -n "${LBTUNE_TEST_WORKERS:-0}" --dist loadgroup --durations=25 "$@"
