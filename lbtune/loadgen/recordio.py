@@ -25,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from lbtune.errors import ConfigError
 from lbtune.records.requests import RequestRecord
-from lbtune.safety.files import MAX_TRACE_BYTES, open_regular
+from lbtune.safety.files import MAX_TRACE_BYTES, open_regular, read_parquet
 
 __all__ = [
     "FIELDS",
@@ -122,15 +122,7 @@ def read_records(path: str | Path) -> list[RequestRecord]:
         return out
     if p.suffix == ".jsonl":
         return list(iter_jsonl(p))
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        with open_regular(p, max_bytes=MAX_TRACE_BYTES) as fh:
-            table = pq.read_table(fh)
-    except (OSError, ValueError, pa.ArrowException) as exc:  # truncated, not Parquet
-        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"{p}: not a readable requests.parquet ({why})") from None
+    table = read_parquet(p, max_bytes=MAX_TRACE_BYTES, what="a readable requests.parquet")
     missing = [f for f in _REQUIRED if f not in table.column_names]
     if missing:
         raise ConfigError(f"{p}: not lbtune's request records (no {', '.join(missing)} column)")

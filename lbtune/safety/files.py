@@ -23,7 +23,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from lbtune.errors import ConfigError, printable
 
@@ -39,6 +39,7 @@ __all__ = [
     "name_part",
     "open_regular",
     "read_bytes",
+    "read_parquet",
     "read_text",
 ]
 
@@ -146,6 +147,26 @@ def read_bytes(
             return f.read()
         except OSError as exc:
             raise ConfigError(f"{_shown(path, where)}: cannot read ({_why(exc)})") from None
+
+
+def read_parquet(path: str | Path, where: str | None = None, *, max_bytes: int, what: str) -> Any:
+    """The ``pyarrow.Table`` in the regular file ``path`` (at most ``max_bytes``); one
+    :class:`ConfigError` line ("not ``what``") when it is not Parquet or is truncated.
+
+    Decoded on this thread (``use_threads=False``): Arrow's thread pool, once started by a
+    read, aborts the interpreter at exit in most runs ("terminate called without an active
+    exception", exit -6), after the command's work and output are done. Record files are
+    small; one thread decodes them in milliseconds.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with open_regular(path, where, max_bytes=max_bytes) as f:
+        try:
+            return pq.read_table(f, use_threads=False)
+        except (OSError, ValueError, pa.ArrowException) as exc:  # truncated, not Parquet
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"{_shown(path, where)}: not {what} ({why})") from None
 
 
 def read_text(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lbtune.errors import ConfigError
-from lbtune.safety.files import MAX_REPORT_BYTES, MAX_TRACE_BYTES, open_regular, read_bytes
+from lbtune.safety.files import MAX_REPORT_BYTES, MAX_TRACE_BYTES, read_bytes, read_parquet
 from lbtune.scenario.limits import MAX_TOKENS, MAX_TRACE_ROWS, MAX_TRACE_TIME_S
 from lbtune.scenario.traces.rows import TraceRow, bad
 
@@ -26,13 +26,7 @@ REQUIRED = ("index", "sent_at", "prompt_tokens", "output_tokens")
 
 
 def read(path: Path, shown: str) -> list[TraceRow]:
-    import pyarrow.parquet as pq  # lazily: only this format needs it
-
-    with open_regular(path, shown, max_bytes=MAX_TRACE_BYTES) as f:
-        try:
-            table = pq.read_table(f)
-        except Exception as exc:  # pyarrow raises ArrowInvalid and OSError subclasses
-            raise ConfigError(f"{shown}: not a Parquet file ({exc})") from None
+    table = read_parquet(path, shown, max_bytes=MAX_TRACE_BYTES, what="a Parquet file")
     if table.num_rows > MAX_TRACE_ROWS:
         raise bad(shown, 1, None, f"more than {MAX_TRACE_ROWS} requests in one trace")
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
