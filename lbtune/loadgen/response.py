@@ -174,6 +174,8 @@ def read_stream(
     dec = ChunkedDecoder() if head.chunked else None
     remaining = head.content_length
     data = rest
+    if not rest and st.head_lower is not None:  # the head came alone and drained the socket
+        st.lower = st.head_lower
     peeked = fresh = False  # fresh: data is a read of its own (else rest, read with the head)
     while True:
         if data:

@@ -185,3 +185,25 @@ def test_an_unstamped_head_marks_the_request() -> None:
     exchange(sock, b"GET / HTTP/1.1\r\n\r\n", st, "x-replica")
     # The head's read set no lower end: the token is bounded from the write.
     assert st.unstamped and st.first_bound == pytest.approx(t0 + 0.05 - st.sent_at)
+
+
+def test_a_head_that_came_alone_is_the_lower_end() -> None:
+    """nginx and Envoy send the head before the first chunk. The head's read drained the
+    socket, so a first token read together with later bytes arrived after the head's
+    stamp: the bound runs from there, not from the write (a P99 bound near the whole
+    TTFT put nginx studies' measurements out of trust in CI)."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    t0 = time.time()
+    sock = ScriptedSocket(
+        0.0,
+        [
+            (head, t0 + 0.03),
+            (chunk(ROLE) + chunk(TOK) + chunk(TOK), t0 + 0.08),
+            (chunk(DONE) + b"0\r\n\r\n", t0 + 0.09),
+        ],
+    )
+    st = RequestState()
+    st.timing = "kernel"
+    exchange(sock, b"GET / HTTP/1.1\r\n\r\n", st, "x-replica")
+    assert st.times == [pytest.approx(t0 + 0.08)] * 2 and not st.unstamped
+    assert st.first_bound == pytest.approx(0.05, abs=1e-6)
