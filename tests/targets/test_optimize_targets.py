@@ -175,6 +175,7 @@ def test_nightly_steps_on_the_balancer(tmp_path: Path, preset: str, balancer: st
         LBTUNE_NIGHTLY_BUDGET="2",
         LBTUNE_NIGHTLY_TRIAL_S="6",
         LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
+        LBTUNE_NIGHTLY_SCREEN="0",  # the twin's screen: tests/test_nightly_workflow.py
         LBTUNE_NIGHTLY_CLUSTER=preset,
         LBTUNE_NIGHTLY_DIR=str(nightly),
         LBTUNE_NIGHTLY_REPORT=str(report),
