@@ -123,6 +123,8 @@ def test_piped_optimize_prints_a_line_at_least_every_10_s(tmp_path: Path) -> Non
         "12",
         "--confirm-runs",
         "0",
+        "--screen",
+        "8",  # the twin's stage is in the piped output too; 100 configs would cost a minute
         "--no-apply",
         "--study",
         "piped",
