@@ -75,6 +75,13 @@ class NothingMeasured(LbtuneError):
     exit_code = 3
 
 
+class Outage(LbtuneError):
+    """The target refused connections during a run (its balancer went down): the figures
+    describe an outage, not the config; the report is written and names it."""
+
+    exit_code = 3
+
+
 class TrialFailed(LbtuneError):
     """One trial could not be measured; the study goes on."""
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lbtune.apply.claim import load_claim, refuse_if_busy
-from lbtune.errors import ConfigError, NothingMeasured, TargetError
+from lbtune.errors import ConfigError, NothingMeasured, Outage, TargetError
 from lbtune.history import add_entry, db_path
 from lbtune.history.index import stress_entry
 from lbtune.loadgen.preflight import check_models
@@ -43,7 +43,7 @@ from lbtune.report import ReportPaths, write_report
 from lbtune.run.plan import plan_run
 from lbtune.run.replica_watch import ReplicaWatch
 from lbtune.run.samples import describe_estimate, estimate_window_requests
-from lbtune.run.summary import RunFacts, prometheus, summarize_run
+from lbtune.run.summary import RunFacts, outage, prometheus, summarize_run
 from lbtune.run.summary import nothing_measured as nothing_measured  # re-exported
 from lbtune.run.target import ResolvedTarget, check_remote_options, resolve_target, target_facts
 from lbtune.run.target import check_reachable as check_reachable  # re-exported
@@ -260,6 +260,9 @@ def _check_measured(opts: StressOptions, result: StressResult, out_dir: Path) ->
     why = None if load.stopped_early else nothing_measured(result.plan, load)
     if why is not None:
         raise NothingMeasured(f"{why}; nothing was measured. Run directory: {out_dir}")
+    down = outage(read_records(load.records_path), load.started_at)
+    if down is not None:
+        raise Outage(f"{down}. Report: {out_dir}")
     if opts.strict and result.degraded:
         raise GeneratorDegraded(
             "the load generator fell behind ("

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from lbtune.loadgen.health import GeneratorHealth as LoadHealth
@@ -28,6 +28,7 @@ __all__ = [
     "RunFacts",
     "error_storm_note",
     "nothing_measured",
+    "outage",
     "prometheus",
     "ran_stages",
     "summarize_run",
@@ -111,6 +112,9 @@ def _notes(
     """What the reader of the figures must know: an early stop, ``--until-samples``, an
     error storm, too few samples for the P99."""
     notes: list[str] = []
+    down = outage(records, load.started_at)
+    if down is not None:
+        notes.append(down)
     if load.stopped_early:
         notes.append("the run was stopped early: figures cover only what was measured")
     if plan.load.until_samples is not None:
@@ -194,6 +198,23 @@ def nothing_measured(plan: RunPlan, load: LoadResult) -> str | None:
     return (
         f"all {len(records)} requests failed before any response from {where} "
         f"(most often {detail[:200]})" + (f"; {failures}" if failures else "")
+    )
+
+
+def outage(records: Sequence[RequestRecord], run_start: float) -> str | None:
+    """The target refused connections during the run (nothing listened where it answered:
+    a balancer that died or restarted), said with when and how often; None otherwise."""
+    refused = [
+        r.sent_at
+        for r in records
+        if r.outcome == "connect_error" and "refused" in (r.error or "").lower()
+    ]
+    if not refused:
+        return None
+    return (
+        f"outage: the target refused {len(refused)} connections from "
+        f"{min(refused) - run_start:.1f} s to {max(refused) - run_start:.1f} s into the run "
+        "(nothing listened there): the figures describe an outage, not the balancer's config"
     )
 
 
