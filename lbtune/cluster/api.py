@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lbtune import targets
-from lbtune.cluster import agent, health, render, restore, vllm
+from lbtune.cluster import agent, heal, health, render, restore, vllm
 from lbtune.cluster.config import DEFAULT_PRESET, LOOPBACK, ClusterConfig, load_config
 from lbtune.cluster.health import ClusterStatus, ComponentStatus, ReplicaStatus
 from lbtune.cluster.resolve import ResolvedCluster, free_port, resolve
@@ -202,7 +202,7 @@ def up(
     with _locked(paths):
         running = [r for r in _records(paths) if supervisor.alive(r)]
         if running:
-            return _already_up(cfg, paths, running)
+            return _already_up(cfg, paths, running, progress)
         for rec in _records(paths):  # stale PID files from a crash or a reboot
             supervisor.stop(rec, paths)
         entry = targets.balancer(cfg.balancer)
@@ -227,7 +227,9 @@ def up(
         return ep
 
 
-def _already_up(cfg: ClusterConfig, paths: StatePaths, running: list[ProcessRecord]) -> Endpoints:
+def _already_up(
+    cfg: ClusterConfig, paths: StatePaths, running: list[ProcessRecord], progress: Progress | None
+) -> Endpoints:
     where = f"--state-dir {paths.root}"
     if read_config_json(paths) != cfg.model_dump(mode="json"):
         raise ClusterError(
@@ -237,6 +239,9 @@ def _already_up(cfg: ClusterConfig, paths: StatePaths, running: list[ProcessReco
     ep = read_endpoints(paths)
     problems = ["endpoints.json is missing"] if ep is None else []
     if ep is not None:
+        dead = heal.dead_balancer(ep, _records(paths))
+        if dead:  # only the balancer died: relaunched on its last known good
+            heal.heal_balancer(ep, paths, dead, lambda m: _say(progress, m), PROMETHEUS_TIMEOUT)
         problems = _problems(ep, _records(paths))
     if problems or ep is None:
         raise ClusterError(
@@ -327,6 +332,7 @@ def _start_all(
     supervisor.wait_until(lambda: health.replicas_missing(urls), timeout, what, [*sim, prom])
     _say(progress, f"starting {entry.name}")
     mine: list[ProcessRecord] = []
+    heal.save_launch(paths, spec)
     try:
         launched = entry.launch(spec, ClusterSupervisor(paths, mine, watch=[*sim, prom]))
     finally:

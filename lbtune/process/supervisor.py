@@ -173,20 +173,22 @@ def stop(record: ProcessRecord, paths: StatePaths, timeout: float = 10.0) -> lis
     """
     ps = _process(record)
     pids: list[int] = []
-    if ps is not None:
+    left = _left_behind(record) if ps is None else []
+    if ps is not None or left:
         try:
-            family = [ps, *ps.children(recursive=True)]
+            family = [ps, *ps.children(recursive=True)] if ps is not None else left
         except psutil.Error:
             family = [ps]
         pids = [p.pid for p in family]
-        with contextlib.suppress(psutil.Error):
-            ps.send_signal(signal.SIGTERM)
+        for p in [ps] if ps is not None else left:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         remaining = _gone(family)
         while remaining and time.monotonic() < deadline:
             time.sleep(0.05)
             remaining = _gone(family)
-            if ps not in remaining:
+            if ps is None or ps not in remaining:
                 # Leader gone: its workers should follow; give them a moment, then insist.
                 for p in remaining:
                     with contextlib.suppress(psutil.Error):
@@ -203,6 +205,24 @@ def stop(record: ProcessRecord, paths: StatePaths, timeout: float = 10.0) -> lis
     with contextlib.suppress(FileNotFoundError):
         paths.pid_file(record.name).unlink()
     return pids
+
+
+def _left_behind(record: ProcessRecord) -> list[psutil.Process]:
+    """What a dead process we started left running: the processes of the session it led
+    (each is started in its own, :func:`start`) created after it, e.g. nginx's workers
+    after a SIGKILL of their master. The kernel does not hand out a PID while a session
+    of that id has members, so while they run, the id is still ours; a PID already
+    recycled (a live process of that number) leaves nothing of ours to find."""
+    if psutil.pid_exists(record.pid):
+        return []
+    out = []
+    for p in psutil.process_iter(["create_time"]):
+        try:
+            if os.getsid(p.pid) == record.pid and p.info["create_time"] >= record.create_time:
+                out.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return out
 
 
 def log_tail(path: str, lines: int = 3) -> str:

@@ -73,6 +73,11 @@ class StatePaths:
         return self.root / "endpoints.json"
 
     @property
+    def launch(self) -> Path:
+        """What the balancer was launched with (``lbtune.cluster.heal`` relaunches it)."""
+        return self.root / "launch.json"
+
+    @property
     def sim_spec(self) -> Path:
         return self.root / "sim.json"
 

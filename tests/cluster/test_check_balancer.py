@@ -53,3 +53,67 @@ def test_a_crashed_haproxy_is_named_and_a_running_one_is_not(cluster: Endpoints)
     text = str(err.value)
     assert "haproxy" in text and "no longer running" in text and str(rec.pid) in text
     assert rec.log in text and "lbtune optimize --resume" in text
+
+
+def _crash_haproxy(ep: Endpoints) -> supervisor.ProcessRecord:
+    """SIGSEGV to HAProxy's workers; returns its (dead) master's record."""
+    (rec,) = [r for r in supervisor.records(StatePaths(Path(ep.state_dir))) if r.name == "haproxy"]
+    for w in psutil.Process(rec.pid).children():
+        os.kill(w.pid, signal.SIGSEGV)
+    deadline = time.monotonic() + 20
+    while supervisor.alive(rec) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not supervisor.alive(rec), "the master exits once its worker crashed"
+    return rec
+
+
+def test_cluster_up_relaunches_a_crashed_haproxy_on_its_last_known_good(
+    cluster: Endpoints,
+) -> None:
+    """Issue 29 (class 5): before, the cluster stayed down until `down` and `up`; now `up`
+    relaunches the balancer alone, on its last known good, and says so."""
+    from lbtune.apply import apply_params
+    from lbtune.targets.haproxy.target import HaproxyTarget
+
+    good = apply_params(HaproxyTarget(cluster), {"algorithm": "leastconn"}, via="direct").lkg
+    assert good is not None
+    dead = _crash_haproxy(cluster)
+    said: list[str] = []
+    ep = api.up(mini_config(), cluster.state_dir, progress=said.append)
+    api.check_balancer(ep)  # running again
+    (now,) = [r for r in supervisor.records(StatePaths(Path(ep.state_dir))) if r.name == "haproxy"]
+    assert now.pid != dead.pid and ep.balancer_url == cluster.balancer_url
+    assert HaproxyTarget(ep).read_live()["algorithm"] == "leastconn"
+    assert any("haproxy is not running" in m and "relaunching" in m for m in said), said
+    assert any("back on its last known good" in m and good.sha256[:12] in m for m in said), said
+
+
+@pytest.mark.parametrize("preset", ["mini2-envoy", "mini2-nginx"])
+def test_cluster_up_relaunches_a_killed_envoy_or_nginx(tmp_path: Path, preset: str) -> None:
+    """SIGKILL to the balancer's main process: `up` clears what it left (nginx's workers
+    keep serving and its unix sockets stay behind a SIGKILL) and relaunches it on the
+    same port."""
+    import urllib.request
+
+    from lbtune.cluster.config import load_config
+
+    cfg, state = load_config(preset)[0], tmp_path / "state"
+    try:
+        ep = api.up(cfg, state)
+        (rec,) = [
+            r for r in supervisor.records(StatePaths(state)) if r.name == ep.balancer_components[0]
+        ]
+        left = [p for p in psutil.Process(rec.pid).children(recursive=True)]
+        os.kill(rec.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while supervisor.alive(rec) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        said: list[str] = []
+        healed = api.up(cfg, state, progress=said.append)
+        api.check_balancer(healed)
+        assert any("relaunching" in m for m in said), said
+        assert not [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        with urllib.request.urlopen(f"{healed.balancer_url}/v1/models", timeout=5) as resp:
+            assert resp.status == 200 and healed.balancer_url == ep.balancer_url
+    finally:
+        api.down(state)

@@ -83,13 +83,16 @@ class Site:
         return f"http://{self.host}:{self.port}"
 
     def create(self) -> None:
-        """Make the prefix and its temp dirs; ConfigError when a socket path is too long."""
+        """Make the prefix and its temp dirs; ConfigError when a socket path is too long.
+        A socket file left by an nginx that was killed (only a clean exit removes it) is
+        removed: nginx would not bind over it. Called before nginx starts."""
         for sock in ("route.sock", "status.sock"):
             if len(str(self.prefix / sock).encode()) > _SOCKET_MAX:
                 raise ConfigError(
                     f"State dir path too long for nginx's unix sockets ({self.prefix / sock}); "
                     "use a shorter --state-dir"
                 )
+            (self.prefix / sock).unlink(missing_ok=True)
         (self.prefix / "tmp").mkdir(parents=True, exist_ok=True)
 
 
