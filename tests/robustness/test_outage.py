@@ -66,10 +66,10 @@ def test_a_target_that_goes_down_mid_run_is_an_outage_exit_3(tmp_path: Path) -> 
 
 
 def test_a_run_the_target_answered_throughout_is_no_outage(tmp_path: Path) -> None:
-    from lbtune.records.requests import RequestRecord
+    from lbtune.records.requests import Outcome, RequestRecord
     from lbtune.run.summary import outage
 
-    def rec(i: int, outcome: str, error: str | None = None) -> RequestRecord:
+    def rec(i: int, outcome: Outcome, error: str | None = None) -> RequestRecord:
         return RequestRecord(
             request_id=str(i), index=i, model="m", api="chat", stream=True,
             sent_at=100.0 + i, ended_at=100.5 + i, outcome=outcome, error=error,
