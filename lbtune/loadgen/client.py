@@ -245,6 +245,7 @@ class StreamClient:
                 if spec.stream and st.first_bound is not None
                 else None
             ),
+            send_bound_s=st.send_bound if spec.stream and st.first_bound is not None else None,
         )
         return self._scrub(rec)
 

@@ -98,11 +98,16 @@ class TimingBound:
     the P50 of the per-request errors is at most this."""
     bound_p99_s: float | None
     inexact_share: float
-    """Share of first-token stamps that are not exact (b > 0)."""
+    """Share of first tokens read late: their stamp is not exact (its own part of the
+    bound > 0; the write's duration is in every bound and does not count)."""
 
 
-def timing_bound(ttfts: Sequence[float], bounds: Sequence[float]) -> TimingBound:
-    """The bound of TTFT P50/P99 from per-request measured TTFTs and stamp bounds."""
+def timing_bound(
+    ttfts: Sequence[float], bounds: Sequence[float], read_bounds: Sequence[float] | None = None
+) -> TimingBound:
+    """The bound of TTFT P50/P99 from per-request measured TTFTs and their bounds;
+    ``read_bounds``: each bound's first-token-stamp part (the bound less the write's
+    duration; default: the whole bound)."""
     if not ttfts:
         return TimingBound(None, None, None, None, 0.0)
     low = [m - b for m, b in zip(ttfts, bounds, strict=True)]
@@ -113,7 +118,8 @@ def timing_bound(ttfts: Sequence[float], bounds: Sequence[float]) -> TimingBound
         ttft_p99_s=p99,
         bound_p50_s=max(0.0, p50 - pb(low, 50), pb(bounds, 50)),
         bound_p99_s=max(0.0, p99 - pb(low, 99), pb(bounds, 99)),
-        inexact_share=sum(1 for b in bounds if b > 0) / len(bounds),
+        inexact_share=sum(1 for b in (bounds if read_bounds is None else read_bounds) if b > 0)
+        / len(bounds),
     )
 
 
@@ -285,14 +291,21 @@ def summarize(
     ttfts: Sequence[tuple[float, float | None]] = (),
     timings: Sequence[str] = (),
     idle: Sequence[tuple[float, float]] = (),
+    read_bounds: Sequence[float | None] | None = None,
 ) -> WorkerHealth:
     """``ttfts``: (measured TTFT, bound or ``None`` = loop-timed client) of streamed ok
     requests, ``timings``: their records' timing, one each (or one kind for all);
-    ``idle``: (idle before, e2e) of closed-loop users' consecutive requests."""
+    ``idle``: (idle before, e2e) of closed-loop users' consecutive requests;
+    ``read_bounds``: each TTFT's bound less the write's duration (default: the bound)."""
     cpu = [s.cpu_percent for s in samples]
     lag_p99 = percentile(lag, 99)
     loop_b = lag_p99 or 0.0  # a loop-timed stamp may be late by the loop's lag
-    bound = timing_bound([m for m, _ in ttfts], [loop_b if b is None else b for _, b in ttfts])
+    reads = [b for _, b in ttfts] if read_bounds is None else read_bounds
+    bound = timing_bound(
+        [m for m, _ in ttfts],
+        [loop_b if b is None else b for _, b in ttfts],
+        [loop_b if b is None else b for b in reads],
+    )
     idle_total = sum(i for i, _ in idle)
     idle_share = idle_total / (idle_total + sum(e for _, e in idle)) if idle else None
     degraded, reasons = assess(lateness, bound, idle_share)
@@ -355,6 +368,7 @@ class HealthMonitor:
         self.lateness: list[float] = []
         self.lag: list[float] = []
         self.ttfts: list[tuple[float, float | None]] = []
+        self.read_bounds: list[float | None] = []
         self.idle: list[tuple[float, float]] = []
         self.timings: list[str] = []
         self.samples: list[HealthSample] = []
@@ -365,10 +379,13 @@ class HealthMonitor:
     def note_lateness(self, seconds: float) -> None:
         self.lateness.append(seconds)
 
-    def note_ttft(self, ttft: float, bound: float | None, timing: str) -> None:
-        """A streamed, successful request's TTFT, its bound (None: loop-timed client) and
-        its record's timing."""
+    def note_ttft(
+        self, ttft: float, bound: float | None, timing: str, read_bound: float | None = None
+    ) -> None:
+        """A streamed, successful request's TTFT, its bound (None: loop-timed client), its
+        record's timing and the bound's first-token-stamp part (default: all of it)."""
         self.ttfts.append((ttft, bound))
+        self.read_bounds.append(bound if read_bound is None else read_bound)
         self.timings.append(timing)
 
     def note_idle(self, idle_s: float, e2e_s: float) -> None:
@@ -432,6 +449,7 @@ class HealthMonitor:
             self.samples,
             cap_hits,
             ttfts=self.ttfts,
+            read_bounds=self.read_bounds,
             timings=self.timings,
             idle=self.idle,
         )

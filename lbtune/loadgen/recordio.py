@@ -169,6 +169,7 @@ def write_parquet(records: Iterable[RequestRecord], path: str | Path) -> Path:
         "worker": pa.string(),
         "timing": pa.string(),
         "first_token_bound_s": pa.float64(),
+        "send_bound_s": pa.float64(),
     }
     schema = pa.schema([(f, types[f]) for f in FIELDS])
     table = pa.Table.from_pylist(_RECORDS.dump_python(rs), schema=schema)

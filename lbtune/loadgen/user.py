@@ -191,7 +191,12 @@ class GeneratorState:
             if rec.scheduled_at is not None:
                 mon.note_lateness(rec.sent_at - rec.scheduled_at)
             if rec.stream and rec.outcome == "ok" and rec.first_token_at is not None:
-                mon.note_ttft(rec.first_token_at - rec.sent_at, rec.first_token_bound_s, rec.timing)
+                mon.note_ttft(
+                    rec.first_token_at - rec.sent_at,
+                    rec.first_token_bound_s,
+                    rec.timing,
+                    rec.read_bound_s,
+                )
         if self.writer is not None:
             self.writer.add(rec)
         for cb in self.on_record:

@@ -84,6 +84,18 @@ class RequestRecord:
     event's stamp (0 when the kernel stamped it and no later byte shared its read, else
     the interval since the last stamped read) plus the write's own duration. ``None``
     when unknown (a ``loop``-timed client: TLS or kernel stamps off; or no content)."""
+    send_bound_s: float | None = None
+    """The write's own duration, the part of ``first_token_bound_s`` that is not the
+    first-token stamp's: the request reached the wire in ``[sent_at, sent_at +
+    send_bound_s]``. ``None`` where ``first_token_bound_s`` is."""
+
+    @property
+    def read_bound_s(self) -> float | None:
+        """The first-token stamp's own uncertainty (``first_token_bound_s`` less the
+        write's part): 0 when the first token was read on its own and kernel-stamped."""
+        if self.first_token_bound_s is None:
+            return None
+        return max(0.0, self.first_token_bound_s - (self.send_bound_s or 0.0))
 
     @property
     def ttft(self) -> float | None:

@@ -112,4 +112,5 @@ def record_of(
         worker=WORKER,
         timing="kernel",
         first_token_bound_s=0.0 if spec.stream else None,
+        send_bound_s=0.0 if spec.stream else None,
     )

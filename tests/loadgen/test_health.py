@@ -72,6 +72,21 @@ def test_the_bound_covers_the_per_request_errors_too() -> None:
     assert assess([], b)[0]
 
 
+def test_the_write_is_not_a_late_read() -> None:
+    """Every bound holds the write's duration; only the stamp's own part says a first
+    token was read late, and only that part may print the "read late" hint."""
+    ttfts = [(0.05, 0.006)] * 100  # a 6 ms write each (a busy process), 50 ms TTFTs
+    w = summarize(
+        "w0", [], [0.03] * 100, [], 0, ttfts=ttfts, timings=["kernel"], read_bounds=[0.0] * 100
+    )
+    assert w.degraded and w.inexact_share == 0.0
+    assert not any("read late" in r for r in w.reasons)
+    late = summarize(
+        "w0", [], [0.03] * 100, [], 0, ttfts=ttfts, timings=["kernel"], read_bounds=[0.001] * 100
+    )
+    assert late.inexact_share == 1.0 and any("read late" in r for r in late.reasons)
+
+
 def test_loop_stamped_records_are_counted() -> None:
     ttfts = [(0.05, 0.0)] * 99 + [(0.05, 0.04)]
     w = summarize("w0", [], [], [], 0, ttfts=ttfts, timings=["kernel"] * 99 + ["loop"])

@@ -126,6 +126,8 @@ def test_first_token_is_its_arrival_not_the_end_of_the_block() -> None:
     assert srv.t_first <= rec.first_token_at < srv.t_first + BLOCK_AFTER_S / 3
     assert rec.first_token_at <= t_sent
     assert rec.first_token_bound_s < BLOCK_AFTER_S / 3
+    # ... all of it the write's: the first token was not read late.
+    assert rec.send_bound_s == rec.first_token_bound_s and rec.read_bound_s == 0.0
 
 
 def test_without_kernel_stamps_the_block_is_in_the_ttft() -> None:
