@@ -26,7 +26,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,12 +38,13 @@ from lbtune.loadgen.preflight import check_models
 from lbtune.loadgen.recordio import read_records
 from lbtune.loadgen.runner import LoadConfig, LoadResult, Progress, run_load
 from lbtune.metrics.summary import RunSummary
+from lbtune.records.requests import RequestRecord
 from lbtune.records.slo import parse_slo as parse_slo  # re-exported: callers import it from here
 from lbtune.report import ReportPaths, write_report
 from lbtune.run.plan import plan_run
 from lbtune.run.replica_watch import ReplicaWatch
 from lbtune.run.samples import describe_estimate, estimate_window_requests
-from lbtune.run.summary import RunFacts, outage, prometheus, summarize_run
+from lbtune.run.summary import RunFacts, outage_note, prometheus, summarize_run
 from lbtune.run.summary import nothing_measured as nothing_measured  # re-exported
 from lbtune.run.target import ResolvedTarget, check_remote_options, resolve_target, target_facts
 from lbtune.run.target import check_reachable as check_reachable  # re-exported
@@ -214,15 +215,16 @@ def run_stress(
     measured = plan.measured_window(load.started_at, load.ended_at, reached_at)
     plan = plan.as_run(load.started_at, measured[:2])
     write_run_plan(out_dir, plan)
-    facts = RunFacts(plan, load, reached_at, measured.whole_run, watch.timeline())
+    records = read_records(load.records_path)
+    facts = RunFacts(plan, load, records, reached_at, measured.whole_run, watch.timeline())
     summary = summarize_run(facts, target, prom)
     report = None
     if opts.write_report:
-        report = write_report(out_dir, summary, read_records(load.records_path))
+        report = write_report(out_dir, summary, records)
     result = StressResult(summary, report, load.records_path, load, target, plan)
     if on_result is not None:
         on_result(opts, result)
-    _check_measured(opts, result, out_dir)
+    _check_measured(opts, result, records, out_dir)
     return result
 
 
@@ -253,14 +255,16 @@ def _load_config(
     )
 
 
-def _check_measured(opts: StressOptions, result: StressResult, out_dir: Path) -> None:
+def _check_measured(
+    opts: StressOptions, result: StressResult, records: Sequence[RequestRecord], out_dir: Path
+) -> None:
     """A run that measured nothing, or (``--strict``) whose generator fell behind, is an
     error naming its run directory (which keeps what it wrote)."""
     load, summary = result.load, result.summary
-    why = None if load.stopped_early else nothing_measured(result.plan, load)
+    why = None if load.stopped_early else nothing_measured(result.plan, load, records)
     if why is not None:
         raise NothingMeasured(f"{why}; nothing was measured. Run directory: {out_dir}")
-    down = outage(read_records(load.records_path), load.started_at)
+    down = outage_note(summary)
     if down is not None:
         raise Outage(f"{down}. Report: {out_dir}")
     if opts.strict and result.degraded:

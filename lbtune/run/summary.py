@@ -9,7 +9,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from lbtune.loadgen.health import GeneratorHealth as LoadHealth
-from lbtune.loadgen.recordio import read_records
 from lbtune.loadgen.runner import LoadResult
 from lbtune.metrics.prom import PromClient
 from lbtune.metrics.replica_events import ReplicaTimeline
@@ -24,11 +23,13 @@ from lbtune.scenario.runplan import RunPlan
 from lbtune.targets import balancer
 
 __all__ = [
+    "OUTAGE_NOTE",
     "STORM_ERROR_SHARE",
     "RunFacts",
     "error_storm_note",
     "nothing_measured",
     "outage",
+    "outage_note",
     "prometheus",
     "ran_stages",
     "summarize_run",
@@ -55,6 +56,8 @@ class RunFacts:
     """The plan as it ran (:meth:`RunPlan.as_run`): its start and the window it measured,
     recorded once (``run.json``); the figures are over that window."""
     load: LoadResult
+    records: Sequence[RequestRecord]
+    """The run's request records (``load.records_path``), read once for every reader."""
     reached_at: float | None = None
     """When ``--until-samples`` was reached (the run stopped there)."""
     whole_run: bool = False
@@ -69,7 +72,7 @@ def summarize_run(run: RunFacts, target: ResolvedTarget, prom: PromClient | None
     """The run's figures over the window its plan recorded (the planned window cut at
     the run's end and at ``reached_at``: :meth:`RunPlan.measured_window`)."""
     plan, load = run.plan, run.load
-    records = read_records(load.records_path)
+    records = list(run.records)
     run_start = load.started_at
     window = Window(*plan.measured())
     notes: list[str] = []
@@ -175,10 +178,12 @@ def error_storm_note(plan: RunPlan, records: list[RequestRecord], window: Window
     )
 
 
-def nothing_measured(plan: RunPlan, load: LoadResult) -> str | None:
+def nothing_measured(
+    plan: RunPlan, load: LoadResult, records: Sequence[RequestRecord]
+) -> str | None:
     """Why a run that ran its course measured nothing (no request sent, or every one failed
     before any response), or None when it measured something."""
-    records = [r for r in read_records(load.records_path) if r.outcome != "cancelled"]
+    records = [r for r in records if r.outcome != "cancelled"]
     failures = "; ".join(load.failures[:3])
     if not records:
         if failures:
@@ -201,6 +206,15 @@ def nothing_measured(plan: RunPlan, load: LoadResult) -> str | None:
     )
 
 
+OUTAGE_NOTE = "outage:"
+"""How the summary's note on an outage (:func:`outage`) begins."""
+
+
+def outage_note(summary: RunSummary) -> str | None:
+    """The summary's note on an outage during its run, if it has one."""
+    return next((n for n in summary.notes if n.startswith(OUTAGE_NOTE)), None)
+
+
 def outage(records: Sequence[RequestRecord], run_start: float) -> str | None:
     """The target refused connections during the run (nothing listened where it answered:
     a balancer that died or restarted), said with when and how often; None otherwise."""
@@ -212,7 +226,7 @@ def outage(records: Sequence[RequestRecord], run_start: float) -> str | None:
     if not refused:
         return None
     return (
-        f"outage: the target refused {len(refused)} connections from "
+        f"{OUTAGE_NOTE} the target refused {len(refused)} connections from "
         f"{min(refused) - run_start:.1f} s to {max(refused) - run_start:.1f} s into the run "
         "(nothing listened there): the figures describe an outage, not the balancer's config"
     )

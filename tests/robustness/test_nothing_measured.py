@@ -80,7 +80,7 @@ def test_a_generator_that_sent_nothing_is_named_with_its_failure(tmp_path: Path)
         stopped_early=False,
         failures=("local exited 1: MemoryError",),
     )
-    why = nothing_measured(plan, load)
+    why = nothing_measured(plan, load, [])
     assert why is not None and "sent no request" in why and "MemoryError" in why
 
 

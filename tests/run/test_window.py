@@ -96,7 +96,9 @@ def test_until_samples_pruning_and_the_summary_use_one_window(
         counter(snap)
         feed(snap)
     ran = plan.as_run(T0, plan.measured_window(T0, ended)[:2])
-    summary = summarize_run(RunFacts(ran, _load(tmp_path, records, ended)), _no_target(), None)
+    summary = summarize_run(
+        RunFacts(ran, _load(tmp_path, records, ended), records), _no_target(), None
+    )
 
     assert counter.window == feed.window == planned == ran.measured()
     assert (summary.window.start, summary.window.end) == planned
