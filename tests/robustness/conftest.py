@@ -33,12 +33,18 @@ class Ran:
         return [ln for ln in self.stderr.splitlines() if ln.strip()]
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> Ran:
-    """``lbtune ARGS`` in a subprocess, bounded in time."""
+def cli_env() -> dict[str, str]:
+    """The environment the CLI runs in here: wide, uncoloured output, and not the CI's
+    mode (which changes what a run prints)."""
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     env.pop("LBTUNE_CI", None)
+    return env
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> Ran:
+    """``lbtune ARGS`` in a subprocess, bounded in time."""
     p = subprocess.run(
-        [*LBTUNE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
+        [*LBTUNE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=cli_env()
     )
     return Ran(p.returncode, p.stdout, p.stderr)
 

@@ -9,7 +9,6 @@ sends: the requests after it are refused.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 import urllib.request
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.robustness.conftest import LBTUNE, start_echo
+from tests.robustness.conftest import LBTUNE, cli_env, start_echo
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +36,12 @@ def test_a_target_that_goes_down_mid_run_is_an_outage_exit_3(tmp_path: Path) -> 
     )
     echo, url = start_echo("--ttft", "0.01", "--itl", "0.005")
     out = tmp_path / "o"
-    env = {**os.environ, "NO_COLOR": "1"}
-    env.pop("LBTUNE_CI", None)
     run = subprocess.Popen(
         [*LBTUNE, "stress", "-s", str(scen), "--target", url, "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=cli_env(),
     )
     try:
         deadline = time.monotonic() + 60

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import running_cluster
-from tests.robustness.conftest import LBTUNE
+from tests.robustness.conftest import LBTUNE, cli_env
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,6 @@ def test_prometheus_killed_mid_run_leaves_an_incomplete_report(tmp_path: Path) -
     out = tmp_path / "run"
     with running_cluster(tmp_path / "state", time_scale=8.0) as ep:
         prom_pid = json.loads((Path(ep.state_dir) / "prometheus.pid").read_text())["pid"]
-        env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
         proc = subprocess.Popen(
             [
                 *LBTUNE,
@@ -54,7 +53,7 @@ def test_prometheus_killed_mid_run_leaves_an_incomplete_report(tmp_path: Path) -
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=env,
+            env=cli_env(),
         )
         try:
             deadline = time.monotonic() + 60
