@@ -77,8 +77,14 @@ def stress_command(
     prometheus: PrometheusOpt = None,
     out: OutOpt = None,
     workers: Annotated[
-        int, typer.Option("--workers", help="Locust distributed mode: N local worker processes.")
-    ] = 0,
+        int | None,
+        typer.Option(
+            "--workers",
+            help="Generator processes on this machine (Locust distributed mode: a master and N "
+            "workers). Default: one process up to 256 concurrent users, beyond that one per 256 "
+            "users, up to the cores lbtune may use. 0: always one process.",
+        ),
+    ] = None,
     master: Annotated[
         bool,
         typer.Option(

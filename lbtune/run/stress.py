@@ -44,6 +44,7 @@ from lbtune.report import ReportPaths, write_report
 from lbtune.run.plan import plan_run
 from lbtune.run.replica_watch import ReplicaWatch
 from lbtune.run.samples import describe_estimate, estimate_window_requests
+from lbtune.run.spread import peak_streams, spread, usable_cores
 from lbtune.run.summary import RunFacts, outage_note, prometheus, summarize_run
 from lbtune.run.summary import nothing_measured as nothing_measured  # re-exported
 from lbtune.run.target import ResolvedTarget, check_remote_options, resolve_target, target_facts
@@ -75,8 +76,9 @@ class StressOptions:
     """Report directory; default ``reports/<timestamp>-<scenario>/``."""
     reports_root: Path = Path("reports")
     allow_remote: bool = False
-    workers: int = 0
-    """Locust distributed mode on this machine: a master and N local worker processes."""
+    workers: int | None = None
+    """Locust distributed mode on this machine: a master and N local worker processes
+    (0: one local process; None: chosen from the streams, :mod:`lbtune.run.spread`)."""
     role: str = "auto"
     """auto, master (waits for ``expect_workers`` workers from other machines) or worker."""
     master_host: str = "127.0.0.1"
@@ -149,7 +151,7 @@ def check_bounds(opts: StressOptions) -> None:
         )
     if not 0 < opts.request_timeout_s <= MAX_SLO_S:
         raise ConfigError(f"request timeout: must be > 0 and at most {MAX_SLO_S:g} s")
-    if not 0 <= opts.workers <= MAX_LOCAL_WORKERS:
+    if opts.workers is not None and not 0 <= opts.workers <= MAX_LOCAL_WORKERS:
         raise ConfigError(
             f"--workers: must be 0..{MAX_LOCAL_WORKERS} (0: one local process), got {opts.workers}"
         )
@@ -194,7 +196,8 @@ def run_stress(
     plan = plan.with_target(*target_facts(target))
     out_dir = opts.out_dir or default_out_dir(opts.reports_root, plan.scenario_name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = _load_config(opts, plan, target, write_run_plan(out_dir, plan))
+    workers = _workers(opts, plan, say)
+    cfg = _load_config(opts, plan, target, write_run_plan(out_dir, plan), workers)
     say(describe_estimate(plan, estimate_window_requests(plan, opts.reports_root)))
     until = plan.load.until_samples
     bound = (
@@ -228,8 +231,18 @@ def run_stress(
     return result
 
 
+def _workers(opts: StressOptions, plan: RunPlan, say: Callable[[str], None]) -> int:
+    """``--workers`` as given, else as many as the run's streams need (said when > 0)."""
+    if opts.workers is not None or opts.role != "auto":
+        return opts.workers or 0
+    choice = spread(peak_streams(plan), usable_cores())
+    if choice.note is not None:
+        say(choice.note)
+    return choice.workers
+
+
 def _load_config(
-    opts: StressOptions, plan: RunPlan, target: ResolvedTarget, plan_path: Path
+    opts: StressOptions, plan: RunPlan, target: ResolvedTarget, plan_path: Path, workers: int
 ) -> LoadConfig:
     """What the load generator runs: the recorded plan (``plan_path``) against ``target``."""
     return LoadConfig(
@@ -241,7 +254,7 @@ def _load_config(
         users=plan.load.users,
         rate=plan.load.rate,
         exporter_port=target.exporter_port,
-        workers=opts.workers,
+        workers=workers,
         role=opts.role,
         master_host=opts.master_host,
         master_bind_host=opts.master_bind,
