@@ -181,7 +181,8 @@ def scenario_for(col: Column, cl: Cluster, scenario: str, out: Path) -> str:
 def study_winner(
     col: Column, cl: Cluster, args: argparse.Namespace, out: Path, say: Callable[[str], None]
 ) -> tuple[ParamSet, dict[str, Any]]:
-    from lbtune.tune.optimize import OptimizeOptions, run_optimize
+    from lbtune.tune.optimize import run_optimize
+    from lbtune.tune.options import OptimizeOptions
 
     knob, _, choices = col.spec[len("study:") :].partition("=")
     space_file = restricted_space(

@@ -155,7 +155,8 @@ def weight_shares(params: ParamSet, replicas: Sequence[str]) -> str:
 
 
 def run_study(args: argparse.Namespace, state: Path, out: Path) -> tuple[ParamSet, dict[str, Any]]:
-    from lbtune.tune.optimize import OptimizeOptions, run_optimize
+    from lbtune.tune.optimize import run_optimize
+    from lbtune.tune.options import OptimizeOptions
 
     say(f"study: {args.budget} trials of {args.trial_duration:g} s (TPE, no confirmation)")
     res = run_optimize(

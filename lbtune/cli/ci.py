@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from lbtune.loadgen.collect import Progress
     from lbtune.metrics.summary import RunSummary
     from lbtune.search.result import StudyResult
-    from lbtune.tune.optimize import StudyProgress
+    from lbtune.tune.options import StudyProgress
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 PROGRESS_EVERY_S = 5.0

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from lbtune.search.result import StudyResult
-    from lbtune.tune.optimize import OptimizeOptions, StudyProgress
+    from lbtune.tune.options import OptimizeOptions, StudyProgress
 
 
 def optimize_command(
@@ -152,7 +152,7 @@ def optimize_command(
     Example: lbtune optimize --budget 50
     """
     from lbtune.cli import ci as ci_mode
-    from lbtune.tune.optimize import OptimizeOptions
+    from lbtune.tune.options import OptimizeOptions
 
     _check_trial_duration(trial_duration)
     check_outputs(out, state_dir=state_dir)

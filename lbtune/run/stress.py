@@ -39,17 +39,19 @@ from lbtune.loadgen.recordio import read_records
 from lbtune.loadgen.runner import LoadConfig, LoadResult, Progress, run_load
 from lbtune.metrics.summary import RunSummary
 from lbtune.records.requests import RequestRecord
-from lbtune.records.slo import parse_slo as parse_slo  # re-exported: callers import it from here
 from lbtune.report import ReportPaths, write_report
 from lbtune.run.plan import plan_run
 from lbtune.run.replica_watch import ReplicaWatch
 from lbtune.run.samples import describe_estimate, estimate_window_requests
 from lbtune.run.spread import peak_streams, spread, usable_cores
-from lbtune.run.summary import RunFacts, outage_note, prometheus, summarize_run
-from lbtune.run.summary import nothing_measured as nothing_measured  # re-exported
+from lbtune.run.summary import (
+    RunFacts,
+    nothing_measured,
+    outage_note,
+    prometheus,
+    summarize_run,
+)
 from lbtune.run.target import ResolvedTarget, check_remote_options, resolve_target, target_facts
-from lbtune.run.target import check_reachable as check_reachable  # re-exported
-from lbtune.run.target import check_target_allowed as check_target_allowed  # re-exported
 from lbtune.run.until import StopEither, WindowCounter, chain
 from lbtune.safety.files import inside, name_part
 from lbtune.scenario.limits import MAX_ARRIVALS, MAX_DURATION_S, MAX_RATE, MAX_SLO_S, MAX_USERS

@@ -2,7 +2,9 @@
 
 ::
 
-    from lbtune.tune.optimize import OptimizeOptions, run_optimize
+    from lbtune.tune.optimize import run_optimize
+    from lbtune.tune.options import OptimizeOptions
+
     result = run_optimize(OptimizeOptions(budget=20, trial_duration_s=25))
     print(result.confirmation.verdict, result.report_dir)
 
@@ -54,19 +56,16 @@ from lbtune.targets.space import ParameterSpace
 from lbtune.tune.after import AfterSearch, SearchDone, after_search, restore
 from lbtune.tune.harness import plan_trials, real_harness
 from lbtune.tune.importance import importances
-from lbtune.tune.options import STORED, OptimizeOptions, StudyProgress, objective_spec
-from lbtune.tune.options import cluster_balancer as cluster_balancer  # re-exported
-from lbtune.tune.options import resolve_options as resolve_options  # re-exported
+from lbtune.tune.options import (
+    STORED,
+    OptimizeOptions,
+    StudyProgress,
+    objective_spec,
+    resolve_options,
+)
 from lbtune.tune.screen import ScreenRequest, screen_study
 
-__all__ = [
-    "OptimizeOptions",
-    "StudyProgress",
-    "cluster_balancer",
-    "record_study",
-    "resolve_options",
-    "run_optimize",
-]
+__all__ = ["record_study", "run_optimize"]
 
 log = logging.getLogger(__name__)
 

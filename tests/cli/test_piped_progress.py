@@ -16,7 +16,7 @@ from lbtune.cli.optimize import format_progress as study_line
 from lbtune.cli.stress import format_progress as stress_line
 from lbtune.cli.ticker import EVERY_S, plain, ticking
 from lbtune.loadgen.collect import Progress
-from lbtune.tune.optimize import StudyProgress
+from lbtune.tune.options import StudyProgress
 from tests.conftest import running_cluster
 
 SCENARIO = """\

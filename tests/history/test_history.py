@@ -18,7 +18,8 @@ from lbtune.history.drift import bootstrap_p99_diff, check_drift, samples
 from lbtune.history.page import page
 from lbtune.history.store import SCHEMA_VERSION, Entry, HistoryStore, KeyFigures
 from lbtune.loadgen.recordio import write_parquet
-from lbtune.tune.optimize import OptimizeOptions, record_study, run_optimize
+from lbtune.tune.optimize import record_study, run_optimize
+from lbtune.tune.options import OptimizeOptions
 from tests.metrics.records import rec
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 

@@ -152,7 +152,7 @@ def test_step_summary_appends_only_when_set(tmp_path: Path) -> None:
 
 
 def test_progress_lines() -> None:
-    from lbtune.tune.optimize import StudyProgress
+    from lbtune.tune.options import StudyProgress
 
     got: list[str] = []
     lines = ci.StudyLines(emit=got.append)

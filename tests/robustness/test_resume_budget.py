@@ -14,7 +14,8 @@ import optuna
 import pytest
 
 from lbtune.search.study import owner
-from lbtune.tune.optimize import OptimizeOptions, run_optimize
+from lbtune.tune.optimize import run_optimize
+from lbtune.tune.options import OptimizeOptions
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 
 

@@ -26,7 +26,7 @@ from lbtune.search.trial import Measure, Measurement, Samples, WindowHook
 from lbtune.targets.base import ApplyResult, ParamSet
 from lbtune.targets.space import ParameterSpace, SpaceFile
 from lbtune.targets.targetbase import TargetBase
-from lbtune.tune.optimize import OptimizeOptions
+from lbtune.tune.options import OptimizeOptions
 
 SPACE = {
     "target": "fake",

@@ -17,7 +17,8 @@ import pytest
 
 from lbtune.errors import BalancerDown
 from lbtune.search.trial import Measurement, WindowHook
-from lbtune.tune.optimize import OptimizeOptions, run_optimize
+from lbtune.tune.optimize import run_optimize
+from lbtune.tune.options import OptimizeOptions
 from tests.search.fakes import FakeMeasure, FakeTarget, harness, study_options
 
 

@@ -10,7 +10,8 @@ from lbtune.objective import ObjectiveSpec
 from lbtune.search.judge import bootstrap_diff
 from lbtune.search.trial import Samples
 from lbtune.targets.base import ParamSet
-from lbtune.tune.optimize import OptimizeOptions, run_optimize
+from lbtune.tune.optimize import run_optimize
+from lbtune.tune.options import OptimizeOptions
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 
 

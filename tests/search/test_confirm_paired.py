@@ -27,7 +27,8 @@ from lbtune.search.judge import bootstrap_diff
 from lbtune.search.result import StudyResult, TrialResult
 from lbtune.search.trial import Measurement, Samples, TrialRunner, WindowHook
 from lbtune.targets.base import ParamSet
-from lbtune.tune.optimize import OptimizeOptions, run_optimize
+from lbtune.tune.optimize import run_optimize
+from lbtune.tune.options import OptimizeOptions
 from tests.search.fakes import FakeTarget, harness, quality
 
 DRIFT = {1: 1.0, 2: 2.0, 3: 4.0, 4: 1.5, 5: 3.0, 6: 2.5}

@@ -108,7 +108,8 @@ def _finished_only(run: Path, res: StudyResult) -> tuple[float, float]:
 
 @pytest.mark.timeout(480)
 def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path: Path) -> None:
-    from lbtune.tune.optimize import OptimizeOptions, run_optimize
+    from lbtune.tune.optimize import run_optimize
+    from lbtune.tune.options import OptimizeOptions
 
     (tmp_path / "slow3.yaml").write_text(CLUSTER)
     (tmp_path / "load.yaml").write_text(SCENARIO)

@@ -22,7 +22,7 @@ import pytest
 import lbtune.tune.optimize as optimize_module
 from lbtune.search.result import StudyResult
 from lbtune.search.trial import Measurement, WindowHook
-from lbtune.tune.optimize import OptimizeOptions
+from lbtune.tune.options import OptimizeOptions
 from tests.search.fakes import FakeMeasure, FakeTarget, harness, study_options
 
 

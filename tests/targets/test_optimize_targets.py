@@ -16,8 +16,8 @@ from lbtune.errors import ConfigError
 from lbtune.search.study import reference_trials
 from lbtune.targets import TARGETS
 from lbtune.targets.space import ParameterSpace, ParamSpec
-from lbtune.tune.optimize import OptimizeOptions, run_optimize
-from lbtune.tune.options import resolve_options
+from lbtune.tune.optimize import run_optimize
+from lbtune.tune.options import OptimizeOptions, resolve_options
 from tests.conftest import running_cluster
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 

@@ -43,7 +43,8 @@ stream: true
 CHILD = """
 import sys
 from pathlib import Path
-from lbtune.tune.optimize import OptimizeOptions, run_optimize
+from lbtune.tune.options import OptimizeOptions
+from lbtune.tune.optimize import run_optimize
 run_optimize(OptimizeOptions(budget=4, scenario=sys.argv[1], trial_duration_s=8,
     study="e2e", storage=sys.argv[2], state_dir=Path(sys.argv[3]), confirm_runs=1,
     confirm_max_rounds=2, out_dir=Path(sys.argv[4]), screen=0))
@@ -69,7 +70,8 @@ def _running_trial(db: Path) -> int | None:
 def test_study_killed_mid_trial_resumes_confirms_and_rolls_out(tmp_path: Path) -> None:
     from lbtune.targets import get_target
     from lbtune.targets.lkg import LkgStore
-    from lbtune.tune.optimize import OptimizeOptions, run_optimize
+    from lbtune.tune.optimize import run_optimize
+    from lbtune.tune.options import OptimizeOptions
 
     scenario = tmp_path / "quick.yaml"
     scenario.write_text(SCENARIO)
@@ -153,7 +155,8 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
     from lbtune.report.study_frame import before_after, shown_comparison
     from lbtune.scenario.runplan import read_run_plan
     from lbtune.targets import get_target
-    from lbtune.tune.optimize import OptimizeOptions, run_optimize
+    from lbtune.tune.optimize import run_optimize
+    from lbtune.tune.options import OptimizeOptions
 
     scenario = tmp_path / "quick.yaml"
     # Fewer users than the kill/resume test: a lightly loaded generator stays within its

@@ -17,7 +17,8 @@ from lbtune.run.stress import StressOptions
 from lbtune.scenario import load_scenario
 from lbtune.scenario.runplan import RunPlan
 from lbtune.tune.harness import StressMeasure, plan_trials
-from lbtune.tune.optimize import OptimizeOptions, run_optimize
+from lbtune.tune.optimize import run_optimize
+from lbtune.tune.options import OptimizeOptions
 from tests.search.fakes import FakeMeasure, FakeTarget, harness, study_options
 
 
