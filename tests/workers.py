@@ -58,7 +58,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
 """Unit name -> the modules (or directories, ending in ``/``) it holds."""
 
 LONGEST_FIRST: tuple[str, ...] = (
-    "tests/search/test_pruning_cluster.py",
     "tests/tune/test_optimize_e2e.py::test_study_killed_mid_trial_resumes_confirms_and_rolls_out",
     "tests/cli/test_ci_e2e.py",
     "conformance",
@@ -80,8 +79,8 @@ LONGEST_FIRST: tuple[str, ...] = (
     "tests/run/test_until.py",
 )
 """Units (a unit's name, or a test's node id without its parameters), longest first: seconds
-of the last serial run on the 2-core machine with a busy loop on one core were 173 (the
-pruning study), 136 (the killed study's resume), 132 (the CI jobs' module), ... Units named
+of the last serial run on the 2-core machine with a busy loop on one core were 136 (the
+killed study's resume), 132 (the CI jobs' module), ... Units named
 by none come after these, the ones with more tests first."""
 
 

@@ -251,3 +251,8 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
         )
         assert t.plan == ran and ran.window_start is not None
         assert data["trials"][t.number]["plan"]["window_start"] == ran.window_start
+    # The live checkpoints (the records' tail while the load ran) reached the study: the
+    # live trial has intermediate values (its 5 s window has checkpoints at 2 and 4 s).
+    # The pruner's use of them is tested in virtual time (tests/search/test_pruning_twin.py).
+    assert t0 is not None and t0.intermediate, trials
+    assert all(0 < v < float("inf") for v in t0.intermediate.values()), t0.intermediate

@@ -1,10 +1,10 @@
-"""Pruning without survivorship bias, on a real cluster with one slow replica (integration).
+"""Pruning without survivorship bias, on the twin of a cluster with one slow replica.
 
-Three simulated replicas behind HAProxy: two H100s and one L4, which is ~6x slower per
-token and shares its GPU among every request it holds (processor sharing), so round
-robin's third of the traffic that lands on it is slow. Before censoring, a checkpoint
-saw only the requests that had finished (the fast ones): round robin looked good
-mid-trial (0.36 at its checkpoint, 6.9 at the end, in the issue's reproduction), the
+Three simulated replicas behind HAProxy's routing: two H100s and one L4, which is ~6x
+slower per token and shares its GPU among every request it holds (processor sharing), so
+round robin's third of the traffic that lands on it is slow. Before censoring, a
+checkpoint saw only the requests that had finished (the fast ones): round robin looked
+good mid-trial (0.36 at its checkpoint, 6.9 at the end, in the issue's reproduction), the
 median threshold sank below every good final score and the good configs were pruned.
 
 The objective here is P99 TTFT alone (``--weights e2e=0,ttft=1,decay=0``): a request on
@@ -22,6 +22,12 @@ reaches: the best config sends the slow replica at most half its equal share of 
 weight. Both studies use the same seed, so their (random start-up) samples are the same
 configs and pruning is the only difference; that seed's samples include configs heavy
 on the L4 (what the pruner should stop) and configs without it.
+
+In virtual time (:class:`tests.search.twin_measure.TwinMeasure`): what is under test is the
+study's pruning and the checkpoints it is shown, computed by the live path's own function
+from the records as they stood; the same study against the live cluster took 165 s of the
+suite, this one seconds. The live checkpoints themselves (the records' tail while the load
+runs) are tested in ``tests/search/test_pruning_windows.py``.
 """
 
 from __future__ import annotations
@@ -31,14 +37,23 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.conftest import M8, running_cluster
+from lbtune.cluster.twin import twin_cluster
+from lbtune.metrics.censor import censored_samples
+from lbtune.objective import Figures, composite
+from lbtune.records.quantiles import percentile
+from lbtune.run.plan import plan_run
+from lbtune.run.stress import StressOptions
+from lbtune.targets.space import ParameterSpace
+from lbtune.tune.optimize import run_optimize
+from tests.conftest import M8
+from tests.search.fakes import FakeTarget, harness, study_options
+from tests.search.twin_measure import TwinMeasure
 
 if TYPE_CHECKING:
     from lbtune.records.requests import RequestRecord
     from lbtune.search.result import StudyResult
     from lbtune.targets.base import ParamSet
-
-pytestmark = pytest.mark.integration
+    from lbtune.twin.result import TwinRun
 
 CLUSTER = f"""\
 name: slow3
@@ -81,18 +96,10 @@ def _slow_share(params: ParamSet) -> float:
     return weights[SLOW] / sum(weights.values())
 
 
-def _finished_only(run: Path, res: StudyResult) -> tuple[float, float]:
+def _finished_only(run: TwinRun, res: StudyResult) -> tuple[float, float]:
     """(final score, score at window 1 from the requests finished by then) of one run."""
-    from lbtune.loadgen.recordio import read_records
-    from lbtune.metrics.censor import censored_samples
-    from lbtune.objective import Figures, composite
-    from lbtune.records.quantiles import percentile
-    from lbtune.scenario.runplan import read_run_plan
-
-    plan = read_run_plan(run)
-    assert plan.window_start is not None and plan.window_end is not None
-    start, end = plan.window_start, plan.window_end
-    records = list(read_records(run / "requests.parquet"))
+    start, end = run.window.start, run.window.end
+    records = list(run.records)
 
     def score(rs: list[RequestRecord], now: float | None = None) -> float:
         cs = censored_samples(rs, start=start, end=end, now=now)
@@ -106,37 +113,39 @@ def _finished_only(run: Path, res: StudyResult) -> tuple[float, float]:
     return score(records), score(seen, now)
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(240)
 def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path: Path) -> None:
-    from lbtune.tune.optimize import run_optimize
-    from lbtune.tune.options import OptimizeOptions
-
     (tmp_path / "slow3.yaml").write_text(CLUSTER)
     (tmp_path / "load.yaml").write_text(SCENARIO)
     (tmp_path / "space.yaml").write_text(SPACE)
-    state = tmp_path / "state"
-    results = {}
-    with running_cluster(state, preset=str(tmp_path / "slow3.yaml")):
-        for pruner in ("median", "none"):
-            results[pruner] = run_optimize(
-                OptimizeOptions(
-                    budget=6,
-                    scenario=str(tmp_path / "load.yaml"),
-                    trial_duration_s=10.5,
-                    window_s=WINDOW_S,
-                    study=f"slow3-{pruner}",
-                    pruner=pruner,
-                    screen=0,  # the pruner acts on live trials only
-                    seed=1,
-                    weights="e2e=0,ttft=1,decay=0",
-                    storage=f"sqlite:///{tmp_path}/studies.db",
-                    state_dir=state,
-                    space=str(tmp_path / "space.yaml"),
-                    confirm_runs=0,
-                    apply=False,
-                    out_dir=tmp_path / pruner,
-                )
-            )
+    tc = twin_cluster(tmp_path / "slow3.yaml")
+    space = ParameterSpace.load(tmp_path / "space.yaml", [r.name for r in tc.replicas])
+    plan = plan_run(StressOptions(scenario=str(tmp_path / "load.yaml"), duration_s=10.5))
+    results, measures = {}, {}
+    for pruner in ("median", "none"):
+        target = FakeTarget()
+        target.fake_space = space
+        target.live = space.baseline()  # the cluster's live config: round robin
+        target.lkg = dict(target.live)
+        measures[pruner] = measure = TwinMeasure(target, tc, plan, WINDOW_S)
+        results[pruner] = run_optimize(
+            study_options(
+                tmp_path,
+                budget=6,
+                scenario=str(tmp_path / "load.yaml"),
+                trial_duration_s=10.5,
+                window_s=WINDOW_S,
+                study=f"slow3-{pruner}",
+                pruner=pruner,
+                screen=0,  # the pruner acts on the study's measured trials only
+                seed=1,
+                weights="e2e=0,ttft=1,decay=0",
+                confirm_runs=0,
+                apply=False,
+                out_dir=tmp_path / pruner,
+            ),
+            harness=harness(target, measure),
+        )
     lines = []
     for pruner, res in results.items():
         for t in res.trials:
@@ -144,7 +153,7 @@ def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path
                 f"{pruner} #{t.number} {t.state} {t.params} {t.objective} {t.intermediate}"
             )
     print("\n".join(lines))
-    final, first = _finished_only(tmp_path / "median" / "runs" / "trial-0000", results["median"])
+    final, first = _finished_only(measures["median"].runs["trial-0000"], results["median"])
     print(f"round robin finished-only at window 1: {first:.3f}, final {final:.3f}")
     assert first < 0.8 * final, (first, final)  # what the pruner saw before censoring
     for pruner, res in results.items():
@@ -158,3 +167,5 @@ def test_censored_pruning_keeps_round_robin_honest_and_finds_the_region(tmp_path
         assert best is not None, lines
         # The region: the slow replica gets at most half of its equal share of the weight.
         assert _slow_share(best.params) <= 1 / 6, (pruner, best.params, lines)
+    pruned = [t.number for t in results["median"].trials if t.state == "PRUNED"]
+    assert pruned, f"the median pruner stopped no trial, so nothing here tested it: {lines}"
