@@ -4,7 +4,7 @@ The integration test runs the `run:` steps of `.github/workflows/nightly-tune.ym
 order, as GitHub would (``bash --noprofile --norc -eo pipefail``, the job's ``env:``,
 ``$GITHUB_STEP_SUMMARY``), against the embedded cluster with a tiny budget:
 ``${{ ... }}`` expressions are evaluated with empty secrets and inputs, and the nightly
-knobs are overridden (mini2, 3 trials of 8 s, no confirmation runs; outputs in tmp).
+knobs are overridden (mini2, 2 trials of 8 s, no confirmation runs; outputs in tmp).
 Skipped, and why: ``uses:`` steps (checkout, cache, artifact upload: GitHub's own
 actions, not shell) and the install step (``scripts/setup.sh``: the test already runs
 inside the venv it made). Any ``LBTUNE_STAGING_*`` in the caller's environment is
@@ -124,7 +124,7 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
     assert env["LBTUNE_STAGING_CLUSTER"] == "" and env["LBTUNE_STAGING_INVENTORY"] == ""
     nightly, report, state = tmp_path / "nightly", tmp_path / "nightly/reports/4242", tmp_path / "s"
     env.update(
-        LBTUNE_NIGHTLY_BUDGET="3",
+        LBTUNE_NIGHTLY_BUDGET="2",
         LBTUNE_NIGHTLY_TRIAL_S="8",
         LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
         LBTUNE_NIGHTLY_SCREEN="12",  # the knob reaches optimize; 100 would cost minutes

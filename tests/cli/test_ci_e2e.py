@@ -154,7 +154,7 @@ def test_optimize_ci_writes_junit_and_the_step_summary(
         "--confirm-top",
         "1",
         "--confirm-max-rounds",
-        "2",
+        "1",
         "--screen",
         "8",
         "--junit",

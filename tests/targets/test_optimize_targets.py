@@ -105,10 +105,10 @@ stream: true
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(400)  # a hang guard: 88-157 s measured on a busy 2-core machine
+@pytest.mark.timeout(400)  # a hang guard: 55-90 s expected on a busy 2-core machine
 @pytest.mark.parametrize("preset,balancer", [("mini2-envoy", "envoy"), ("mini2-nginx", "nginx")])
 def test_short_study_on_the_balancer(tmp_path: Path, preset: str, balancer: str) -> None:
-    """Budget 3, 6 s trials, one confirmation round pair at most: the study ran the
+    """Budget 3, 6 s trials, one confirmation round at most: the study ran the
     target's own references on the cluster's own balancer (no --target), confirmed, and
     its report names the target."""
     from lbtune.targets import get_target
@@ -128,7 +128,7 @@ def test_short_study_on_the_balancer(tmp_path: Path, preset: str, balancer: str)
                 storage=f"sqlite:///{tmp_path / 's.db'}",
                 state_dir=state,
                 confirm_runs=1,
-                confirm_max_rounds=2,
+                confirm_max_rounds=1,  # a bound on the time: any verdict is accepted here
                 apply=False,
                 out_dir=out,
                 seed=5,
