@@ -3,7 +3,11 @@
 Tiny replicas (threads answering at once, naming themselves) behind ``haproxy.cfg`` from
 :func:`lbtune.targets.haproxy.config.render_config`; requests one at a time (nothing in
 flight: no balance factor, no maxconn), and the replica HAProxy picked (its
-``X-Lbtune-Replica`` header) against the model's pick for the same request. Run under the
+``X-Lbtune-Replica`` header) against the model's pick for the same request. A sequence
+compares only if HAProxy's own counters say no request of it was retried or redispatched
+and no server changed state meanwhile (:func:`live_picks`): on a busy machine a failed
+connection or health check sends a request elsewhere, which is HAProxy's retry policy at
+work, not its hash or its round robin. Run under the
 machine's lock (it starts servers)::
 
     flock /tmp/lbtune-live.lock .venv/bin/pytest tests/targets/haproxy/test_twin_live.py
@@ -26,6 +30,7 @@ import pytest
 from lbtune.records.endpoints import ReplicaAddress
 from lbtune.targets.haproxy.config import render_config
 from lbtune.targets.haproxy.files import Site, require
+from lbtune.targets.haproxy.runtime import HaproxyRuntime
 from lbtune.targets.haproxy.twin import routing_model
 from lbtune.twin.replica import TwinReplica
 from lbtune.twin.routing import ClusterView, Queue, Send
@@ -82,12 +87,47 @@ def haproxy(tmp: Path, params: Mapping[str, object]) -> Iterator[int]:
                 break
             except OSError:
                 time.sleep(0.05)
+        # Until every server has passed its first health check: before it, a server is
+        # "UP 1/2" (INI) and one failed check would take it out of the hash.
+        while time.monotonic() < deadline and not _all_checked(tmp):
+            time.sleep(0.05)
         yield port
     finally:
         proc.terminate()
         proc.wait(timeout=10)
         for s in servers:
             s.shutdown()
+
+
+def _all_checked(tmp: Path) -> bool:
+    rows = HaproxyRuntime(str(tmp / "haproxy.sock")).stat()
+    return all(r.status == "UP" and r.check_status == "L7OK" for r in rows if r.backend == "all")
+
+
+def _disturbances(tmp: Path) -> dict[str, tuple[str, ...]]:
+    """Per server: its status (``UP 1/2``, a check failed but it still takes traffic, counts
+    as ``UP``) and the counters of retries, redispatches and state changes."""
+    rows = HaproxyRuntime(str(tmp / "haproxy.sock")).stat()
+    keys = ("wretr", "wredis", "chkdown", "eresp", "econ")
+    return {
+        f"{r.backend}/{r.server}": (r.status.split()[0], *(r.raw.get(k, "") for k in keys))
+        for r in rows
+    }
+
+
+def live_picks(tmp: Path, port: int, contents: list[str], rounds: int = 3) -> list[str]:
+    """HAProxy's pick for each request, from a sequence no retry, redispatch or server
+    state change touched (up to ``rounds`` sequences; the last one's disturbance fails)."""
+    why = ""
+    for _ in range(rounds):
+        before = _disturbances(tmp)
+        picks = [post(port, c) for c in contents]
+        after = _disturbances(tmp)
+        down = [name for name, row in after.items() if row[0] != "UP"]
+        if before == after and not down:
+            return picks
+        why = f"servers not UP: {down}; counters before {before}, after {after}"
+    raise AssertionError(f"every sequence was disturbed by HAProxy's retries: {why}")
 
 
 def body(content: str) -> bytes:
@@ -135,7 +175,7 @@ WEIGHTED = {f"weight.{n}": w for n, w in zip(NAMES, (22, 88, 182, 250), strict=T
 )
 def test_hash_picks_are_haproxys(tmp_path: Path, params: dict[str, object]) -> None:
     with haproxy(tmp_path, params) as port:
-        live = [post(port, k) for k in KEYS]
+        live = live_picks(tmp_path, port, KEYS)
     assert model_picks(params, KEYS) == live
 
 
