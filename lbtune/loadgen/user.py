@@ -45,7 +45,8 @@ from locust.exception import StopUser
 
 from lbtune.loadgen.client import OpenSet, StreamClient
 from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
-from lbtune.loadgen.health import HealthMonitor, HealthSample
+from lbtune.loadgen.health import HealthSample
+from lbtune.loadgen.monitor import HealthMonitor
 from lbtune.loadgen.pacing import backoff_s, spawn_rate
 from lbtune.loadgen.recordio import RecordWriter
 from lbtune.loadgen.source import Workload, resolve
