@@ -26,7 +26,7 @@ from lbtune import targets
 from lbtune.cluster import agent, heal, health, render, restore, vllm
 from lbtune.cluster.config import DEFAULT_PRESET, LOOPBACK, ClusterConfig, load_config
 from lbtune.cluster.health import ClusterStatus, ComponentStatus, ReplicaStatus
-from lbtune.cluster.resolve import ResolvedCluster, free_port, resolve
+from lbtune.cluster.resolve import ResolvedCluster, check_ports, free_port, resolve
 from lbtune.errors import BalancerDown, ClusterError
 from lbtune.process import probes, supervisor
 from lbtune.process.supervisor import ClusterSupervisor, ProcessRecord
@@ -208,7 +208,7 @@ def up(
         entry = targets.balancer(cfg.balancer)
         prometheus = render.require("prometheus")
         cluster = resolve(cfg)
-        _check_ports(cluster, source)
+        check_ports(cluster, source)
         spec = launch_spec(cluster, paths, entry)
         if read_config_json(paths) != cfg.model_dump(mode="json"):
             restore.forget_last_known_good(paths.root)  # another cluster: starts untuned
@@ -255,24 +255,6 @@ def _already_up(
         ", ".join(str(r.pid) for r in running),
     )
     return ep
-
-
-def _check_ports(cluster: ResolvedCluster, source: str) -> None:
-    p = cluster.ports
-    wanted = [
-        ("balancer", p.balancer),
-        ("stats", p.stats),
-        ("prometheus", p.prometheus),
-        ("exporter", p.exporter),
-        *([("agent", p.agent)] if p.agent is not None else []),
-    ] + [(f"replica {r.name}", r.port) for r in cluster.replicas if not r.external or r.vllm]
-    for what, port in wanted:
-        if probes.port_busy(LOOPBACK, port):
-            field = "replica_base" if what.startswith("replica") else what
-            raise ClusterError(
-                f"Port {port} ({what}) is already in use on {LOOPBACK}; stop what listens "
-                f"there, or change ports.{field} in {source} (or use `ports: auto`)"
-            )
 
 
 def _write_configs(
