@@ -14,6 +14,7 @@ in reverse start order (the agent first). The cluster never names a balancer.
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -51,6 +52,8 @@ Progress = Callable[[str], None]
 
 SIM_TIMEOUT = 30.0
 PROMETHEUS_TIMEOUT = 20.0
+HEAL_WAIT_S = 60.0
+"""How long ``up`` waits for a relaunch another heal is making (it then looks again)."""
 _GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
@@ -239,9 +242,9 @@ def _already_up(
     ep = read_endpoints(paths)
     problems = ["endpoints.json is missing"] if ep is None else []
     if ep is not None:
-        dead = heal.dead_balancer(ep, _records(paths))
-        if dead:  # only the balancer died: relaunched on its last known good
-            heal.heal_balancer(ep, paths, dead, lambda m: _say(progress, m), PROMETHEUS_TIMEOUT)
+        say = functools.partial(_say, progress)
+        # only the balancer died: relaunched on its last known good (unless another heal did)
+        heal.heal_if_dead(paths, say, PROMETHEUS_TIMEOUT, HEAL_WAIT_S)
         problems = _problems(ep, _records(paths))
     if problems or ep is None:
         raise ClusterError(
