@@ -4,7 +4,8 @@ Issue 29 (item 5): before, a killed HAProxy stayed down until someone ran ``clus
 Here a real mini2 cluster's HAProxy master gets SIGKILL and, with nobody asking, the
 balancer must serve again on its last known good (not on the baseline it was launched
 with), the keeper's log must say so, and ``down`` must leave nothing running, the keeper
-included (~15 s). The cheap tests check, on stand-in processes, what keeps it from
+included (~10 s); so must Envoy, nginx and vllm-router, through the same path (~8 s each).
+The cheap tests check, on stand-in processes, what keeps it from
 fighting: the heal lock, the second look, ``down``'s order, and that it ends with its
 cluster or at SIGTERM (~3 s in all).
 """
@@ -23,11 +24,12 @@ import psutil
 import pytest
 
 from lbtune.cluster import api, heal, keeper
+from lbtune.cluster.config import load_config
 from lbtune.process import supervisor
 from lbtune.process.supervisor import ProcessRecord
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import AGENT, KEEPER, SIM, StatePaths, write_endpoints
-from tests.cluster.conftest import alive, mini_config, needs_binaries, started_pids
+from tests.cluster.conftest import M8, alive, chat, mini_config, needs_binaries, started_pids
 
 SLEEPER = ["sleep", "60"]
 
@@ -213,3 +215,31 @@ def test_the_keeper_relaunches_a_killed_haproxy_on_its_last_known_good(tmp_path:
     assert pids and not [p for p in pids if alive(p)]
     assert not list(state.glob("*.pid"))
     print(f"HAProxy served again {took:.1f} s after its SIGKILL")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+@needs_binaries
+@pytest.mark.parametrize("preset", ["mini2-envoy", "mini2-nginx", "mini2-router"])
+def test_the_keeper_relaunches_any_embedded_balancer(tmp_path: Path, preset: str) -> None:
+    """Nothing in the keeper names a balancer: each comes back the same way."""
+    state = tmp_path / "state"
+    paths = StatePaths(state)
+    pids: list[int] = []
+    try:
+        ep = api.up(load_config(preset)[0], state)
+        killed = _record(paths, ep.balancer_components[0])
+        os.kill(killed.pid, signal.SIGKILL)
+        log = paths.log(KEEPER)
+        _wait_for(
+            f"the keeper says it relaunched {ep.balancer}",
+            lambda: f"{ep.balancer} relaunched" in log.read_text(),
+            30,
+        )
+        api.check_balancer(ep)
+        assert chat(ep.balancer_url, M8).status_code == 200
+        assert api.status(state).healthy, api.status(state).problems
+        pids = started_pids(state)
+    finally:
+        api.down(state)
+    assert pids and not [p for p in pids if alive(p)]
