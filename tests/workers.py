@@ -74,6 +74,7 @@ LONGEST_FIRST: tuple[str, ...] = (
     "tests/dashboards/test_dashboards.py",
     "tests/run/test_failures.py",
     "tests/robustness/test_prometheus_loss.py",
+    "tests/cluster/test_keeper.py",
     "tests/cluster/test_agent_cluster.py",
     "tests/agent/test_agent_e2e.py",
     "tests/run/test_until.py",

@@ -13,6 +13,8 @@ HAProxy by default); its registry entry launches, watches and scrapes it
 * :mod:`lbtune.cluster.health` — readiness checks and the status records.
 * :mod:`lbtune.records.statedir` — the state dir layout and the endpoints record.
 * :mod:`lbtune.cluster.agent` — the feedback agent as a cluster component (``agent.enabled``).
+* :mod:`lbtune.cluster.heal` — a dead balancer relaunched on its last known good.
+* :mod:`lbtune.cluster.keeper` — the component that does so between commands, unasked.
 * :mod:`lbtune.cluster.api` — ``up()``, ``down()``, ``status()``: what the CLI and the
   ``stress``/``optimize`` commands call.
 

@@ -5,15 +5,18 @@ The CLI (``lbtune cluster ...``) and the ``stress``/``optimize`` commands call t
 the cluster YAML's balancer (``balancer:``, a name of :data:`lbtune.targets.TARGETS`) to
 launch itself (:meth:`~lbtune.targets.targetbase.BalancerBase.launch`: render, validate, start
 under the supervisor, wait healthy), waits until Prometheus scrapes every replica and
-the balancer's jobs, writes ``endpoints.json`` and then, when the cluster YAML enables
-it, starts the feedback agent (:mod:`lbtune.cluster.agent`). If any step fails,
-everything this ``up`` started is stopped again; ``down`` stops every recorded process
-in reverse start order (the agent first). The cluster never names a balancer.
+the balancer's jobs, writes ``endpoints.json``, then, when the cluster YAML enables
+it, starts the feedback agent (:mod:`lbtune.cluster.agent`) and, last, the keeper that
+relaunches a dead balancer between commands (:mod:`lbtune.cluster.keeper`). If any step
+fails, everything this ``up`` started is stopped again; ``down`` stops the keeper first,
+then the agent, then every other recorded process in reverse start order. The cluster
+never names a balancer.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -23,15 +26,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from lbtune import targets
-from lbtune.cluster import agent, heal, health, render, restore, vllm
+from lbtune.cluster import agent, heal, health, keeper, render, restore, vllm
 from lbtune.cluster.config import DEFAULT_PRESET, LOOPBACK, ClusterConfig, load_config
 from lbtune.cluster.health import ClusterStatus, ComponentStatus, ReplicaStatus
-from lbtune.cluster.resolve import ResolvedCluster, free_port, resolve
+from lbtune.cluster.resolve import ResolvedCluster, check_ports, free_port, resolve
 from lbtune.errors import BalancerDown, ClusterError
 from lbtune.process import probes, supervisor
 from lbtune.process.supervisor import ClusterSupervisor, ProcessRecord
 from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
 from lbtune.records.statedir import (
+    AGENT,
+    KEEPER,
     PROMETHEUS,
     SIM,
     StatePaths,
@@ -51,6 +56,8 @@ Progress = Callable[[str], None]
 
 SIM_TIMEOUT = 30.0
 PROMETHEUS_TIMEOUT = 20.0
+HEAL_WAIT_S = 60.0
+"""How long ``up`` waits for a relaunch the keeper is making (it then looks again)."""
 _GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
@@ -208,7 +215,7 @@ def up(
         entry = targets.balancer(cfg.balancer)
         prometheus = render.require("prometheus")
         cluster = resolve(cfg)
-        _check_ports(cluster, source)
+        check_ports(cluster, source)
         spec = launch_spec(cluster, paths, entry)
         if read_config_json(paths) != cfg.model_dump(mode="json"):
             restore.forget_last_known_good(paths.root)  # another cluster: starts untuned
@@ -239,10 +246,12 @@ def _already_up(
     ep = read_endpoints(paths)
     problems = ["endpoints.json is missing"] if ep is None else []
     if ep is not None:
-        dead = heal.dead_balancer(ep, _records(paths))
-        if dead:  # only the balancer died: relaunched on its last known good
-            heal.heal_balancer(ep, paths, dead, lambda m: _say(progress, m), PROMETHEUS_TIMEOUT)
+        say = functools.partial(_say, progress)
+        # only the balancer died: relaunched on its last known good (unless the keeper did)
+        heal.heal_if_dead(paths, say, PROMETHEUS_TIMEOUT, HEAL_WAIT_S)
         problems = _problems(ep, _records(paths))
+        if not problems:
+            keeper.ensure_running(paths, say)
     if problems or ep is None:
         raise ClusterError(
             f"Cluster {cfg.name} in {paths.root} is running but unhealthy "
@@ -255,24 +264,6 @@ def _already_up(
         ", ".join(str(r.pid) for r in running),
     )
     return ep
-
-
-def _check_ports(cluster: ResolvedCluster, source: str) -> None:
-    p = cluster.ports
-    wanted = [
-        ("balancer", p.balancer),
-        ("stats", p.stats),
-        ("prometheus", p.prometheus),
-        ("exporter", p.exporter),
-        *([("agent", p.agent)] if p.agent is not None else []),
-    ] + [(f"replica {r.name}", r.port) for r in cluster.replicas if not r.external or r.vllm]
-    for what, port in wanted:
-        if probes.port_busy(LOOPBACK, port):
-            field = "replica_base" if what.startswith("replica") else what
-            raise ClusterError(
-                f"Port {port} ({what}) is already in use on {LOOPBACK}; stop what listens "
-                f"there, or change ports.{field} in {source} (or use `ports: auto`)"
-            )
 
 
 def _write_configs(
@@ -348,6 +339,7 @@ def _start_all(
         agent.write_config(cluster, paths)
         started.append(agent.start(paths))
         agent.wait_ready(ep, list(started))
+    started.append(keeper.start(paths))  # last: nothing to keep before the rest is ready
     return ep
 
 
@@ -363,7 +355,7 @@ def down(
         return {}
     stopped: dict[str, list[int]] = {}
     with _locked(paths):
-        for rec in reversed(_records(paths)):
+        for rec in _stop_order(paths):
             was_alive = supervisor.alive(rec)
             pids = supervisor.stop(rec, paths)
             if was_alive:
@@ -371,6 +363,18 @@ def down(
                 stopped[rec.name] = pids
         paths.endpoints.unlink(missing_ok=True)
     return stopped
+
+
+def _stop_order(paths: StatePaths) -> Iterator[ProcessRecord]:
+    """What ``down`` stops, in order, lazily: the keeper first (it would relaunch the
+    balancer being stopped); then, read once it is stopped (a balancer it relaunched
+    meanwhile is newer than everything else), the agent (it would push weights to a
+    balancer going away) and every other process in reverse start order."""
+    own = supervisor.read_record(paths, KEEPER)
+    if own is not None:
+        yield own
+    rest = [r for r in reversed(_records(paths)) if r.name != KEEPER]
+    yield from sorted(rest, key=lambda r: r.name != AGENT)
 
 
 def check_balancer(ep: Endpoints) -> None:

@@ -1,17 +1,25 @@
-"""A dead balancer comes back on its last known good: ``lbtune cluster up`` heals it.
+"""A dead balancer comes back on its last known good, by itself or at ``lbtune cluster up``.
 
-The embedded cluster's processes outlive the CLI (each in its own session), so nothing
-watches them between commands. When the balancer's processes have died (a killed HAProxy
-worker takes its master with it) while the replicas and Prometheus still run, ``up``
-does not ask for ``down`` first: it relaunches the balancer exactly as it was launched
-(``launch.json``: the same ports and replicas), waits until it serves, puts its last
-known good back (:mod:`lbtune.cluster.restore`) and says so. A study that stopped on the
-dead balancer then resumes (``lbtune optimize --resume``) on a tuned balancer.
+The embedded cluster's processes outlive the CLI (each in its own session). When the
+balancer's processes have died (a killed HAProxy worker takes its master with it) while
+the replicas and Prometheus still run, it is relaunched exactly as it was launched
+(``launch.json``: the same ports and replicas), waited for until it serves, put back on
+its last known good (:mod:`lbtune.cluster.restore`), and that is said. Two callers do it:
+the cluster's keeper (:mod:`lbtune.cluster.keeper`), which watches the processes between
+commands and says so in ``logs/keeper.log``, and ``up`` on a running cluster, which does
+not ask for ``down`` first (and says so on the terminal). Both go through
+:func:`heal_if_dead`: one heal at a time per state dir (``.heal.lock``), and deadness is
+looked at again once the lock is held, so that the second caller finds the balancer the
+first one relaunched. A study that stopped on the dead balancer then resumes
+(``lbtune optimize --resume``) on a tuned balancer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import fcntl
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -21,10 +29,10 @@ from lbtune.errors import ClusterError
 from lbtune.process import supervisor
 from lbtune.process.supervisor import ClusterSupervisor, ProcessRecord
 from lbtune.records.endpoints import Endpoints
-from lbtune.records.statedir import StatePaths, write_json_atomic
+from lbtune.records.statedir import KEEPER, StatePaths, read_endpoints, write_json_atomic
 from lbtune.targets.base import LaunchSpec
 
-__all__ = ["dead_balancer", "heal_balancer", "save_launch"]
+__all__ = ["dead_balancer", "heal_balancer", "heal_if_dead", "heal_lock", "save_launch"]
 
 _LAUNCH: TypeAdapter[LaunchSpec] = TypeAdapter(LaunchSpec)
 
@@ -36,8 +44,10 @@ def save_launch(paths: StatePaths, spec: LaunchSpec) -> None:
 
 def dead_balancer(ep: Endpoints, records: list[ProcessRecord]) -> list[ProcessRecord]:
     """The balancer's processes that died, when they are all that died (else empty: a
-    cluster missing more than its balancer is brought back by ``down`` and ``up``)."""
-    dead = [r for r in records if not supervisor.alive(r)]
+    cluster missing more than its balancer is brought back by ``down`` and ``up``). The
+    keeper's own record does not count: a cluster whose keeper gave up is still healed by
+    ``up``."""
+    dead = [r for r in records if r.name != KEEPER and not supervisor.alive(r)]
     if dead and all(r.name in ep.balancer_components for r in dead):
         return dead
     return []
@@ -54,7 +64,8 @@ def heal_balancer(
     (``scrape_timeout_s``) until Prometheus scrapes it again.
 
     Raises :class:`ClusterError` when it cannot (no ``launch.json``, or the relaunch fails:
-    what it started is stopped again).
+    what it started is stopped again and the PID files of ``dead`` are put back, so that
+    the cluster still says what died and a later heal can try again).
     """
     try:
         spec = _LAUNCH.validate_json(paths.launch.read_bytes())
@@ -70,18 +81,64 @@ def heal_balancer(
         if old is not None:
             supervisor.stop(old, paths)
     mine: list[ProcessRecord] = []
-    alive = [r for r in supervisor.records(paths) if supervisor.alive(r)]
+    # Watched while the balancer starts: the cluster, not the keeper (which may exit now).
+    alive = [r for r in supervisor.records(paths) if r.name != KEEPER and supervisor.alive(r)]
     try:
         targets.balancer(ep.balancer).launch(spec, ClusterSupervisor(paths, mine, watch=alive))
     except BaseException:
         for rec in reversed(mine):
             supervisor.stop(rec, paths)
+        for rec in dead:
+            write_json_atomic(paths.pid_file(rec.name), rec.to_json())
         raise
     restore.restore_last_known_good(ep, say)
     supervisor.wait_until(
         lambda: health.prometheus_missing(ep), scrape_timeout_s, "Prometheus scrapes", mine
     )
     say(f"{ep.balancer} relaunched (pids {', '.join(str(r.pid) for r in mine)})")
+
+
+@contextmanager
+def heal_lock(paths: StatePaths, wait_s: float) -> Iterator[bool]:
+    """Hold the state dir's heal lock (``.heal.lock``, an exclusive ``flock``), waiting up
+    to ``wait_s``; yields False when another heal still holds it then. The kernel drops
+    the lock with its holder, so a keeper killed mid-heal leaves none behind."""
+    with open(paths.heal_lock, "w") as fh:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.1)
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def heal_if_dead(
+    paths: StatePaths, say: Callable[[str], None], scrape_timeout_s: float, wait_s: float
+) -> bool:
+    """Relaunch the balancer of the cluster in ``paths`` when it (and only it) is dead, as
+    :func:`heal_balancer` does; True when it did.
+
+    Under :func:`heal_lock` (waiting up to ``wait_s``; False when another heal still holds
+    it then) the endpoints and the PID files are read again, so that a balancer another
+    heal relaunched meanwhile is found alive and left alone.
+    """
+    with heal_lock(paths, wait_s) as held:
+        if not held:
+            return False
+        ep = read_endpoints(paths)
+        dead = [] if ep is None else dead_balancer(ep, supervisor.records(paths))
+        if ep is None or not dead:
+            return False
+        heal_balancer(ep, paths, dead, say, scrape_timeout_s)
+        return True
 
 
 def _how(rec: ProcessRecord) -> str:

@@ -107,7 +107,13 @@ def problems(
     """What is wrong with a running cluster (empty when healthy): every process it should
     run, the replicas, the balancer (its own
     :meth:`~lbtune.targets.targetbase.BalancerBase.problems`), Prometheus' scrapes and the
-    agent."""
+    agent.
+
+    The keeper (:mod:`lbtune.cluster.keeper`) is not among them: it serves nothing and
+    measures nothing, so a cluster without it runs and measures exactly as well, and
+    counting it would make ``up`` refuse a working cluster whose keeper gave up (``up``
+    starts it again instead). ``status`` still lists it with whether it runs.
+    """
     simulated = any(not r.external for r in ep.replicas)
     expected = [*([SIM] if simulated else []), PROMETHEUS, *ep.balancer_components]
     if ep.agent_config is not None:

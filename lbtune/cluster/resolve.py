@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from lbtune.cluster.config import LOOPBACK, ClusterConfig
-from lbtune.errors import ConfigError
+from lbtune.errors import ClusterError, ConfigError
+from lbtune.process import probes
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,3 +158,23 @@ def _replicas(config: ClusterConfig, port: Callable[[int], int]) -> tuple[Replic
                 Replica(f"{group.prefix}-{i}", LOOPBACK, p, tuple(group.models), group.gpu)
             )
     return tuple(replicas)
+
+
+def check_ports(cluster: ResolvedCluster, source: str) -> None:
+    """Raise ClusterError naming the first port the cluster would bind on loopback that
+    is already in use, and the field of ``source`` (the cluster file) that sets it."""
+    p = cluster.ports
+    wanted = [
+        ("balancer", p.balancer),
+        ("stats", p.stats),
+        ("prometheus", p.prometheus),
+        ("exporter", p.exporter),
+        *([("agent", p.agent)] if p.agent is not None else []),
+    ] + [(f"replica {r.name}", r.port) for r in cluster.replicas if not r.external or r.vllm]
+    for what, port in wanted:
+        if probes.port_busy(LOOPBACK, port):
+            field = "replica_base" if what.startswith("replica") else what
+            raise ClusterError(
+                f"Port {port} ({what}) is already in use on {LOOPBACK}; stop what listens "
+                f"there, or change ports.{field} in {source} (or use `ports: auto`)"
+            )

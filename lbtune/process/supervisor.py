@@ -212,13 +212,29 @@ def _left_behind(record: ProcessRecord) -> list[psutil.Process]:
     (each is started in its own, :func:`start`) created after it, e.g. nginx's workers
     after a SIGKILL of their master. The kernel does not hand out a PID while a session
     of that id has members, so while they run, the id is still ours; a PID already
-    recycled (a live process of that number) leaves nothing of ours to find."""
-    if psutil.pid_exists(record.pid):
+    recycled (a live process of that number) leaves nothing of ours to find. The dead
+    leader may still be a zombie that its parent has not reaped (the process that ran
+    ``up`` is still running, and the keeper that relaunches is not that parent): one with
+    the record's create time is ours, dead, and its session is searched all the same."""
+    try:
+        leader = psutil.Process(record.pid)
+        dead = leader.status() == psutil.STATUS_ZOMBIE
+        if not dead or abs(leader.create_time() - record.create_time) > 0.05:
+            return []
+    except psutil.ZombieProcess:  # a zombie we cannot tell from a recycled PID's
+        return []
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.Error:
         return []
     out = []
     for p in psutil.process_iter(["create_time"]):
         try:
-            if os.getsid(p.pid) == record.pid and p.info["create_time"] >= record.create_time:
+            if (
+                p.pid != record.pid
+                and os.getsid(p.pid) == record.pid
+                and p.info["create_time"] >= record.create_time
+            ):
                 out.append(p)
         except (OSError, psutil.Error):
             continue

@@ -11,8 +11,9 @@ Layout of a state dir (default ``$LBTUNE_STATE_DIR``, else
     ground_truth.jsonl   the sim's per-request server-side timestamps
     agent.yaml           the feedback agent's settings (when the cluster YAML enables it)
     lkg/                 lbtune.apply's last known good per target
+    launch.json          what the balancer was launched with (lbtune.cluster.heal)
     <component>.pid      one JSON record per started process (sim, prometheus, the
-                         balancer's components, agent)
+                         balancer's components, agent, keeper)
     logs/<component>.log
     ...                  the balancer's own files (its config, sockets): its target
                          subpackage documents them (e.g. haproxy.cfg, haproxy.sock)
@@ -33,6 +34,9 @@ SIM = "sim"
 PROMETHEUS = "prometheus"
 AGENT = "agent"
 """The feedback agent's component name (``agent.pid``, ``logs/agent.log``)."""
+KEEPER = "keeper"
+"""The keeper's component name (``keeper.pid``, ``logs/keeper.log``): it relaunches a
+dead balancer between commands (:mod:`lbtune.cluster.keeper`)."""
 
 
 def state_root() -> Path:
@@ -100,6 +104,11 @@ class StatePaths:
     @property
     def lock(self) -> Path:
         return self.root / ".lock"
+
+    @property
+    def heal_lock(self) -> Path:
+        """Held while the balancer is relaunched: by ``up`` or by the keeper, never both."""
+        return self.root / ".heal.lock"
 
     @property
     def logs(self) -> Path:

@@ -59,8 +59,9 @@ def test_the_agent_runs_after_haproxy_and_prometheus_and_is_scraped(cluster: End
     assert st.healthy, st.problems
     components = {c.name: c for c in st.components}
     assert components["agent"].running and components["agent"].log.endswith("logs/agent.log")
-    # started last: after HAProxy and Prometheus were ready
-    assert max(components, key=lambda n: _started(components[n].pid)) == "agent"
+    # started after HAProxy and Prometheus were ready; only the keeper comes after it
+    order = sorted(components, key=lambda n: _started(components[n].pid))
+    assert order[-2:] == ["agent", "keeper"] and components["keeper"].running
     settings = read_agent_file(cluster.agent_config)
     assert settings["state_dir"] == cluster.state_dir
     assert settings["prometheus_url"] == cluster.prometheus_url
@@ -114,10 +115,11 @@ def test_the_haproxy_target_leaves_weights_to_the_agent_and_tunes_its_knobs(
 
 
 def test_down_stops_the_agent_first_and_leaves_nothing(cluster: Endpoints) -> None:
+    """First the keeper (it would relaunch the balancer), then the agent."""
     state = Path(cluster.state_dir)
     pids = started_pids(state)
     agent_pid = _agent_pid(cluster)
     stopped = api.down(state)
-    assert next(iter(stopped)) == "agent" and stopped["agent"] == [agent_pid]
+    assert list(stopped)[:2] == ["keeper", "agent"] and stopped["agent"] == [agent_pid]
     assert not [p for p in pids if alive(p)]
     assert not list(state.glob("*.pid"))

@@ -4,6 +4,11 @@ What a study saw: HAProxy 2.6's worker segfaulted and its master, on exit-on-fai
 stopped everything; the study then failed every remaining trial. Here a mini2 cluster's
 HAProxy worker gets SIGSEGV (the same exit) and the check must name the dead balancer,
 its exit and its log, while it stays silent as long as HAProxy runs. ~10 s.
+
+The cluster's keeper would relaunch the balancer a second or two after it died
+(tests/cluster/test_keeper.py): these tests stop it first, to see the dead balancer as
+a study sees it before the keeper's relaunch, and ``up``'s own heal (as after the keeper
+gave up).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from lbtune.cluster import api
 from lbtune.errors import BalancerDown
 from lbtune.process import supervisor
 from lbtune.records.endpoints import Endpoints
-from lbtune.records.statedir import StatePaths
+from lbtune.records.statedir import KEEPER, StatePaths
 from tests.cluster.conftest import mini_config, needs_binaries
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), needs_binaries]
@@ -35,8 +40,16 @@ def cluster(tmp_path: Path) -> Iterator[Endpoints]:
         api.down(tmp_path / "state")
 
 
+def _stop_keeper(state_dir: str | Path) -> None:
+    paths = StatePaths(Path(state_dir))
+    rec = supervisor.read_record(paths, KEEPER)
+    assert rec is not None and supervisor.alive(rec), "up started the cluster's keeper"
+    supervisor.stop(rec, paths)
+
+
 def test_a_crashed_haproxy_is_named_and_a_running_one_is_not(cluster: Endpoints) -> None:
     api.check_balancer(cluster)  # running: silent
+    _stop_keeper(cluster.state_dir)
     (rec,) = [
         r for r in supervisor.records(StatePaths(Path(cluster.state_dir))) if r.name == "haproxy"
     ]
@@ -77,6 +90,7 @@ def test_cluster_up_relaunches_a_crashed_haproxy_on_its_last_known_good(
 
     good = apply_params(HaproxyTarget(cluster), {"algorithm": "leastconn"}, via="direct").lkg
     assert good is not None
+    _stop_keeper(cluster.state_dir)
     dead = _crash_haproxy(cluster)
     said: list[str] = []
     ep = api.up(mini_config(), cluster.state_dir, progress=said.append)
@@ -86,6 +100,9 @@ def test_cluster_up_relaunches_a_crashed_haproxy_on_its_last_known_good(
     assert HaproxyTarget(ep).read_live()["algorithm"] == "leastconn"
     assert any("haproxy is not running" in m and "relaunching" in m for m in said), said
     assert any("back on its last known good" in m and good.sha256[:12] in m for m in said), said
+    assert any("the keeper was not running: started it again" in m for m in said), said
+    keeper = supervisor.read_record(StatePaths(Path(ep.state_dir)), KEEPER)
+    assert keeper is not None and supervisor.alive(keeper)
 
 
 @pytest.mark.parametrize("preset", ["mini2-envoy", "mini2-nginx"])
@@ -100,6 +117,7 @@ def test_cluster_up_relaunches_a_killed_envoy_or_nginx(tmp_path: Path, preset: s
     cfg, state = load_config(preset)[0], tmp_path / "state"
     try:
         ep = api.up(cfg, state)
+        _stop_keeper(state)
         (rec,) = [
             r for r in supervisor.records(StatePaths(state)) if r.name == ep.balancer_components[0]
         ]

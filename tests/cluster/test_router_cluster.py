@@ -71,7 +71,7 @@ def test_the_router_runs_and_prometheus_scrapes_it(rcluster: Endpoints) -> None:
     assert "vllm_router_active_workers 2" in metrics
     status = api.status(state)
     assert status.healthy, status.problems
-    assert {c.name for c in status.components} == {"sim", "router", "prometheus"}
+    assert {c.name for c in status.components} == {"sim", "router", "prometheus", "keeper"}
 
 
 def test_a_streaming_chat_goes_through_the_router(rcluster: Endpoints) -> None:

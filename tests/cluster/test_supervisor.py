@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -48,6 +50,43 @@ def test_a_recycled_pid_is_never_signalled(paths: StatePaths) -> None:
         assert supervisor.alive(rec)  # the real process was left alone
     finally:
         supervisor.stop(rec, paths, timeout=5)
+
+
+def test_what_a_dead_unreaped_leader_left_in_its_session_is_stopped(paths: StatePaths) -> None:
+    """nginx's workers outlive a SIGKILL of their master; the master stays a zombie while
+    its parent (the process that ran `up`) has not reaped it, and whoever stops it (the
+    keeper) is not that parent: its session is still ours to clear."""
+    parent_code = (
+        "import subprocess, time; p = subprocess.Popen(['sh', '-c', 'sleep 60 & exit 0'],"
+        " start_new_session=True); print(p.pid, flush=True); time.sleep(60)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None
+        leader = psutil.Process(int(parent.stdout.readline()))
+        deadline = time.monotonic() + 10
+        while leader.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert leader.status() == psutil.STATUS_ZOMBIE  # dead, not reaped by its parent
+        (worker,) = [
+            p for p in psutil.process_iter() if p.pid != leader.pid and _sid(p.pid) == leader.pid
+        ]
+        rec = supervisor.ProcessRecord(
+            "nginx", leader.pid, leader.create_time(), ["sh"], str(paths.log("nginx"))
+        )
+        assert not supervisor.alive(rec)
+        assert supervisor.stop(rec, paths, timeout=5) == [worker.pid]
+        assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
 
 
 def test_sigterm_resistant_process_gets_sigkill(paths: StatePaths) -> None:
