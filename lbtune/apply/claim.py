@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lbtune.apply.lock import pid_lock
 from lbtune.errors import LbtuneError
+from lbtune.process.locks import pid_lock
 from lbtune.records.endpoints import Endpoints
 
 __all__ = [

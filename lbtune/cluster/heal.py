@@ -10,16 +10,16 @@ commands and says so in ``logs/keeper.log``, and ``up`` on a running cluster, wh
 not ask for ``down`` first (and says so on the terminal). Both go through
 :func:`heal_if_dead`: one heal at a time per state dir (``.heal.lock``), and deadness is
 looked at again once the lock is held, so that the second caller finds the balancer the
-first one relaunched. A study that stopped on the dead balancer then resumes
-(``lbtune optimize --resume``) on a tuned balancer.
+first one relaunched. The last known good is put back under the cluster's apply lock
+(``apply.lock``, waited for up to :data:`APPLY_WAIT_S`), so that it never interleaves
+with an apply's own steps; when an apply still holds it, that apply sets the balancer
+and the relaunch leaves it alone, saying so. A study that stopped on the dead balancer
+then resumes (``lbtune optimize --resume``) on a tuned balancer.
 """
 
 from __future__ import annotations
 
-import fcntl
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -27,14 +27,22 @@ from lbtune import targets
 from lbtune.cluster import health, restore
 from lbtune.errors import ClusterError
 from lbtune.process import supervisor
+from lbtune.process.locks import pid_lock
 from lbtune.process.supervisor import ClusterSupervisor, ProcessRecord
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import KEEPER, StatePaths, read_endpoints, write_json_atomic
 from lbtune.targets.base import LaunchSpec
 
-__all__ = ["dead_balancer", "heal_balancer", "heal_if_dead", "heal_lock", "save_launch"]
+__all__ = ["APPLY_WAIT_S", "dead_balancer", "heal_balancer", "heal_if_dead", "save_launch"]
 
 _LAUNCH: TypeAdapter[LaunchSpec] = TypeAdapter(LaunchSpec)
+APPLY_WAIT_S = 30.0
+"""How long a relaunch waits for an apply in progress before it leaves the balancer to it
+(an Ansible apply takes seconds, a direct one milliseconds)."""
+
+
+class _Busy(Exception):
+    """The lock is held by another process (its PID)."""
 
 
 def save_launch(paths: StatePaths, spec: LaunchSpec) -> None:
@@ -91,33 +99,18 @@ def heal_balancer(
         for rec in dead:
             write_json_atomic(paths.pid_file(rec.name), rec.to_json())
         raise
-    restore.restore_last_known_good(ep, say)
+    try:
+        with pid_lock(paths.apply_lock, _Busy, wait_s=APPLY_WAIT_S):
+            restore.restore_last_known_good(ep, say)
+    except _Busy as busy:
+        say(
+            f"an apply (pid {busy}) holds {paths.apply_lock}: "
+            f"it sets {ep.balancer}, not this relaunch"
+        )
     supervisor.wait_until(
         lambda: health.prometheus_missing(ep), scrape_timeout_s, "Prometheus scrapes", mine
     )
     say(f"{ep.balancer} relaunched (pids {', '.join(str(r.pid) for r in mine)})")
-
-
-@contextmanager
-def heal_lock(paths: StatePaths, wait_s: float) -> Iterator[bool]:
-    """Hold the state dir's heal lock (``.heal.lock``, an exclusive ``flock``), waiting up
-    to ``wait_s``; yields False when another heal still holds it then. The kernel drops
-    the lock with its holder, so a keeper killed mid-heal leaves none behind."""
-    with open(paths.heal_lock, "w") as fh:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(0.1)
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def heal_if_dead(
@@ -126,19 +119,25 @@ def heal_if_dead(
     """Relaunch the balancer of the cluster in ``paths`` when it (and only it) is dead, as
     :func:`heal_balancer` does; True when it did.
 
-    Under :func:`heal_lock` (waiting up to ``wait_s``; False when another heal still holds
-    it then) the endpoints and the PID files are read again, so that a balancer another
-    heal relaunched meanwhile is found alive and left alone.
+    Under the heal lock (``.heal.lock``, waiting up to ``wait_s``; False when another heal
+    still holds it then) the endpoints and the PID files are read again, so that a
+    balancer another heal relaunched meanwhile is found alive and left alone. The kernel
+    drops the lock with its holder, so a keeper killed mid-heal leaves none behind.
     """
-    with heal_lock(paths, wait_s) as held:
-        if not held:
-            return False
-        ep = read_endpoints(paths)
-        dead = [] if ep is None else dead_balancer(ep, supervisor.records(paths))
-        if ep is None or not dead:
-            return False
-        heal_balancer(ep, paths, dead, say, scrape_timeout_s)
-        return True
+    try:
+        with pid_lock(paths.heal_lock, _Busy, wait_s=wait_s):
+            return _heal_if_dead(paths, say, scrape_timeout_s)
+    except _Busy:
+        return False
+
+
+def _heal_if_dead(paths: StatePaths, say: Callable[[str], None], scrape_timeout_s: float) -> bool:
+    ep = read_endpoints(paths)
+    dead = [] if ep is None else dead_balancer(ep, supervisor.records(paths))
+    if ep is None or not dead:
+        return False
+    heal_balancer(ep, paths, dead, say, scrape_timeout_s)
+    return True
 
 
 def _how(rec: ProcessRecord) -> str:

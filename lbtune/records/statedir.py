@@ -106,6 +106,12 @@ class StatePaths:
         return self.root / ".lock"
 
     @property
+    def apply_lock(self) -> Path:
+        """Held by an apply or a rollback (:mod:`lbtune.apply.lock`), and by a relaunch while
+        it puts the last known good back."""
+        return self.root / "apply.lock"
+
+    @property
     def heal_lock(self) -> Path:
         """Held while the balancer is relaunched: by ``up`` or by the keeper, never both."""
         return self.root / ".heal.lock"

@@ -26,6 +26,7 @@ import pytest
 from lbtune.cluster import api, heal, keeper
 from lbtune.cluster.config import load_config
 from lbtune.process import supervisor
+from lbtune.process.locks import pid_lock
 from lbtune.process.supervisor import ProcessRecord
 from lbtune.records.endpoints import Endpoints
 from lbtune.records.statedir import AGENT, KEEPER, SIM, StatePaths, write_endpoints
@@ -123,8 +124,7 @@ def test_the_keeper_heals_only_on_a_second_look_and_never_while_a_heal_holds_the
     try:
         dead = _dead_haproxy(paths)
         assert k.look() is None and healed == []  # seen dead once: maybe a restart's instant
-        with heal.heal_lock(paths, wait_s=0) as held:  # `up` (or another keeper) heals
-            assert held
+        with pid_lock(paths.heal_lock, AssertionError):  # `up` (or another keeper) heals
             assert k.look() is None and healed == []
         assert k.look() is None and healed == [[dead.pid]]
     finally:
