@@ -17,6 +17,7 @@ engines` stays in the worker). A job that fails raises its error in the caller.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 import os
@@ -81,18 +82,36 @@ def run_job(job: TwinJob) -> TwinRun:
     return replace(run, engines={})
 
 
+NICENESS = 10
+"""How much lower a pool worker's CPU priority is than its parent's. Virtual time does not
+depend on when a worker gets the CPU, and a live load generator's time stamps do: on a
+machine where a live run shares the cores (another study, a stress, the test suite's other
+workers), the generator gets them first."""
+
+
+def _worker_start(parent: int) -> None:
+    """A pool worker's initializer: it dies with ``parent``, at a lower priority."""
+    hold(parent)
+    with contextlib.suppress(OSError):
+        os.nice(NICENESS)
+
+
 class TwinPool:
-    """Worker processes for virtual trials (``workers`` defaults to the CPU count)."""
+    """Worker processes for virtual trials (``workers`` defaults to the cores this process
+    may run on), each at a lower CPU priority (:data:`NICENESS`)."""
 
     def __init__(self, workers: int | None = None) -> None:
-        self.workers = max(1, workers or os.cpu_count() or 1)
+        self.workers = max(1, workers or len(os.sched_getaffinity(0)) or 1)
         self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> TwinPool:
         if self.workers > 1:
             ctx = multiprocessing.get_context("spawn")  # the caller may run threads
             self._pool = ProcessPoolExecutor(  # workers die with this process, kill -9 too
-                self.workers, mp_context=ctx, initializer=hold, initargs=(os.getpid(),)
+                self.workers,
+                mp_context=ctx,
+                initializer=_worker_start,
+                initargs=(os.getpid(),),
             )
         return self
 

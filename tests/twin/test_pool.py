@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import psutil
 import pytest
 
 from lbtune.errors import ConfigError
 from lbtune.targets.haproxy.twin import routing_model
 from lbtune.twin.options import TwinOptions
-from lbtune.twin.pool import TwinJob, TwinPool, load_factory
+from lbtune.twin.pool import NICENESS, TwinJob, TwinPool, load_factory
 from lbtune.twin.run import Reuse, simulate
 from tests.twin.helpers import cluster_replicas, plan, scenario_file
 
@@ -29,6 +31,23 @@ def test_a_pool_gives_the_runs_one_process_gives(tmp_path: Path) -> None:
     direct = simulate(p, reps, routing_model({"algorithm": "random"}, reps), opts)
     assert parallel[1].records == direct.records
     assert parallel[0].engines == {}  # the engines stay in the worker
+
+
+def test_pool_workers_yield_the_cpu_to_live_load(tmp_path: Path) -> None:
+    """Virtual time does not depend on when a worker runs; a live generator's stamps do."""
+    p = plan(scenario_file(tmp_path, duration_s=4, warmup_s=1, cooldown_s=1))
+    reps = tuple(cluster_replicas("mini2"))
+    jobs = [TwinJob(p, reps, FACTORY, {"algorithm": "roundrobin"}, TwinOptions(time_scale=4))] * 2
+    with TwinPool(2) as pool:
+        pool.map(jobs)
+        workers = [
+            c
+            for c in psutil.Process().children()
+            if any("spawn_main" in part for part in c.cmdline())
+        ]
+        niceness = [c.nice() for c in workers]
+    assert len(workers) == 2
+    assert niceness == [os.nice(0) + NICENESS] * 2
 
 
 def test_an_unknown_factory_is_a_config_error() -> None:
