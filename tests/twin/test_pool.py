@@ -33,21 +33,31 @@ def test_a_pool_gives_the_runs_one_process_gives(tmp_path: Path) -> None:
     assert parallel[0].engines == {}  # the engines stay in the worker
 
 
+def _spawned_children(besides: set[int]) -> list[psutil.Process]:
+    """This process's live ``multiprocessing`` spawn children, other than ``besides``
+    (earlier tests on this worker may have left zombies or other children)."""
+    out = []
+    for c in psutil.Process().children():
+        try:
+            if c.pid not in besides and any("spawn_main" in a for a in c.cmdline()):
+                out.append(c)
+        except psutil.Error:
+            continue
+    return out
+
+
 def test_pool_workers_yield_the_cpu_to_live_load(tmp_path: Path) -> None:
     """Virtual time does not depend on when a worker runs; a live generator's stamps do."""
     p = plan(scenario_file(tmp_path, duration_s=4, warmup_s=1, cooldown_s=1))
     reps = tuple(cluster_replicas("mini2"))
     jobs = [TwinJob(p, reps, FACTORY, {"algorithm": "roundrobin"}, TwinOptions(time_scale=4))] * 2
+    before = {c.pid for c in psutil.Process().children()}
     with TwinPool(2) as pool:
         pool.map(jobs)
-        workers = [
-            c
-            for c in psutil.Process().children()
-            if any("spawn_main" in part for part in c.cmdline())
-        ]
+        workers = _spawned_children(before)
         niceness = [c.nice() for c in workers]
-    assert len(workers) == 2
-    assert niceness == [os.nice(0) + NICENESS] * 2
+    assert 1 <= len(workers) <= 2  # the executor starts workers as jobs come
+    assert niceness == [os.nice(0) + NICENESS] * len(workers)
 
 
 def test_an_unknown_factory_is_a_config_error() -> None:
