@@ -14,9 +14,11 @@ them) and ``GET /debug/requests/{id}``:
 * ``t_first`` — ``time.time()`` right before the first content chunk is written
   (a causal lower bound of its arrival at the client: loopback adds ~20 µs);
 * ``t_sent`` — ``time.time()`` right after that write returned with every byte taken
-  by the kernel (an upper bound of its arrival over loopback), ``null`` where the write
-  was held back (the socket's buffer was full): so the server's own delays between its
-  stamps and its writes are measured, not assumed away;
+  by the kernel *and sent* (an upper bound of its arrival over loopback), ``null`` where
+  the write was held back: the socket's buffer was full, or TCP kept the bytes queued
+  (``SIOCOUTQNSD`` > 0: the congestion or receive window was full, so they left on a
+  later ACK, up to a delayed ACK's 40 ms after the write). So the server's own delays
+  between its stamps and its writes are measured, not assumed away;
 * ``t_last`` — after the last write.
 
 No framework: an asyncio loop for readiness and timers over non-blocking raw
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import socket
@@ -147,9 +150,26 @@ class _Conn:
         self.sock.close()
 
 
+SIOCOUTQNSD = 0x894B
+"""``linux/sockios.h``: bytes in a TCP socket's send queue not yet sent."""
+
+
+def _unsent(sock: socket.socket) -> int:
+    """Bytes the kernel took but has not sent yet (0 where it cannot say)."""
+    try:
+        got = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int(struct.unpack("i", got)[0])
+
+
 def _sent_at(c: _Conn) -> float | None:
-    """After a write: now, if the kernel took every byte (else ``None``: held back)."""
-    return None if c.out or c.closed else time.time()
+    """After a write: now, if the kernel took every byte and sent it (else ``None``:
+    held back, in this process or in TCP's send queue). Checked before the clock is
+    read, so the bytes left no later than the stamp."""
+    if c.out or c.closed or _unsent(c.sock):
+        return None
+    return time.time()
 
 
 class EchoServer:

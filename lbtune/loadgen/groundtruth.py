@@ -55,6 +55,8 @@ class Accuracy:
     late_p99_s: float | None = None
     """P99 of ``max(0, first_token_at - t_sent)``: how much later than the server's write
     the first token was stamped (the receive side: merged, late or unstamped reads)."""
+    violating: tuple[str, ...] = ()
+    """The first few violations, one line each with every stamp (for the failure's message)."""
 
 
 def _p(values: Sequence[float], q: float) -> float | None:
@@ -70,6 +72,7 @@ def compare(records: Sequence[RequestRecord], truth: Truth, since: float = 0.0) 
     send: list[float] = []
     late: list[float] = []
     violations = unbounded = 0
+    violating: list[str] = []
     for r in records:
         g = truth.get(r.request_id)
         if g is None or r.first_token_at is None or r.outcome != "ok" or r.sent_at < since:
@@ -93,6 +96,8 @@ def compare(records: Sequence[RequestRecord], truth: Truth, since: float = 0.0) 
         too_much = b is not None and over > b + EPSILON_S
         if too_much or (t_first - t_recv) - m > EPSILON_S:
             violations += 1
+            if len(violating) < 3:
+                violating.append(_describe(r, g))
     return Accuracy(
         n=len(error),
         error_p50_s=_p(error, 50),
@@ -104,4 +109,22 @@ def compare(records: Sequence[RequestRecord], truth: Truth, since: float = 0.0) 
         unbounded=unbounded,
         send_p99_s=_p(send, 99),
         late_p99_s=_p(late, 99),
+        violating=tuple(violating),
+    )
+
+
+def _describe(r: RequestRecord, g: Mapping[str, float | None]) -> str:
+    """One violating record, its times relative to its ``sent_at`` (ms)."""
+
+    def rel(x: float | None) -> str:
+        return "-" if x is None else f"{(x - r.sent_at) * 1e3:.3f}"
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.3f}"
+
+    return (
+        f"{r.request_id}: first token {rel(r.first_token_at)} bound {ms(r.first_token_bound_s)} "
+        f"(send {ms(r.send_bound_s)}, read {ms(r.read_bound_s)}); server recv "
+        f"{rel(g.get('t_recv'))} first {rel(g.get('t_first'))} sent {rel(g.get('t_sent'))}; "
+        f"chunks {[rel(t) for t in r.chunk_times[:3]]}"
     )

@@ -234,12 +234,16 @@ def _first_events(
     kernel stamp; else the bound is the whole interval since ``st.lower``.
     """
     assert st.scanner is not None
+    began_earlier = st.scanner.pending  # the event's first bytes came in an earlier read
     k, alone = st.scanner.feed_first(payload)
     if not k:
         return
     data, t, stamped = got
     t1, exact = t, stamped and alone and (dec is None or dec.between_chunks)
-    if stamped and peek is not None and not exact:
+    if stamped and peek is not None and not exact and not began_earlier:
+        # Peeking finds the event's end in this read's bytes; an event that began in an
+        # earlier read is not whole in them (its mark is not), so its end is not searched
+        # for: the read's stamp, bounded by the lower end, holds its arrival.
         t1, exact = peek.first_event_arrival(data, t)
     st.times.append(t1)
     if k > 1:

@@ -211,6 +211,11 @@ class SseScanner:
             self.first_content_seen = True
         return n
 
+    @property
+    def pending(self) -> bool:
+        """Part of an event came in an earlier read (it is carried, not yet complete)."""
+        return bool(self._carry)
+
     def feed_first(self, payload: bytes) -> tuple[int, bool]:
         """:meth:`feed`, and whether the first content event it completed was the last
         thing in ``payload`` (``True``: no later byte shared the read with it).

@@ -41,6 +41,9 @@ def test_error_excess_and_the_records_bounds() -> None:
     assert acc.excess_p99_s == pytest.approx(0.0012 + 0.99 * (0.0110 - 0.0012))
     assert acc.send_p99_s == pytest.approx(0.001)
     assert acc.late_p99_s == pytest.approx(0.0002 + 0.99 * (0.01 - 0.0002))
+    # The violation is described for the failure's message: b, 61.5 ms, bound 5 ms.
+    assert len(acc.violating) == 1
+    assert acc.violating[0].startswith("b: first token 61.500 bound 5.000")
 
 
 def test_a_ttft_shorter_than_the_servers_is_a_violation() -> None:

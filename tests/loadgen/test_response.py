@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lbtune.loadgen.kerneltime import SO_TIMESTAMPNS, Read, Reader
+from lbtune.loadgen.kerneltime import RECV, SO_TIMESTAMPNS, Peek, Read, Reader
 from lbtune.loadgen.response import Closed, RequestState, exchange, read_body, read_stream
 from lbtune.loadgen.wire import ResponseHead
 
@@ -207,3 +207,62 @@ def test_a_head_that_came_alone_is_the_lower_end() -> None:
     exchange(sock, b"GET / HTTP/1.1\r\n\r\n", st, "x-replica")
     assert st.times == [pytest.approx(t0 + 0.08)] * 2 and not st.unstamped
     assert st.first_bound == pytest.approx(0.05, abs=1e-6)
+
+
+class Queue(Peek):
+    """The kernel's receive queue as :class:`Peek` sees it, for a script of arrivals.
+
+    A model, not a socket: a real one merges segments when it likes, and this case
+    needs them apart. Per the kernel's rule, a read is stamped with the arrival of the
+    last segment it touched. Each batch of segments arrives just before the next read
+    of the whole queue (``RECV`` bytes), so a test decides what came between reads.
+    """
+
+    __slots__ = ("batches", "queued")
+
+    def __init__(self, *batches: list[tuple[bytes, float]]) -> None:
+        self.batches = list(batches)
+        self.queued: list[tuple[bytes, float]] = []
+
+    def peek(self, n: int) -> Read:
+        if n >= RECV and self.batches:
+            self.queued += self.batches.pop(0)
+        data, t = b"", 99.0
+        for seg, at in self.queued:
+            if len(data) >= n:
+                break
+            data, t = data + seg, at
+        return data[:n], t, bool(data)
+
+    def consume(self, n: int) -> None:
+        while n > 0 and self.queued:
+            seg, at = self.queued[0]
+            self.queued[0] = (seg[n:], at)
+            n -= min(n, len(seg))
+            if not self.queued[0][0]:
+                self.queued.pop(0)
+
+    def read(self) -> Read:
+        data, t, stamped = self.peek(RECV)
+        self.consume(len(data))
+        return data, t, stamped
+
+
+def test_a_first_event_begun_in_an_earlier_read_is_bounded_from_that_read() -> None:
+    """Token 1 arrives in two parts (3.0 completes it) and tokens 2 and 3 are queued
+    behind it, each in its own segment, before the loop reads again. This read holds no
+    mark of token 1 (it came with the earlier read), so its end must not be looked for
+    by mark: that finds token 2's, whose own segment's stamp (4.0) would be claimed as
+    exact. The interval [stamp - bound, stamp] must hold 3.0."""
+    tok = chunk(TOK)
+    cut = tok.index(b"tok ") + 2  # token 1's mark came with the earlier read
+    q = Queue(
+        [(chunk(ROLE) + tok[:cut], 2.0)],
+        [(tok[cut:], 3.0), (tok, 4.0), (tok, 5.0)],
+        [(chunk(DONE) + b"0\r\n\r\n", 6.0)],
+    )
+    st = state("kernel")
+    st.lower = 1.0
+    read_stream(q.read, CHUNKED, b"", st, q)
+    assert len(st.times) == 3 and st.first_bound is not None
+    assert st.times[0] - st.first_bound <= 3.0 <= st.times[0]
