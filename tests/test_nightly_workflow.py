@@ -59,6 +59,17 @@ def evaluate(text: str, ctx: dict[str, str]) -> str:
     return _EXPR.sub(one, text)
 
 
+def _untrusted_study(proc: subprocess.CompletedProcess[str]) -> bool:
+    """The tune step's one honest failure on a busy machine: exit 3, nothing applied,
+    every trial failed, and each failure was the load generator's timing not trusted."""
+    tallies = re.findall(r"(\d+)/(\d+) done, \d+ pruned, (\d+) failed", proc.stderr)
+    untrusted = len(re.findall(r"trial \d+: the measurement is not trusted", proc.stderr))
+    if proc.returncode != 3 or "nothing applied" not in proc.stderr or not tallies:
+        return False
+    done, budget, failed = map(int, tallies[-1])
+    return done == budget == failed and untrusted >= failed
+
+
 def test_workflow_runs_only_on_a_schedule_or_by_hand() -> None:
     wf = _workflow()
     assert set(wf["on"]) == {"schedule", "workflow_dispatch"}  # never on push / pull request
@@ -138,8 +149,9 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
     base = {k: v for k, v in os.environ.items() if not k.startswith("LBTUNE_STAGING_")}
     full_env = {**base, **env, "CI": "true", "GITHUB_ACTIONS": "true"}
     ran, skipped = [], []
+    untrusted: list[subprocess.CompletedProcess[str]] = []
 
-    def run(script: str, name: str) -> subprocess.CompletedProcess[str]:
+    def run(script: str, name: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
             cwd=ROOT,
@@ -148,7 +160,14 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
             text=True,
             timeout=400,
         )
-        assert proc.returncode == 0, f"step {name!r} exited {proc.returncode}:\n{proc.stderr}"
+        if script.endswith(" tune") and _untrusted_study(proc):
+            # A machine too busy to measure on: every trial's generator fell behind, was
+            # re-run once and failed again, and the study applied nothing (exit 3), as it
+            # must. The job goes on (the next steps run `if: !cancelled()`), and so does
+            # the test: they must cope with such a night too.
+            untrusted.append(proc)
+            return proc
+        assert proc.returncode == expect, f"step {name!r} exited {proc.returncode}:\n{proc.stderr}"
         return proc
 
     try:
@@ -183,6 +202,10 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
         # compares against the accepted study (here the same measurements: no regression).
         up = run("scripts/nightly.sh up", "up (next night)")
         assert "putting the last accepted config back" in up.stderr
+        if untrusted:  # the accepted study measured nothing: the gate says so, exit 2
+            gate = run("scripts/nightly.sh gate", "gate (next night)", expect=2)
+            assert "the study has no measured baseline trial to compare" in gate.stderr
+            return
         run("scripts/nightly.sh gate", "gate (next night)")
         ET.parse(report / "compare-junit.xml")
         assert "lbtune compare" in (tmp_path / "summary.md").read_text()
