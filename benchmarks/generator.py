@@ -12,12 +12,16 @@ same duration and concurrency, interleaved per mode:
 Printed: completed req/s and tokens/s (first second excluded), generator CPU %,
 CPU microseconds per token, ratios to stock Locust; and the server's CPU %, which
 says whether the server rather than the generator was the limit (2 cores here).
-Run: ``python benchmarks/generator.py [--duration 6] [--users 64]``.
+With two cores or more, the server is pinned to core 0 and every client (and its
+processes) to core 1: one core each, so a client is limited by its own cost, not by
+the server's share of a shared core (``--no-pin`` leaves both to the scheduler).
+Run: ``python benchmarks/generator.py [--duration 6] [--users 64] [--no-pin]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -82,18 +86,28 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--users", type=int, default=64)
+    ap.add_argument("--no-pin", action="store_true", help="leave server and clients unpinned")
     a = ap.parse_args()
+    pin = not a.no_pin and len(os.sched_getaffinity(0)) >= 2
+    srv_core, gen_core = (sorted(os.sched_getaffinity(0))[:2]) if pin else (None, None)
     print(
         f"Generator capacity: zero-delay echo server, {TOKENS} tokens/request, "
         f"{a.users} concurrent streams, {a.duration:g} s per run (first {SKIP_S:g} s "
-        f"excluded), {psutil.cpu_count()} cores shared with the server"
+        f"excluded), {psutil.cpu_count()} cores, "
+        + (
+            f"server pinned to core {srv_core}, clients to core {gen_core}"
+            if pin
+            else "shared by server and clients"
+        )
     )
+    if gen_core is not None:
+        os.sched_setaffinity(0, {gen_core})  # the runner, its generator children, stock clients
     t_start = time.time()
     for mode, args in (
         ("one write", ["--one-write", "--no-truth"]),
         ("token per chunk", ["--no-truth"]),
     ):
-        proc, url = start_echo(*args)
+        proc, url = start_echo(*args, core=srv_core)
         srv = psutil.Process(proc.pid)
         rows: list[tuple[str, dict[str, Any], float]] = []
         with tempfile.TemporaryDirectory() as d:

@@ -96,6 +96,19 @@ def parse_head(raw: bytes) -> ResponseHead:
     return ResponseHead(status, headers)
 
 
+def _chunk_size(line: bytes) -> int:
+    """A chunk-size line's size (hex; extensions after ``;`` ignored)."""
+    try:
+        return int(line, 16)  # the usual line: hex digits alone (int() strips blanks)
+    except ValueError:
+        pass
+    field = line.split(b";", 1)[0].strip()
+    try:
+        return int(field, 16)
+    except ValueError as e:
+        raise ProtocolError(f"bad chunk size {field[:20]!r}") from e
+
+
 class ChunkedDecoder:
     """Incremental ``Transfer-Encoding: chunked`` decoder.
 
@@ -111,41 +124,45 @@ class ChunkedDecoder:
         self.done = False
 
     def feed(self, data: bytes) -> bytes:
+        if self.done:  # trailers, or bytes after the body: not payload
+            return b""
         buf = self._buf + data if self._buf else data
         self._buf = b""
         out: list[bytes] = []
         pos = 0
         n = len(buf)
-        while pos < n and not self.done:
+        find = buf.find
+        while pos < n:
             need = self._need
-            if need > 0:  # inside a chunk's payload
-                take = min(need, n - pos)
-                out.append(buf[pos : pos + take])
-                pos += take
-                need -= take
-                self._need = need if need else -1
-            elif need == -1:  # the CRLF after a payload
-                if n - pos < 2:
-                    break
-                pos += 2
-                self._need = 0
-            else:  # a chunk-size line
-                eol = buf.find(b"\r\n", pos)
+            if need == 0:  # a chunk-size line
+                eol = find(b"\r\n", pos)
                 if eol < 0:
                     if n - pos > 1024:
                         raise ProtocolError("chunk-size line too long")
                     break
-                size_field = buf[pos:eol].split(b";", 1)[0].strip()
-                try:
-                    size = int(size_field, 16)
-                except ValueError as e:
-                    raise ProtocolError(f"bad chunk size {size_field[:20]!r}") from e
+                size = _chunk_size(buf[pos:eol])
                 pos = eol + 2
                 if size == 0:
                     self.done = True  # trailers, if any, are ignored
+                    return out[0] if len(out) == 1 else b"".join(out)
+                end = pos + size
+                if end + 2 <= n:  # the whole chunk and its CRLF: the usual read
+                    out.append(buf[pos:end])
+                    pos = end + 2
+                else:
+                    self._need = size
+            elif need > 0:  # inside a chunk's payload
+                take = need if need <= n - pos else n - pos
+                out.append(buf[pos : pos + take])
+                pos += take
+                need -= take
+                self._need = need if need else -1
+            else:  # need == -1: the CRLF after a payload
+                if n - pos < 2:
                     break
-                self._need = size
-        if not self.done and pos < n:
+                pos += 2
+                self._need = 0
+        if pos < n:
             self._buf = buf[pos:]
         return out[0] if len(out) == 1 else b"".join(out)
 

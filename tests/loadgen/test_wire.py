@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lbtune.loadgen.wire import ChunkedDecoder, ProtocolError, SseScanner, parse_head
 
@@ -87,3 +89,43 @@ def test_parse_head() -> None:
     assert h.status == 503 and h.content_length == 0 and not h.keep_alive
     with pytest.raises(ProtocolError):
         parse_head(b"garbage")
+
+
+def _reference_dechunk(raw: bytes) -> bytes:
+    """RFC 9112 chunked decoding, whole body at once: the decoder's yardstick."""
+    out, pos = [], 0
+    while True:
+        eol = raw.index(b"\r\n", pos)
+        size = int(raw[pos:eol].split(b";", 1)[0].strip(), 16)
+        pos = eol + 2
+        if size == 0:
+            return b"".join(out)
+        out.append(raw[pos : pos + size])
+        pos += size + 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.binary(min_size=1, max_size=40), max_size=12),
+    st.lists(st.booleans(), max_size=12),
+    st.lists(st.integers(min_value=1, max_value=60), min_size=1, max_size=30),
+)
+def test_chunked_decoding_equals_the_reference_for_any_reads(
+    payloads: list[bytes], extensions: list[bool], reads: list[int]
+) -> None:
+    """Whatever the chunks (sizes, extensions) and however the bytes are cut into reads,
+    the incremental decoder gives what whole-body decoding gives, and nothing after the
+    terminating chunk."""
+    raw = b"".join(
+        b"%x%s\r\n%s\r\n" % (len(p), b";x=1" if i < len(extensions) and extensions[i] else b"", p)
+        for i, p in enumerate(payloads)
+    )
+    raw += b"0\r\n\r\n"
+    dec, got, pos, i = ChunkedDecoder(), [], 0, 0
+    while pos < len(raw):
+        step = reads[i % len(reads)]
+        got.append(dec.feed(raw[pos : pos + step]))
+        pos, i = pos + step, i + 1
+    assert b"".join(got) == _reference_dechunk(raw) == b"".join(payloads)
+    assert dec.done
+    assert dec.feed(b"5\r\nhello\r\n") == b""
