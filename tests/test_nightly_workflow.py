@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.untrusted import untrusted_study
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / ".github" / "workflows" / "nightly-tune.yml"
 GITLAB = ROOT / "ci" / "gitlab-nightly.yml"
@@ -57,17 +59,6 @@ def evaluate(text: str, ctx: dict[str, str]) -> str:
         return ""
 
     return _EXPR.sub(one, text)
-
-
-def _untrusted_study(proc: subprocess.CompletedProcess[str]) -> bool:
-    """The tune step's one honest failure on a busy machine: exit 3, nothing applied,
-    every trial failed, and each failure was the load generator's timing not trusted."""
-    tallies = re.findall(r"(\d+)/(\d+) done, \d+ pruned, (\d+) failed", proc.stderr)
-    untrusted = len(re.findall(r"trial \d+: the measurement is not trusted", proc.stderr))
-    if proc.returncode != 3 or "nothing applied" not in proc.stderr or not tallies:
-        return False
-    done, budget, failed = map(int, tallies[-1])
-    return done == budget == failed and untrusted >= failed
 
 
 def test_workflow_runs_only_on_a_schedule_or_by_hand() -> None:
@@ -160,7 +151,7 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
             text=True,
             timeout=400,
         )
-        if script.endswith(" tune") and _untrusted_study(proc):
+        if script.endswith(" tune") and untrusted_study(proc.returncode, proc.stderr):
             # A machine too busy to measure on: every trial's generator fell behind, was
             # re-run once and failed again, and the study applied nothing (exit 3), as it
             # must. The job goes on (the next steps run `if: !cancelled()`), and so does
@@ -211,3 +202,16 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
         assert "lbtune compare" in (tmp_path / "summary.md").read_text()
     finally:
         api.down(state)
+
+
+def test_only_a_study_the_generator_could_not_measure_is_let_through() -> None:
+    """tests/untrusted.py: exit 3, nothing applied, every trial failed untrusted."""
+    one = "trial 0: the measurement is not trusted (load generator fell behind: ...)\n"
+    two = one.replace("trial 0", "trial 1")
+    end = "trial 1 (least-conn) FAIL | best - | 2/2 done, 0 pruned, {f} failed\nnothing applied\n"
+    assert untrusted_study(3, one + two + end.format(f=2))
+    assert not untrusted_study(0, one + two + end.format(f=2))  # exit 0 is judged as usual
+    assert not untrusted_study(1, one + two + end.format(f=2))
+    assert not untrusted_study(3, one + end.format(f=2))  # one failure had another cause
+    assert not untrusted_study(3, one + two + end.format(f=1))  # a trial completed
+    assert not untrusted_study(3, one + two + end.format(f=2).replace("nothing applied", ""))
