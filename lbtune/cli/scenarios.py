@@ -72,19 +72,32 @@ def list_(as_json: JsonOpt = False) -> None:
 def _preview(sc: Scenario) -> dict[str, Any]:
     """Spec vs sampled percentiles of the first requests (prompt and output tokens)."""
     from lbtune.scenario import build_workload
+    from lbtune.scenario.agent import AgentWorkload
     from lbtune.scenario.distributions import mixture_quantile
-    from lbtune.scenario.workload import resolve_classes
+    from lbtune.scenario.mix import resolve_classes
 
     w = build_workload(sc)
-    n = _PREVIEW_N if sc.source is None else min(_PREVIEW_N, len(w))  # type: ignore[arg-type]
-    reqs = [w.request(i) for i in range(n)]
+    out: dict[str, Any] = {}
+    if isinstance(w, AgentWorkload):  # the calls of the first sessions, in order
+        reqs = []
+        for s in itertools.count():
+            reqs += [w.request(c.index) for c in w.session(s).calls]
+            if len(reqs) >= _PREVIEW_N:
+                break
+        reqs = reqs[:_PREVIEW_N]
+        subagent_calls = sum(r.traffic_class == "subagent" for r in reqs)
+        out["agent"] = {"sessions": s + 1, "subagent_calls": subagent_calls}
+    else:
+        n = _PREVIEW_N if sc.source is None else min(_PREVIEW_N, len(w))  # type: ignore[arg-type]
+        reqs = [w.request(i) for i in range(n)]
+    n = len(reqs)
     mixes = resolve_classes(sc)
 
     def pct(values: list[int], p: float) -> int:
         s = sorted(values)
         return s[min(len(s) - 1, max(0, round(p / 100 * len(s)) - 1))]
 
-    out: dict[str, Any] = {"requests": n}
+    out = {"requests": n, **out}
     trace = (sc.fitted.percentiles if sc.fitted is not None else None) or {}
     rows = _trace_rows(sc)
     for key, sampled in (
@@ -114,6 +127,7 @@ def _preview(sc: Scenario) -> dict[str, Any]:
         else "spec = the distribution of each new message (max_tokens for output); sampled "
         "prompt_tokens also count shared system prompts and resent session history"
         + ("; trace = the fitted trace's own percentiles" if trace else "")
+        + ("; agent calls also carry earlier answers and tool outputs" if sc.agent else "")
     )
     out["sessions"] = sum(r.session_id is not None for r in reqs)
     out["prefix_shared"] = sum(r.prefix_group is not None for r in reqs)
@@ -197,6 +211,12 @@ def show(
     typer.echo(
         f"session turns: {preview['sessions']}, with a shared prefix: {preview['prefix_shared']}"
     )
+    if "agent" in preview:
+        a = preview["agent"]
+        typer.echo(
+            f"agent sessions: {a['sessions']} (the first {preview['requests']} calls, "
+            f"{a['subagent_calls']} of them by subagents)"
+        )
 
 
 @app.command()

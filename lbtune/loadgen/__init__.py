@@ -6,7 +6,10 @@ Layout (the data flows top to bottom):
 * :mod:`~lbtune.loadgen.client` — the gevent socket client (one record per request);
 * :mod:`~lbtune.loadgen.response` / :mod:`~lbtune.loadgen.kerneltime` — one exchange on a
   connection, and the kernel's receive time stamps of its bytes;
-* :mod:`~lbtune.loadgen.user` — Locust ``LLMUser``, open-loop dispatcher, load shape;
+* :mod:`~lbtune.loadgen.sessions` — agent sessions: each call sent when the calls it
+  waits for have ended plus its tool delay;
+* :mod:`~lbtune.loadgen.user` — Locust ``LLMUser``, ``AgentUser``, open-loop dispatcher,
+  load shape;
 * :mod:`~lbtune.loadgen.worker` — the Locust process (local, master or worker), which
   reads :mod:`~lbtune.loadgen.settings` (its typed settings file) and, through
   :mod:`~lbtune.loadgen.source`, the run's recorded plan;

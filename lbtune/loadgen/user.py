@@ -14,15 +14,19 @@ or ``python -m lbtune.loadgen.worker``, never in the tuning driver.
 
   and run ``locust -f locustfile.py --host http://127.0.0.1:8080
   --lbtune-scenario chat --lbtune-records-dir out/``.
+* :class:`AgentUser` — closed loop over agent sessions (a
+  :class:`~lbtune.scenario.sessionplan.SessionSource` workload): sessions back to back,
+  run by :mod:`lbtune.loadgen.sessions` (which says how their calls are timed and
+  recorded); after a session with a failed call it backs off like :class:`LLMUser`.
 * :class:`OpenLoopUser` — one per generator process: a dispatcher that sends at
-  each scheduled arrival regardless of completions (a greenlet per request,
-  bounded by ``max_in_flight``; hitting the cap is counted), recording
+  each scheduled arrival regardless of completions (a greenlet per request, or per
+  session, bounded by ``max_in_flight``; hitting the cap is counted), recording
   ``scheduled_at`` and ``sent_at`` so lateness is measured.
 * :class:`PlanShape` — a ``LoadTestShape`` that follows the plan's
   ``users_at(t)``.
 
-Request indices come from one counter per process, strided across workers
-(worker k of n sends k, k+n, …), so a seed gives the same traffic for any n.
+Request (or session) indices come from one counter per process, strided across
+workers (worker k of n sends k, k+n, …), so a seed gives the same traffic for any n.
 Every record also fires Locust's ``request`` event (for its UI), but lbtune's
 figures come from the records only.
 """
@@ -49,12 +53,15 @@ from lbtune.loadgen.health import HealthSample
 from lbtune.loadgen.monitor import HealthMonitor
 from lbtune.loadgen.pacing import backoff_s, spawn_rate
 from lbtune.loadgen.recordio import RecordWriter
+from lbtune.loadgen.sessions import SessionResult, is_sessions, run_session
 from lbtune.loadgen.source import Workload, resolve
 from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 from lbtune.safety.secrets import api_key_from_env
+from lbtune.scenario.sessionplan import Call, SessionSource
 
 __all__ = [
     "STATE",
+    "AgentUser",
     "GeneratorState",
     "LLMUser",
     "OpenLoopUser",
@@ -88,10 +95,16 @@ class GeneratorState:
         self.in_flight = 0
         self.cap_hits = 0
         self.backoffs = 0
-        """Closed loop: pauses users took after failed requests."""
+        """Closed loop: pauses users took after failed requests (or sessions)."""
+        self.sessions = 0
+        self.sessions_failed = 0
+        """Sessions that a failed call ended (:mod:`lbtune.loadgen.sessions`)."""
+        self.calls_abandoned = 0
+        """Calls of those sessions never sent."""
         self.open = OpenSet()
         """Requests sent and not ended, reported with every health sample."""
         self._indices: Any = None
+        self._sessions: Any = None
         self._env: Any = None
         self._slot_free = gevent.event.Event()
 
@@ -117,6 +130,12 @@ class GeneratorState:
             self._indices = itertools.count(self.worker_index, self.worker_count)
         i: int = next(self._indices)
         return i
+
+    def next_session(self) -> int:
+        if self._sessions is None:
+            self._sessions = itertools.count(self.worker_index, self.worker_count)
+        s: int = next(self._sessions)
+        return s
 
     def start(self, env: Any, records_dir: str | Path | None) -> None:
         """Open the records file and start the health monitor (once per process)."""
@@ -185,6 +204,29 @@ class GeneratorState:
         self.emit(rec)
         return rec
 
+    def run_session(
+        self, client: StreamClient, s: int, start: float, open_loop: bool
+    ) -> SessionResult:
+        """Run session ``s`` from ``start`` through ``client`` (:mod:`.sessions`)."""
+        workload = self.workload
+        assert isinstance(workload, SessionSource), "a session workload was expected"
+
+        def send(call: Call, due: float) -> RequestRecord | None:
+            if not open_loop:
+                rec = self.send(client, call.index)
+                if self.monitor is not None:
+                    self.monitor.note_idle(rec.sent_at - due, rec.e2e)
+                return rec
+            self.wait_slot()
+            return None if self.stopping else self.send(client, call.index, due)
+
+        self.sessions += 1
+        res = run_session(workload.session(s), send, stopping=lambda: self.stopping, start=start)
+        if res.error:
+            self.sessions_failed += 1
+            self.calls_abandoned += res.unsent
+        return res
+
     def emit(self, rec: RequestRecord) -> None:
         self.completed += 1
         mon = self.monitor
@@ -238,9 +280,10 @@ class GeneratorState:
 STATE = GeneratorState()
 
 
-class LLMUser(User):
-    """Closed-loop OpenAI-API user (one keep-alive connection per user)."""
+class _ClosedLoopUser(User):
+    """What :class:`LLMUser` and :class:`AgentUser` share: workload, client, back-off."""
 
+    abstract = True
     wait_time = constant(0)
     # Class attributes a locustfile may override (command-line options win):
     scenario: str | None = None
@@ -263,6 +306,22 @@ class LLMUser(User):
         if client is not None:
             client.close()
 
+    def _after(self, failed: bool) -> None:
+        """After a request (or session): pause :func:`backoff_s` of the consecutive failed
+        ones, unless stopping; a chosen pause is not starvation (``_last_end`` forgotten)."""
+        self._errors = self._errors + 1 if failed else 0
+        pause = backoff_s(self._errors)
+        if pause > 0:
+            STATE.backoffs += 1
+            end = time() + pause
+            while not STATE.stopping and time() < end:
+                gevent.sleep(min(0.1, end - time()))
+            self._last_end = None
+
+
+class LLMUser(_ClosedLoopUser):
+    """Closed-loop OpenAI-API user (one keep-alive connection per user)."""
+
     @task
     def one_request(self) -> None:
         if STATE.stopping:
@@ -272,14 +331,21 @@ class LLMUser(User):
         if self._last_end is not None and STATE.monitor is not None:
             STATE.monitor.note_idle(rec.sent_at - self._last_end, rec.e2e)
         self._last_end = rec.ended_at
-        self._errors = self._errors + 1 if rec.outcome in ERROR_OUTCOMES else 0
-        pause = backoff_s(self._errors)
-        if pause > 0:  # a chosen pause is not generator starvation
-            STATE.backoffs += 1
-            end = time() + pause
-            while not STATE.stopping and time() < end:
-                gevent.sleep(min(0.1, end - time()))
-            self._last_end = None
+        self._after(rec.outcome in ERROR_OUTCOMES)
+
+
+class AgentUser(_ClosedLoopUser):
+    """Closed-loop agent user: sessions back to back (see the module's docstring)."""
+
+    @task
+    def one_session(self) -> None:
+        if STATE.stopping:
+            raise StopUser()
+        # Due when the previous session ended: a late start is this user's idle.
+        start = self._last_end if self._last_end is not None else time()
+        res = STATE.run_session(self._client, STATE.next_session(), start, open_loop=False)
+        self._last_end = max((r.ended_at for r in res.records), default=None)
+        self._after(res.error)
 
 
 class OpenLoopUser(User):
@@ -294,7 +360,8 @@ class OpenLoopUser(User):
 
     @task
     def dispatch(self) -> None:
-        arrivals = STATE.plan.arrivals
+        arrivals = STATE.plan.arrivals  # sessions: each one's start
+        sessions = is_sessions(STATE.workload)
         t0 = time()
         for i in range(STATE.worker_index, len(arrivals), STATE.worker_count):
             if STATE.stopping:
@@ -306,6 +373,9 @@ class OpenLoopUser(User):
             STATE.wait_slot()
             if STATE.stopping:
                 break
+            if sessions:  # each call takes its slot when it is sent
+                self._group.spawn(STATE.run_session, self._client, i, due, True)
+                continue
             STATE.in_flight += 1  # reserve the slot now; the greenlet runs later
             self._group.spawn(STATE.send, self._client, i, due, True)
         self._group.join()
@@ -364,7 +434,7 @@ def _init(environment: Any, **_: Any) -> None:
     )
     STATE.load(opts.lbtune_scenario, opts.lbtune_seed, float(opts.run_time or 3600), None, None)
     if opts.lbtune_records_dir:
-        LLMUser.records_dir = opts.lbtune_records_dir
+        LLMUser.records_dir = AgentUser.records_dir = opts.lbtune_records_dir
     if opts.lbtune_exporter_port:
         reg = MetricsRegistry()
         STATE.on_record.append(reg.observe)

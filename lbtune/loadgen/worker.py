@@ -9,6 +9,9 @@ error line and exit 2. Writes JSON lines on stdout, one per second per generator
     {"type": "sample", ...HealthSample fields..., "open": [[sent_at, ttft, stream], ...]}
     {"type": "final", "worker": ..., "sent": N, "completed": N, "health": {...}}
 
+(a session workload's final line adds ``"sessions": {"started": N, "failed": N,
+"calls_abandoned": N}``: sessions a failed call ended, and their calls never sent).
+
 Roles: ``local`` (one process does it all), ``master`` (runs the shape and the
 clock, sends no requests) and ``worker`` (sends; connects to a master).
 SIGTERM/SIGINT: stop sending, let in-flight requests end for ``grace_s``
@@ -44,9 +47,10 @@ from locust.env import Environment  # noqa: E402
 
 from lbtune.errors import ConfigError  # noqa: E402
 from lbtune.loadgen.health import WORKER_HEALTH, HealthSample  # noqa: E402
+from lbtune.loadgen.sessions import is_sessions  # noqa: E402
 from lbtune.loadgen.settings import GeneratorSettings, read_settings  # noqa: E402
 from lbtune.loadgen.source import Source, open_source  # noqa: E402
-from lbtune.loadgen.user import STATE, LLMUser, OpenLoopUser, PlanShape  # noqa: E402
+from lbtune.loadgen.user import STATE, AgentUser, LLMUser, OpenLoopUser, PlanShape  # noqa: E402
 from lbtune.safety.lifeline import arm  # noqa: E402
 
 _DRAIN = "lbtune_drain"
@@ -168,10 +172,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _environment(settings: GeneratorSettings, source: Source) -> Environment:
-    """Locust's environment: closed loop, users following the plan's shape; open loop, one
-    dispatcher per generator process sending at the planned times."""
+    """Locust's environment: closed loop, users following the plan's shape (agent users
+    for a session workload); open loop, one dispatcher per generator process sending (or
+    starting sessions) at the planned times."""
     closed = source.plan.mode == "closed"
-    user_cls: Any = LLMUser if closed else OpenLoopUser
+    closed_user: Any = AgentUser if is_sessions(source.workload) else LLMUser
+    user_cls: Any = closed_user if closed else OpenLoopUser
     user_cls.host = settings.target_url
     return Environment(
         user_classes=[user_cls],
@@ -317,9 +323,18 @@ def _final() -> int:
             "completed": STATE.completed,
             "records": str(STATE.writer.path) if STATE.writer else None,
             "health": health,
+            **_sessions(),
         }
     )
     return 0
+
+
+def _sessions() -> dict[str, Any]:
+    """A session workload's counts (:mod:`lbtune.loadgen.sessions`), for the final line."""
+    if not is_sessions(STATE.workload):
+        return {}
+    started, failed, abandoned = STATE.sessions, STATE.sessions_failed, STATE.calls_abandoned
+    return {"sessions": {"started": started, "failed": failed, "calls_abandoned": abandoned}}
 
 
 if __name__ == "__main__":

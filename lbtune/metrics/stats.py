@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from lbtune import __version__
@@ -22,6 +22,7 @@ from lbtune.metrics import replica_events
 from lbtune.metrics import stages as stage_figures
 from lbtune.metrics.crosscheck import cross_check
 from lbtune.metrics.replica_events import ReplicaTimeline, balancer_made, owners
+from lbtune.metrics.sessions import session_stats
 from lbtune.metrics.summary import (
     GeneratorHealth,
     Latencies,
@@ -239,8 +240,12 @@ def summarize(
     recovery_window_s: float = 2.0,
     recovery_step_s: float = 0.25,
     replicas: ReplicaTimeline | None = None,
+    session_calls: Mapping[int, int] | None = None,
 ) -> RunSummary:
-    """Every client-side figure of a run, plus the server side and the cross-check if given."""
+    """Every client-side figure of a run, plus the server side and the cross-check if given.
+
+    ``session_calls`` (agent-session traffic: session id -> calls its plan holds) adds the
+    session figures (:func:`lbtune.metrics.sessions.session_stats`)."""
     in_window = sent_in(records, window)
     ok = [r for r in in_window if r.outcome == "ok"]
     lat = latencies(in_window)
@@ -299,6 +304,7 @@ def summarize(
         incomplete=incomplete or (server is not None and server.incomplete),
         notes=tuple(all_notes),
         lbtune_version=__version__,
+        sessions=None if session_calls is None else session_stats(records, window, session_calls),
     )
 
 

@@ -312,6 +312,34 @@ class GeneratorHealth:
 
 
 @dataclass(frozen=True)
+class SessionStats:
+    """Agent sessions whose first call was sent in the window (:mod:`lbtune.metrics.sessions`)."""
+
+    started: int
+    completed: int
+    """Every planned call ended ``ok``."""
+    failed: int
+    """Some call ended in an error outcome."""
+    unfinished: int
+    """Neither: the run ended first (a call cut off, or never sent)."""
+    completion: LatencyStats
+    """First call sent to last call ended, over completed sessions."""
+    in_cluster: LatencyStats
+    """Union of the calls' send-to-end intervals (parallel calls counted once), over
+    completed sessions."""
+    waiting: LatencyStats
+    """``completion`` less ``in_cluster`` per completed session: tool delays and turnaround."""
+    in_cluster_share: float | None = None
+    """Sum of ``in_cluster`` over sum of ``completion`` (completed sessions)."""
+    calls_mean: float | None = None
+    """Calls per completed session."""
+    same_replica_share: float | None = None
+    """Of the sessions' calls after their first, the share answered by the first call's
+    replica: a client-side proxy for prefix-aware routing (the prefix cache's own hit
+    rate is ``server.prefix_cache_hit_rate``)."""
+
+
+@dataclass(frozen=True)
 class RunSummary:
     scenario: str
     target: str
@@ -344,3 +372,5 @@ class RunSummary:
     notes: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
     lbtune_version: str = ""
+    sessions: SessionStats | None = None
+    """Agent-session figures; ``None`` when the run's traffic was not agent sessions."""

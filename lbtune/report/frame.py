@@ -321,6 +321,39 @@ def stage_table(summary: RunSummary) -> Table:
     return Table(cols, rows)
 
 
+SESSION_NOTE = (
+    "Sessions whose first call was sent in the window; times over completed sessions."
+    " In the cluster: the union of the calls' send-to-end intervals (parallel subagent"
+    " calls counted once); waiting: the rest (tool delays). Same replica: the share of"
+    " calls after a session's first answered by the first call's replica, a client-side"
+    " proxy for prefix-aware routing, not the prefix cache's hit rate."
+)
+"""What the agent-session table's figures are (under it, in both reports)."""
+
+
+def session_table(summary: RunSummary) -> Table:
+    """The agent sessions whose first call was sent in the window (``summary.sessions``);
+    no rows when the run's traffic was not agent sessions."""
+    ss = summary.sessions
+    if ss is None:
+        return Table(("Figure", "Value", "Unit"), ())
+    rows: tuple[tuple[Cell, ...], ...] = (
+        ("Sessions started (window)", ss.started, ""),
+        ("Completed", ss.completed, ""),
+        ("Failed", ss.failed, ""),
+        ("Unfinished (run ended first)", ss.unfinished, ""),
+        ("Completion time P50", ms(ss.completion.p50), "ms"),
+        ("Completion time P90", ms(ss.completion.p90), "ms"),
+        ("Completion time P99", ms(ss.completion.p99), "ms"),
+        ("In the cluster P50", ms(ss.in_cluster.p50), "ms"),
+        ("Waiting P50", ms(ss.waiting.p50), "ms"),
+        ("Time in the cluster", pct(ss.in_cluster_share), "%"),
+        ("Calls per session", ss.calls_mean, "calls"),
+        ("Same replica as first call", pct(ss.same_replica_share), "%"),
+    )
+    return Table(("Figure", "Value", "Unit"), rows)
+
+
 def slo_table(summary: RunSummary) -> Table:
     def shown(name: str, v: float | None) -> float | None:
         return pct(v) if name == "error_rate" else ms(v)

@@ -209,6 +209,12 @@ def render(summary: RunSummary, records: Sequence[RequestRecord]) -> str:
     body.append("<h2>Per replica</h2>" + table(frame.replica_table(s)))
     if s.stages:
         body.append("<h2>Stages</h2>" + table(frame.stage_table(s)))
+    if s.sessions is not None:
+        body.append(
+            "<h2>Agent sessions</h2>"
+            + table(frame.session_table(s))
+            + f'<p class="meta">{esc(frame.SESSION_NOTE)}</p>'
+        )
     if s.server is not None:
         body.append("<h2>Server side (Prometheus)</h2>" + table(frame.server_table(s)))
     if s.cross_check is not None:

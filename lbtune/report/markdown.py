@@ -84,6 +84,9 @@ def render(summary: RunSummary) -> str:
     parts.append("## Per replica\n\n" + table(frame.replica_table(s)) + "\n")
     if s.stages:
         parts.append("## Stages\n\n" + table(frame.stage_table(s)) + "\n")
+    if s.sessions is not None:
+        parts.append("## Agent sessions\n\n" + table(frame.session_table(s)) + "\n")
+        parts.append(frame.SESSION_NOTE + "\n\n")
     if s.server is not None:
         parts.append("## Server side (Prometheus)\n\n" + table(frame.server_table(s)) + "\n")
         if s.server.replica_balance is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from lbtune.loadgen.health import GeneratorHealth as LoadHealth
@@ -20,6 +20,8 @@ from lbtune.run.samples import after_run_hint
 from lbtune.run.target import ResolvedTarget
 from lbtune.scenario.plan import Stage
 from lbtune.scenario.runplan import RunPlan
+from lbtune.scenario.sessionplan import SessionSource
+from lbtune.scenario.workload import build_workload
 from lbtune.targets import balancer
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "outage_note",
     "prometheus",
     "ran_stages",
+    "session_calls",
     "summarize_run",
 ]
 
@@ -102,7 +105,20 @@ def summarize_run(run: RunFacts, target: ResolvedTarget, prom: PromClient | None
         incomplete=load.stopped_early,
         notes=notes,
         replicas=run.replicas,
+        session_calls=session_calls(plan, records),
     )
+
+
+def session_calls(plan: RunPlan, records: Sequence[RequestRecord]) -> Mapping[int, int] | None:
+    """Agent-session traffic (a scenario with an ``agent`` block): the number of calls the
+    plan of each session seen in ``records`` holds; ``None`` for any other workload."""
+    if getattr(plan.scenario, "agent", None) is None:
+        return None
+    workload = build_workload(plan.scenario, plan.seed, plan.tokenizer)
+    if not isinstance(workload, SessionSource):
+        return None
+    seen = {r.session_id for r in records if r.session_id is not None}
+    return {s: len(workload.session(s).calls) for s in sorted(seen)}
 
 
 def _notes(

@@ -21,6 +21,7 @@ SESSION = 2
 PREFIX = 3
 LAYOUT = 4
 TEXT = 5
+AGENT = 6
 
 
 def uniforms(seed: int, *key: int, n: int = 1) -> list[float]:

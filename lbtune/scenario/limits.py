@@ -34,6 +34,11 @@ SYSTEM_PROMPT_CACHE = 1024
 """Shared system prompts a workload keeps synthesized (an LRU)."""
 SESSION_CACHE = 4096
 """Sessions (every turn's text) a workload keeps synthesized (an LRU)."""
+AGENT_SESSION_CACHE = 1024
+"""Agent sessions (every call's reply, tool output and task text) an agent workload keeps
+synthesized (an LRU): about the sessions a run has open at once."""
+MAX_SUBAGENTS = 16
+"""Most subagents one fan-out of an agent session may spawn."""
 BYTES_PER_TOKEN = 6
 """Bytes of synthesized text per token (a word of at most 6 letters and its space)."""
 MAX_WEIGHT = 1e9

@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from lbtune.scenario.distributions import Distribution, _Dist
 from lbtune.scenario.limits import (
+    AGENT_SESSION_CACHE,
     BYTES_PER_TOKEN,
     MAX_ARRIVALS,
     MAX_CACHED_BYTES,
@@ -27,12 +28,14 @@ from lbtune.scenario.limits import (
     MAX_PROMPT_TOKENS,
     MAX_RATE,
     MAX_SLO_S,
+    MAX_SUBAGENTS,
     MAX_TOKENS,
     MAX_USERS,
     MAX_WEIGHT,
     SESSION_CACHE,
     SYSTEM_PROMPT_CACHE,
 )
+from lbtune.scenario.sessionplan import MAX_SESSION_CALLS
 from lbtune.scenario.shapes import LoadShape
 from lbtune.scenario.traces.spec import TraceSource
 
@@ -95,6 +98,63 @@ class Sessions(_Strict):
 
     fraction: float = Field(gt=0, le=1)
     turns: int = Field(ge=2, le=256)
+
+
+class AgentPrefix(_Strict):
+    """``groups`` shared contexts (system prompt + repository) of ``tokens`` tokens; each
+    agent session draws one, uniformly."""
+
+    groups: int = Field(ge=1, le=100_000)
+    tokens: int = Field(ge=1, le=MAX_TOKENS, description="Length of each shared context.")
+
+
+class SubAgents(_Strict):
+    """After a main call (not the last), with ``probability``, a fan-out into ``count``
+    subagents of ``calls`` calls each, which rejoin before the main agent's next call."""
+
+    probability: float = Field(gt=0, le=1, description="Chance of a fan-out after a call.")
+    count: Distribution = Field(description=f"Subagents per fan-out (at most {MAX_SUBAGENTS}).")
+    calls: Distribution = Field(description="LLM calls of each subagent.")
+
+    @model_validator(mode="after")
+    def _few(self) -> Self:
+        top = _top(self.count)
+        if top > MAX_SUBAGENTS:
+            raise ValueError(
+                f"count: reaches {top:g} subagents, more than the {MAX_SUBAGENTS} one fan-out "
+                "may spawn; lower it or set max:"
+            )
+        return self
+
+
+class AgentSessions(_Strict):
+    """Causal agent sessions: each call is sent when the call(s) it waits for ended, plus
+    a tool delay, and resends the growing context (see ``docs/scenarios.md``)."""
+
+    calls: Distribution = Field(description="The main agent's LLM calls per session.")
+    tool_delay_ms: Distribution = Field(description="Tool run before each next call, in ms.")
+    tool_output_tokens: Distribution = Field(description="Tool output appended after a call.")
+    prefix: AgentPrefix | None = Field(default=None, description="Shared context groups.")
+    subagents: SubAgents | None = None
+
+    def max_calls(self) -> int:
+        """The most calls a session may hold: every main call but the last may fan out."""
+        n = int(_top(self.calls))
+        sub = self.subagents
+        if sub is None:
+            return n
+        return n + (n - 1) * int(_top(sub.count)) * int(_top(sub.calls))
+
+    @model_validator(mode="after")
+    def _bounded_calls(self) -> Self:
+        n = self.max_calls()
+        if n > MAX_SESSION_CALLS:
+            raise ValueError(
+                f"calls: a session may hold {n} calls (main calls, each but the last fanning "
+                f"out to subagents), more than the {MAX_SESSION_CALLS} lbtune indexes; lower "
+                "calls or subagents.count/calls, or set max:"
+            )
+        return self
 
 
 _Weight = Annotated[float, Field(gt=0, le=MAX_WEIGHT)]
@@ -173,6 +233,11 @@ class Scenario(_Strict):
         default=None, description="Replay a trace file instead of the distributions."
     )
     fitted: FitRecord | None = Field(default=None, description="Set by `scenarios fit`.")
+    agent: AgentSessions | None = Field(
+        default=None,
+        description="Causal agent sessions (calls waiting for answers and tools) instead of "
+        "placed requests: load users = concurrent sessions, rate = session starts/s.",
+    )
 
     turn_gap: int = Field(
         default=64, ge=2, le=100_000, description="Requests between two turns of a session."
@@ -232,12 +297,27 @@ class Scenario(_Strict):
             )
         if self.source is not None and self.classes is not None:
             raise ValueError("source: a trace replay cannot also have classes")
+        self._agent_alone()
         if self.classes is not None:
             names = [c.name for c in self.classes]
             dup = {n for n in names if names.count(n) > 1}
             if dup:
                 raise ValueError(f"classes: duplicate name(s) {', '.join(sorted(dup))}")
         return self
+
+    def _agent_alone(self) -> None:
+        """``agent`` sessions are the whole traffic: no placed sessions, prefixes, classes
+        or trace beside them."""
+        if self.agent is None:
+            return
+        for field, what in (
+            ("sessions", "an agent session is its own chain of calls"),
+            ("prefix", "set agent.prefix for the shared context"),
+            ("classes", "agent traffic is one class; use another scenario for a mix"),
+            ("source", "a trace replays its own requests"),
+        ):
+            if getattr(self, field) is not None:
+                raise ValueError(f"agent: cannot be combined with {field} ({what}); remove one")
 
     def _bounded(self) -> None:
         """Load, prompt lengths and cache memory lbtune can generate (the bounds of
@@ -259,11 +339,14 @@ class Scenario(_Strict):
                     f"the {MAX_ARRIVALS} an open-loop plan may hold; lower the rate or duration_s"
                 )
         cached = sum(_traffic_bounds(where, *mix) for where, mix in self._mixes())
+        if self.agent is not None:
+            cached += _agent_bounds(self.agent, self.prompt_tokens, self.output_tokens)
         if cached * BYTES_PER_TOKEN > MAX_CACHED_BYTES:
             raise ValueError(
-                f"prefix/sessions: the generator would keep about {cached * BYTES_PER_TOKEN:.3g}"
-                f" bytes of prompt text cached, more than the {MAX_CACHED_BYTES} it may hold; "
-                "use fewer or shorter shared prefixes or sessions"
+                f"{'agent' if self.agent else 'prefix/sessions'}: the generator would keep "
+                f"about {cached * BYTES_PER_TOKEN:.3g} bytes of prompt text cached, more than "
+                f"the {MAX_CACHED_BYTES} it may hold; use fewer or shorter shared prefixes or "
+                "sessions"
             )
 
     def _mixes(self) -> list[tuple[str, _Mix]]:
@@ -327,6 +410,37 @@ def _traffic_bounds(
     if sess is not None:
         cached += SESSION_CACHE * sess.turns * (_mean(prompt) + _mean(output))
     return cached
+
+
+def _agent_bounds(agent: AgentSessions, prompt: _Dist, output: _Dist) -> float:
+    """Check an agent session's longest prompt (the shared context, the task, every earlier
+    call's answer and tool output, the subagents' answers rejoining) against
+    :data:`MAX_PROMPT_TOKENS`; the tokens of text its caches hold (sessions, contexts)."""
+    top_in, top_out, top_tool = _top(prompt), _top(output), _top(agent.tool_output_tokens)
+    ctx = agent.prefix.tokens if agent.prefix else 0
+    calls, sub = _top(agent.calls), agent.subagents
+    joined = (calls - 1) * _top(sub.count) * top_out if sub else 0.0
+    longest = ctx + top_in + (calls - 1) * (top_out + top_tool) + joined
+    if sub is not None:  # a subagent's own chain, if longer
+        longest = max(longest, ctx + top_in + (_top(sub.calls) - 1) * (top_out + top_tool))
+    if longest > MAX_PROMPT_TOKENS:
+        raise ValueError(
+            f"agent: a call may carry {longest:.3g} prompt tokens (the shared context, the "
+            "task, earlier answers, tool outputs and subagents' answers), more than the "
+            f"{MAX_PROMPT_TOKENS} lbtune sends; lower calls, tool_output_tokens or set max:"
+        )
+    step = _mean(output) + _mean(agent.tool_output_tokens)
+    own = _mean(prompt) + _mean(agent.calls) * step
+    if sub is not None:
+        fanouts = sub.probability * max(_mean(agent.calls) - 1, 0.0)
+        own += fanouts * _mean(sub.count) * (_mean(prompt) + _mean(sub.calls) * step)
+    shared = min(agent.prefix.groups, SYSTEM_PROMPT_CACHE) * ctx if agent.prefix else 0
+    return AGENT_SESSION_CACHE * own + shared
+
+
+def _top(d: _Dist) -> float:
+    """A distribution's "max": its 1 - 1e-9 quantile."""
+    return d.quantile(1 - 1e-9)
 
 
 def _mean(d: _Dist, n: int = 64) -> float:

@@ -28,66 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from lbtune.scenario import draws
-from lbtune.scenario.distributions import _Dist
+from lbtune.scenario.agent import AgentWorkload
 from lbtune.scenario.limits import SESSION_CACHE, SYSTEM_PROMPT_CACHE
-from lbtune.scenario.models import PrefixGroups, Scenario, Sessions, TrafficClass
+from lbtune.scenario.mix import Part, TrafficMix, render_parts, request_extra, resolve_classes
+from lbtune.scenario.models import Scenario
 from lbtune.scenario.prompts import TextSynth
 from lbtune.scenario.request import Api, RequestSpec
 from lbtune.scenario.traces.lbtune_run import recorded_run
 from lbtune.scenario.traces.replay import TraceWorkload
-
-
-@dataclass(frozen=True)
-class TrafficMix:
-    """One traffic class with every field resolved (classes inherit from the scenario)."""
-
-    name: str
-    weight: float
-    apis: tuple[Api, ...]
-    api_cum: list[float]
-    models: tuple[str, ...]
-    model_cum: list[float]
-    prompt_tokens: _Dist
-    output_tokens: _Dist
-    prefix: PrefixGroups | None
-    sessions: Sessions | None
-    stream: float
-    priorities: tuple[int, ...]
-    priority_cum: list[float]
-
-
-def resolve_classes(sc: Scenario) -> list[TrafficMix]:
-    """The scenario's traffic classes with inherited fields filled in."""
-    classes: list[TrafficClass | None] = list(sc.classes) if sc.classes else [None]
-    out: list[TrafficMix] = []
-    for c in classes:
-
-        def get(field: str, c: TrafficClass | None = c) -> Any:
-            value = None if c is None else getattr(c, field)
-            return getattr(sc, field) if value is None else value
-
-        api: Api | dict[Api, float] = get("api")
-        apis: dict[Api, float] = {api: 1.0} if isinstance(api, str) else dict(api)
-        models: dict[str, float] = get("models")
-        prio: dict[int, float] = get("priority") or {}
-        out.append(
-            TrafficMix(
-                name="default" if c is None else c.name,
-                weight=1.0 if c is None else c.weight,
-                apis=tuple(apis),
-                api_cum=list(accumulate(apis.values())),
-                models=tuple(models),
-                model_cum=list(accumulate(models.values())),
-                prompt_tokens=get("prompt_tokens"),
-                output_tokens=get("output_tokens"),
-                prefix=get("prefix") or None,
-                sessions=get("sessions") or None,
-                stream=float(get("stream")),
-                priorities=tuple(prio),
-                priority_cum=list(accumulate(prio.values())),
-            )
-        )
-    return out
 
 
 @dataclass(frozen=True)
@@ -140,8 +88,7 @@ class Workload:
         if sum(single_w) <= 0:
             single_w = [c.weight for c in self.classes]
         self._single_cum = list(accumulate(single_w))
-        extra = {"ignore_eos": True} if scenario.ignore_eos else {}
-        self._extra: dict[str, Any] = {**extra, **scenario.extra_body}
+        self._extra: dict[str, Any] = request_extra(scenario)
         self._layout: Callable[[int], tuple[_Single | _Turn, ...]] = lru_cache(maxsize=256)(
             self._block_layout
         )
@@ -257,7 +204,7 @@ class Workload:
     def _turn_request(self, i: int, slot: _Turn) -> RequestSpec:
         mix = self.classes[slot.cls]
         s = self._session(slot.cls, slot.block, slot.slot)
-        parts: list[tuple[str, tuple[str, int]]] = [("system", s.system)] if s.system else []
+        parts: list[Part] = [("system", s.system)] if s.system else []
         for t in range(slot.turn):
             parts += [("user", s.users[t]), ("assistant", s.replies[t])]
         parts.append(("user", s.users[slot.turn]))
@@ -285,18 +232,13 @@ class Workload:
         model: str,
         max_tokens: int,
         stream: bool,
-        parts: list[tuple[str, tuple[str, int]]],
+        parts: list[Part],
         priority: int | None,
         group: int | None,
         session: int | None,
         turn: int,
     ) -> RequestSpec:
-        n_tokens = sum(n for _, (_, n) in parts)
-        messages = prompt = None
-        if api == "chat":
-            messages = tuple({"role": role, "content": text} for role, (text, _) in parts)
-        else:
-            prompt = "\n\n".join(text for _, (text, _) in parts)
+        n_tokens, messages, prompt = render_parts(api, parts)
         return RequestSpec(
             index=i,
             api=api,
@@ -317,9 +259,12 @@ class Workload:
 
 def build_workload(
     scenario: Scenario, seed: int | None = None, tokenizer_path: str | None = None
-) -> Workload | TraceWorkload:
+) -> Workload | TraceWorkload | AgentWorkload:
     """The deterministic request sequence of ``scenario`` (``seed`` overrides its seed);
-    a trace replay when the scenario has a ``source``."""
+    a trace replay when the scenario has a ``source``; agent sessions (request ``i`` is
+    a call of a :class:`~lbtune.scenario.sessionplan.SessionPlan`) when it has ``agent``."""
+    if scenario.agent is not None:
+        return AgentWorkload(scenario, seed=seed, tokenizer_path=tokenizer_path)
     src = scenario.source
     if src is None:
         return Workload(scenario, seed=seed, tokenizer_path=tokenizer_path)

@@ -37,6 +37,7 @@ from lbtune.targets.params import ParamSet
 from lbtune.targets.space import ParameterSpace
 from lbtune.tune.options import objective_spec
 from lbtune.tune.virtual import Predicted, VirtualBench
+from lbtune.twin.requests import check_twinnable
 
 __all__ = [
     "DEFAULT_SCREEN",
@@ -217,6 +218,8 @@ def start_screen(
     if req.n == 0 or req.state_dir is None:
         return None, None
     try:
+        assert req.trials.plan is not None
+        check_twinnable(req.trials.plan)
         tc = running_twin(req.state_dir)
         if req.target is not None and tc.balancer != req.target:
             raise ConfigError(f"the cluster runs {tc.balancer}, the target is {req.target}")

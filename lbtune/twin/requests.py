@@ -15,13 +15,14 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 
+from lbtune.errors import ConfigError
 from lbtune.scenario.request import RequestSpec
 from lbtune.scenario.runplan import RunPlan
 from lbtune.scenario.workload import build_workload
 from lbtune.sim.profiles import MODEL_PROFILES
 from lbtune.sim.textgen import ApiError, ParsedRequest, parse_request
 
-__all__ = ["RequestSource", "TwinRequest"]
+__all__ = ["RequestSource", "TwinRequest", "check_twinnable"]
 
 
 class TwinRequest:
@@ -98,6 +99,17 @@ class TwinRequest:
         return len(p.prompt_ids) if isinstance(p, ParsedRequest) else self.spec.prompt_tokens
 
 
+def check_twinnable(plan: RunPlan) -> None:
+    """Refuse (``ConfigError``) a plan whose traffic the twin does not model: agent
+    sessions, whose calls are caused by answers, not placed in the sequence."""
+    sc = plan.scenario
+    if sc.agent is not None:
+        raise ConfigError(
+            f"scenario {sc.name!r} has agent sessions: the twin cannot screen them yet; "
+            "run optimize with --screen 0"
+        )
+
+
 @dataclass
 class RequestSource:
     """Request ``i`` of a run plan, built on first use and kept."""
@@ -107,6 +119,7 @@ class RequestSource:
     """The cluster's seed (the sim host's ``seed``): output lengths drawn by the server."""
 
     def __post_init__(self) -> None:
+        check_twinnable(self.plan)
         self._workload = build_workload(self.plan.scenario, self.plan.seed, self.plan.tokenizer)
         self._cache: dict[int, TwinRequest] = {}
 

@@ -16,7 +16,7 @@ from lbtune.errors import ConfigError
 from lbtune.scenario.loader import BUILTIN_DIR
 
 runner = CliRunner()
-BUILTINS = ["chat", "longctx", "mixed", "prefix", "ramp", "surge"]
+BUILTINS = ["agent", "chat", "longctx", "mixed", "prefix", "ramp", "surge"]
 
 
 def _registered() -> bool:
@@ -69,7 +69,7 @@ def test_validate_ok_and_error(tmp_path: Path) -> None:
 def test_unknown_name() -> None:
     res = runner.invoke(app, ["show", "nope"])
     assert isinstance(res.exception, ConfigError)
-    assert "Available: chat, longctx, mixed, prefix, ramp, surge" in str(res.exception)
+    assert "Available: agent, chat, longctx, mixed, prefix, ramp, surge" in str(res.exception)
 
 
 @pytest.mark.parametrize("cmd", [[], ["list"], ["show"], ["validate"]])

@@ -93,7 +93,8 @@ def test_parse_head() -> None:
 
 def _reference_dechunk(raw: bytes) -> bytes:
     """RFC 9112 chunked decoding, whole body at once: the decoder's yardstick."""
-    out, pos = [], 0
+    out: list[bytes] = []
+    pos = 0
     while True:
         eol = raw.index(b"\r\n", pos)
         size = int(raw[pos:eol].split(b";", 1)[0].strip(), 16)

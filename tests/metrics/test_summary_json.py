@@ -29,7 +29,7 @@ from lbtune.metrics.summary_file import dumps, read_summary, summary_from_data, 
 from tests import golden
 from tests.report import data
 
-LEGACY_DROPS = ("replica_events", "lbtune_version")
+LEGACY_DROPS = ("replica_events", "lbtune_version", "sessions")
 """Top-level fields a summary from an older lbtune lacks."""
 LEGACY_REPLICA_DROPS = ("balancer_errors", "too_few_samples")
 LEGACY_GENERATOR_DROPS = ("idle_share", "ttft_bound_p50_s", "ttft_bound_p99_s", "timing")
@@ -109,7 +109,7 @@ def test_a_summary_reads_back_as_before(name: str) -> None:
 def test_a_summary_without_the_newer_fields_reads_with_their_defaults() -> None:
     back = summary_from_data(legacy(golden.read("summary-full.json")))
     golden.check("summary-legacy.read.txt", repr(back) + "\n")
-    assert back.replica_events is None and back.lbtune_version == ""
+    assert back.replica_events is None and back.lbtune_version == "" and back.sessions is None
     assert all(r.balancer_errors == 0 for r in back.replicas)
 
 

@@ -209,7 +209,7 @@ def test_unreachable_target_fails_within_5_s(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-BUILTINS = ["chat", "longctx", "prefix", "mixed", "surge", "ramp"]
+BUILTINS = ["chat", "longctx", "prefix", "mixed", "surge", "ramp", "agent"]
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -229,6 +229,10 @@ def test_every_builtin_scenario_runs_briefly(cluster: Any, name: str, tmp_path: 
     assert counts["ok"] > 0, counts
     errors = {k: v for k, v in counts.items() if k not in ("ok", "cancelled") and v}
     assert not errors, errors
+    sessions = result.summary.sessions
+    assert (sessions is not None) == (name == "agent")  # the session view: agent runs only
+    if sessions is not None:  # 6 s: a session (3-8 calls, ~0.7 s tool delays) may not end
+        assert sessions.failed == 0 and sessions.started >= sessions.completed, sessions
 
 
 @pytest.mark.skipif(

@@ -10,7 +10,7 @@ from lbtune.errors import ConfigError
 from lbtune.scenario import builtin_names, list_scenarios, load_scenario, scenario_from_dict
 from tests.scenario.conftest import base
 
-BUILTINS = ["chat", "longctx", "mixed", "prefix", "ramp", "surge"]
+BUILTINS = ["agent", "chat", "longctx", "mixed", "prefix", "ramp", "surge"]
 
 
 def test_builtins_present_and_valid() -> None:
@@ -36,7 +36,7 @@ def test_builtin_shapes() -> None:
 
 
 def test_unknown_name_lists_available() -> None:
-    with pytest.raises(ConfigError, match=r"Unknown scenario 'nope'\. Available: chat, longctx"):
+    with pytest.raises(ConfigError, match=r"Unknown scenario 'nope'\. Available: agent, chat"):
         load_scenario("nope")
 
 

@@ -15,6 +15,7 @@ from lbtune.cluster.twin import space_path, twin_cluster
 from lbtune.objective import Figures
 from lbtune.run.plan import plan_run
 from lbtune.run.stress import StressOptions
+from lbtune.scenario import load_scenario
 from lbtune.search.result import TrialResult
 from lbtune.targets.params import ParamSet
 from lbtune.targets.space import ParameterSpace
@@ -107,6 +108,21 @@ def test_screening_is_deterministic_and_off_without_a_twin(tmp_path: Path) -> No
     off, note = start_screen(replace(req, state_dir=empty), space, [], spec, said.append)
     assert off is None and note is not None
     assert note.startswith("no screening:") and note.endswith("the search is live-only")
+
+
+def test_agent_sessions_are_not_screened_and_the_study_says_why(tmp_path: Path) -> None:
+    so, space = _trials(), _space()
+    assert so.plan is not None
+    agent = replace(so, plan=so.plan.model_copy(update={"scenario": load_scenario("agent")}))
+    spec = objective_spec("composite", so.plan.slo_value(), None)
+    said: list[str] = []
+    req = ScreenRequest(6, _state(tmp_path), agent, seed=3)
+    off, note = start_screen(req, space, [], spec, said.append)
+    assert off is None and said == [note]
+    assert note == (
+        "no screening: scenario 'agent' has agent sessions: the twin cannot screen them yet; "
+        "run optimize with --screen 0; the search is live-only"
+    )
 
 
 def test_a_twin_failure_falls_back_to_live_only(
