@@ -35,7 +35,7 @@ from lbtune.metrics.summary import SessionStats, Window
 from lbtune.records.quantiles import latency_stats
 from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 
-__all__ = ["busy_time", "session_stats"]
+__all__ = ["busy_time", "completion_times", "session_stats"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,14 @@ def _same_replica_share(sessions: Sequence[_Session]) -> float | None:
                 judged += 1
                 same += r.replica == first
     return same / judged if judged else None
+
+
+def completion_times(
+    records: Iterable[RequestRecord], window: Window, planned: Mapping[int, int]
+) -> list[float]:
+    """The completion time of every completed session counted in the window (by session
+    id): the samples of :attr:`SessionStats.completion`, e.g. to pool runs."""
+    return [s.completion_s for s in _sessions(records, window, planned) if s.completed]
 
 
 def session_stats(

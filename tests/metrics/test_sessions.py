@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from lbtune.metrics.sessions import busy_time, session_stats
+from lbtune.metrics.sessions import busy_time, completion_times, session_stats
 from lbtune.metrics.stats import summarize
 from lbtune.metrics.summary import Window
 from lbtune.metrics.summary_file import dumps, summary_from_data
@@ -122,3 +122,11 @@ def test_summarize_sets_sessions_and_the_summary_round_trips() -> None:
     assert summary_from_data(doc) == summary
     del doc["sessions"]  # a summary written before sessions existed
     assert summary_from_data(doc) == plain
+
+
+def test_completion_times_are_the_samples_of_the_completion_figures() -> None:
+    records, planned = run()
+    times = completion_times(records, WINDOW, planned)
+    assert times == [pytest.approx(7.0), pytest.approx(6.0)]  # sessions 0 and 1 completed
+    stats = session_stats(records, WINDOW, planned)
+    assert stats.completion.p50 == pytest.approx(percentile(times, 50))
