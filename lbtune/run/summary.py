@@ -112,7 +112,7 @@ def summarize_run(run: RunFacts, target: ResolvedTarget, prom: PromClient | None
 def session_calls(plan: RunPlan, records: Sequence[RequestRecord]) -> Mapping[int, int] | None:
     """Agent-session traffic (a scenario with an ``agent`` block): the number of calls the
     plan of each session seen in ``records`` holds; ``None`` for any other workload."""
-    if getattr(plan.scenario, "agent", None) is None:
+    if plan.scenario.agent is None:
         return None
     workload = build_workload(plan.scenario, plan.seed, plan.tokenizer)
     if not isinstance(workload, SessionSource):

@@ -146,13 +146,12 @@ class AgentWorkload:
             main = self._add_call(
                 d, (0, t), after=rejoin or (main,), delay_s=delay, agent_no=0, prev=main
             )
-        prio = mix.priorities[draws.choose(u[3], mix.priority_cum)] if mix.priorities else None
         return _Session(
             plan=SessionPlan(session=s, calls=tuple(d.calls)),
-            api=mix.apis[draws.choose(u[0], mix.api_cum)],
-            model=mix.models[draws.choose(u[1], mix.model_cum)],
+            api=mix.api(u[0]),
+            model=mix.model(u[1]),
             group=group,
-            priority=prio,
+            priority=mix.priority(u[3]),
             tasks=tuple(d.tasks),
             calls=tuple(_CallText(c.prev, c.max_tokens, c.stream, tuple(c.adds)) for c in d.steps),
         )

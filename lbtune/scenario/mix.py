@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
+from lbtune.scenario import draws
 from lbtune.scenario.distributions import _Dist
 from lbtune.scenario.models import PrefixGroups, Scenario, Sessions, TrafficClass
 from lbtune.scenario.request import Api
@@ -42,6 +43,18 @@ class TrafficMix:
     stream: float
     priorities: tuple[int, ...]
     priority_cum: list[float]
+
+    def api(self, u: float) -> Api:
+        """The API drawn by uniform ``u`` from the class's mix."""
+        return self.apis[draws.choose(u, self.api_cum)]
+
+    def model(self, u: float) -> str:
+        """The model drawn by uniform ``u``."""
+        return self.models[draws.choose(u, self.model_cum)]
+
+    def priority(self, u: float) -> int | None:
+        """The priority drawn by uniform ``u``; ``None`` when the class sets none."""
+        return self.priorities[draws.choose(u, self.priority_cum)] if self.priorities else None
 
 
 def resolve_classes(sc: Scenario) -> list[TrafficMix]:

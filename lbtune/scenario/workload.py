@@ -137,9 +137,6 @@ class Workload:
         g = min(int(u_group * mix.prefix.groups), mix.prefix.groups - 1)
         return g, self._system(g, mix.prefix.tokens)
 
-    def _priority(self, mix: TrafficMix, u: float) -> int | None:
-        return mix.priorities[draws.choose(u, mix.priority_cum)] if mix.priorities else None
-
     def _make_session(self, cls: int, block: int, slot: int) -> _Session:
         mix = self.classes[cls]
         assert mix.sessions is not None
@@ -156,11 +153,11 @@ class Workload:
             replies.append(self.synth.text(self.seed, (*key, 1), out))
             stream.append(ut[2] < mix.stream)
         return _Session(
-            api=mix.apis[draws.choose(u[0], mix.api_cum)],
-            model=mix.models[draws.choose(u[1], mix.model_cum)],
+            api=mix.api(u[0]),
+            model=mix.model(u[1]),
             group=group,
             system=system,
-            priority=self._priority(mix, u[4]),
+            priority=mix.priority(u[4]),
             users=tuple(users),
             replies=tuple(replies),
             max_tokens=tuple(max_tokens),
@@ -190,12 +187,12 @@ class Workload:
         return self._spec(
             i,
             mix,
-            api=mix.apis[draws.choose(u[0], mix.api_cum)],
-            model=mix.models[draws.choose(u[1], mix.model_cum)],
+            api=mix.api(u[0]),
+            model=mix.model(u[1]),
             max_tokens=mix.output_tokens.sample(u[3]),
             stream=u[6] < mix.stream,
             parts=parts,
-            priority=self._priority(mix, u[7]),
+            priority=mix.priority(u[7]),
             group=group,
             session=None,
             turn=0,

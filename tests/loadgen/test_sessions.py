@@ -29,6 +29,7 @@ from lbtune.records.requests import Outcome, RequestRecord
 from lbtune.scenario import build_workload, load_scenario
 from lbtune.scenario.request import RequestSpec
 from lbtune.scenario.sessionplan import Call, SessionPlan, SessionSource, call_index, split
+from tests.metrics import records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,16 +70,7 @@ class FakeSessions:
 
 
 def rec(pos: int, sent: float, ended: float, outcome: Outcome = "ok") -> RequestRecord:
-    return RequestRecord(
-        request_id=f"r{pos}",
-        index=pos,
-        model="m",
-        api="chat",
-        stream=True,
-        sent_at=sent,
-        ended_at=ended,
-        outcome=outcome,
-    )
+    return records.rec(pos, sent=sent, e2e=ended - sent, outcome=outcome)
 
 
 def plan(*calls: tuple[tuple[int, ...], float]) -> SessionPlan:
