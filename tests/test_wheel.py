@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from tests.conftest import have_cluster_binaries
+from tests.untrusted import untrusted_study
 
 pytestmark = pytest.mark.integration
 
@@ -161,6 +162,8 @@ def test_the_installed_wheel_runs_cluster_stress_optimize_apply(
 
     def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         proc = _run([lbtune, *args], cwd=work, env=env, timeout=timeout)
+        if args[0] == "optimize" and untrusted_study(proc.returncode, proc.stdout + proc.stderr):
+            return proc  # a machine too busy to measure on: tests/untrusted.py; the rest goes on
         assert proc.returncode == 0, f"lbtune {' '.join(args)}: {proc.stdout}{proc.stderr}"
         return proc
 

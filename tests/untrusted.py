@@ -3,8 +3,9 @@
 On a machine whose cores the suite's other workers keep busy, the load generator may read
 too many first tokens late to vouch for a TTFT figure (``lbtune.loadgen.health``); such a
 trial is re-run once and then failed, and a two-trial study whose every trial failed that
-way applies nothing and ends with exit 3, as it must. Tests of the nightly job's steps let
-that one outcome through (and go on with the steps after it), nothing else.
+way applies nothing and ends with exit 3, as it must. Tests that run such a tiny study (the
+nightly job's steps, the installed wheel) let that one outcome through and go on with the
+steps after it; nothing else.
 """
 
 from __future__ import annotations
