@@ -222,6 +222,31 @@ def slo_checks(
     return tuple(checks)
 
 
+def _with_lateness(gen: GeneratorHealth, late: LatencyStats | None) -> GeneratorHealth:
+    """The generator's health, with the records' lateness P99 where the sampler had none."""
+    if gen.lateness_p99_s is None and late is not None and late.p99 is not None:
+        return dataclasses.replace(gen, lateness_p99_s=late.p99)
+    return gen
+
+
+def _run_notes(
+    notes: Sequence[str],
+    any_in_window: bool,
+    recovered: bool | None,
+    stage_stats: Sequence[StageStats],
+    server: ServerSide | None,
+) -> tuple[str, ...]:
+    """The caller's notes, then what the figures themselves could not say, then the server's."""
+    out = list(notes)
+    if not any_in_window:
+        out.append("no request was sent in the measurement window")
+    if recovered is None and any(s.label == stage_figures.SPIKE_LABEL for s in stage_stats):
+        out.append("spike stage without a TTFT SLO: recovery time not computed")
+    if server is not None:
+        out.extend(server.notes)
+    return tuple(out)
+
+
 def summarize(
     records: Sequence[RequestRecord],
     *,
@@ -262,21 +287,11 @@ def summarize(
     )
     knee = stage_figures.knee(stage_stats)
     recovery_s, recovered = _spike_recovery(stage_stats, slo)
-    all_notes = list(notes)
-    if not in_window:
-        all_notes.append("no request was sent in the measurement window")
-    if recovered is None and any(s.label == stage_figures.SPIKE_LABEL for s in stage_stats):
-        all_notes.append("spike stage without a TTFT SLO: recovery time not computed")
-    gen = generator or GeneratorHealth()
-    if gen.lateness_p99_s is None and late is not None and late.p99 is not None:
-        gen = dataclasses.replace(gen, lateness_p99_s=late.p99)
     cross = None
     if server is not None and server.client is not None:
         cross = cross_check(
             records, window, server.client, latency=lat, scrape_interval_s=scrape_interval_s
         )
-    if server is not None:
-        all_notes.extend(server.notes)
     return RunSummary(
         scenario=scenario,
         target=target,
@@ -290,7 +305,7 @@ def summarize(
         lateness=late,
         replicas=replica_stats(in_window, replicas),
         replica_events=replica_events.events(replicas, records, in_window, run_start),
-        generator=gen,
+        generator=_with_lateness(generator or GeneratorHealth(), late),
         slo=slo,
         slo_checks=slo_checks(ok, outs, slo) if slo is not None else (),
         stages=stage_stats,
@@ -302,7 +317,7 @@ def summarize(
         server=server,
         cross_check=cross,
         incomplete=incomplete or (server is not None and server.incomplete),
-        notes=tuple(all_notes),
+        notes=_run_notes(notes, bool(in_window), recovered, stage_stats, server),
         lbtune_version=__version__,
         sessions=None if session_calls is None else session_stats(records, window, session_calls),
     )
