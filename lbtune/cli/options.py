@@ -63,8 +63,8 @@ TraceFormatOpt = Annotated[
     str | None,
     typer.Option(
         "--trace-format",
-        help="With --trace: azure, mooncake, burstgpt, sharegpt or lbtune (default: from the "
-        "file).",
+        help="With --trace: azure, mooncake, burstgpt, sharegpt, lbtune, or the agentic weka, "
+        "otel or copilot (default: from the file).",
     ),
 ]
 SpeedupOpt = Annotated[

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -13,6 +14,7 @@ from lbtune.cli.options import JsonOpt
 
 if TYPE_CHECKING:
     from lbtune.scenario import Scenario
+    from lbtune.scenario.sessionplan import Call, SessionSource
 
 app = typer.Typer(
     help="List, inspect and validate load scenarios (built in or YAML).", no_args_is_help=True
@@ -72,21 +74,15 @@ def list_(as_json: JsonOpt = False) -> None:
 def _preview(sc: Scenario) -> dict[str, Any]:
     """Spec vs sampled percentiles of the first requests (prompt and output tokens)."""
     from lbtune.scenario import build_workload
-    from lbtune.scenario.agent import AgentWorkload
     from lbtune.scenario.distributions import mixture_quantile
     from lbtune.scenario.mix import resolve_classes
+    from lbtune.scenario.sessionplan import SessionSource
 
     w = build_workload(sc)
     out: dict[str, Any] = {}
-    if isinstance(w, AgentWorkload):  # the calls of the first sessions, in order
-        reqs = []
-        for s in itertools.count():
-            reqs += [w.request(c.index) for c in w.session(s).calls]
-            if len(reqs) >= _PREVIEW_N:
-                break
-        reqs = reqs[:_PREVIEW_N]
-        subagent_calls = sum(r.traffic_class == "subagent" for r in reqs)
-        out["agent"] = {"sessions": s + 1, "subagent_calls": subagent_calls}
+    if isinstance(w, SessionSource):  # the calls of the first sessions, in order
+        calls, out["agent"] = _first_calls(w)
+        reqs = [w.request(c.index) for c in calls]
     else:
         n = _PREVIEW_N if sc.source is None else min(_PREVIEW_N, len(w))  # type: ignore[arg-type]
         reqs = [w.request(i) for i in range(n)]
@@ -134,17 +130,38 @@ def _preview(sc: Scenario) -> dict[str, Any]:
     return out
 
 
+def _first_calls(w: SessionSource) -> tuple[list[Call], dict[str, int]]:
+    """The first calls of a session workload (an agentic trace's window once, synthetic
+    sessions until the preview is full), and how many sessions and subagent calls."""
+    from lbtune.scenario.traces.sessions import TraceSessionWorkload
+
+    calls: list[Call] = []
+    sessions: Iterable[int] = (
+        range(len(w)) if isinstance(w, TraceSessionWorkload) else itertools.count()
+    )
+    n = 0
+    for s in sessions:
+        calls += w.session(s).calls
+        n += 1
+        if len(calls) >= _PREVIEW_N:
+            break
+    calls = calls[:_PREVIEW_N]
+    return calls, {"sessions": n, "subagent_calls": sum(c.agent != 0 for c in calls)}
+
+
 def _trace_rows(sc: Scenario) -> dict[str, list[int]] | None:
     """A replay's own lengths (the rows it sends), or None for a synthetic scenario."""
     if sc.source is None:
         return None
     from lbtune.scenario.traces.replay import replay_of
+    from lbtune.scenario.traces.sessions import session_replay_of
 
-    rows = replay_of(sc).rows[:_PREVIEW_N]
-    return {
-        "prompt_tokens": [r.prompt_tokens for r in rows],
-        "output_tokens": [r.output_tokens for r in rows],
-    }
+    if sc.source.sessions:  # the calls of the first sessions, as the preview sends them
+        calls = itertools.chain.from_iterable(x.calls for x in session_replay_of(sc).sessions)
+        pairs = [(c.prompt_tokens, c.output_tokens) for c in itertools.islice(calls, _PREVIEW_N)]
+    else:
+        pairs = [(r.prompt_tokens, r.output_tokens) for r in replay_of(sc).rows[:_PREVIEW_N]]
+    return {"prompt_tokens": [p for p, _ in pairs], "output_tokens": [o for _, o in pairs]}
 
 
 def _arrival_rows(sc: Scenario) -> dict[str, dict[str, float]]:
@@ -240,7 +257,10 @@ def fit(
     out: Annotated[Path, typer.Option("--out", "-o", help="Scenario YAML to write.")],
     trace_format: Annotated[
         str | None,
-        typer.Option("--format", help="azure, mooncake, burstgpt, sharegpt or lbtune."),
+        typer.Option(
+            "--format",
+            help="azure, mooncake, burstgpt, sharegpt, lbtune, weka, otel or copilot.",
+        ),
     ] = None,
     kind: Annotated[
         str, typer.Option("--kind", help="auto, lognormal or empirical length tables.")
@@ -248,18 +268,22 @@ def fit(
     name: Annotated[str, typer.Option("--name", help="Scenario name.")] = "",
 ) -> None:
     """Write a compact scenario with the trace's shape (lengths, arrivals, prefixes, sessions,
-    models) and none of its data; `lbtune scenarios show` it to compare with the trace."""
+    models; an agentic trace's agent sessions) and none of its data; `lbtune scenarios show`
+    it to compare with the trace."""
     from lbtune.errors import ConfigError
     from lbtune.safety.files import check_out_file
     from lbtune.scenario import scenario_from_dict
     from lbtune.scenario.traces.fit import fit_trace
+    from lbtune.scenario.traces.fitsessions import fit_sessions
     from lbtune.scenario.traces.read import guess_format
+    from lbtune.scenario.traces.sessiongraph import SESSION_FORMATS
 
     if kind not in ("auto", "lognormal", "empirical"):
         raise ConfigError(f"--kind: expected auto, lognormal or empirical, found {kind!r}")
     check_out_file(out, "--out")
     fmt = trace_format or guess_format(trace)
-    doc = fit_trace(trace, fmt, kind=kind, name=name)  # type: ignore[arg-type]
+    fitter = fit_sessions if fmt in SESSION_FORMATS else fit_trace  # agent sessions: `agent:`
+    doc = fitter(trace, fmt, kind=kind, name=name)  # type: ignore[arg-type]
     scenario_from_dict(doc, source=f"fit of {trace}")  # the document must validate
     import yaml
 

@@ -21,7 +21,7 @@ from lbtune.run.target import ResolvedTarget
 from lbtune.scenario.plan import Stage
 from lbtune.scenario.runplan import RunPlan
 from lbtune.scenario.sessionplan import SessionSource
-from lbtune.scenario.workload import build_workload
+from lbtune.scenario.workload import build_workload, has_sessions
 from lbtune.targets import balancer
 
 __all__ = [
@@ -110,13 +110,13 @@ def summarize_run(run: RunFacts, target: ResolvedTarget, prom: PromClient | None
 
 
 def session_calls(plan: RunPlan, records: Sequence[RequestRecord]) -> Mapping[int, int] | None:
-    """Agent-session traffic (a scenario with an ``agent`` block): the number of calls the
-    plan of each session seen in ``records`` holds; ``None`` for any other workload."""
-    if plan.scenario.agent is None:
+    """Session traffic (:func:`~lbtune.scenario.workload.has_sessions`: an ``agent`` block or
+    an agentic trace): the number of calls the plan of each session seen in ``records``
+    holds; ``None`` for any other workload (which is not built)."""
+    if not has_sessions(plan.scenario):
         return None
     workload = build_workload(plan.scenario, plan.seed, plan.tokenizer)
-    if not isinstance(workload, SessionSource):
-        return None
+    assert isinstance(workload, SessionSource), "has_sessions: the workload is a SessionSource"
     seen = {r.session_id for r in records if r.session_id is not None}
     return {s: len(workload.session(s).calls) for s in sorted(seen)}
 

@@ -98,7 +98,8 @@ def trace_scenario(ref: str) -> Scenario:
     sc = scenario_from_dict({"source": source}, source=ref)
     src = sc.source
     assert src is not None
-    window = f"from {src.start:g} s, {src.limit or 'all'} requests"
+    unit = "sessions" if src.sessions else "requests"
+    window = f"from {src.start:g} s, {src.limit or 'all'} {unit}"
     thin = f", {src.rate_scale:g} of them" if src.rate_scale < 1 else ""
     name = f"trace {Path(path).name} ({src.format}, {window}{thin}, x{src.speedup:g} speed)"
     return _pin(sc.model_copy(update={"name": name}), None)

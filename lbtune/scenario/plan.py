@@ -21,7 +21,8 @@ from lbtune.errors import ConfigError
 from lbtune.scenario.limits import MAX_ARRIVALS, MAX_DURATION_S, MAX_RATE, MAX_USERS
 from lbtune.scenario.models import Scenario
 from lbtune.scenario.shapes import Arrival, RampShape, RateShape, Segment, SpikeShape, StepsShape
-from lbtune.scenario.traces.replay import replay_of
+from lbtune.scenario.traces.replay import Replay, replay_of
+from lbtune.scenario.traces.sessions import SessionReplay, session_replay_of
 
 _ARRIVAL_TAG = 0xA1
 
@@ -179,12 +180,21 @@ def plan_load(
 
 
 def default_duration(scenario: Scenario) -> float:
-    """The test length when none is given: a timed trace's replay span unless the
-    scenario sets ``duration_s`` itself, else ``duration_s``."""
+    """The test length when none is given: a timed trace's replay span (an agentic trace:
+    of its session starts) unless the scenario sets ``duration_s`` itself, else
+    ``duration_s``."""
     src = scenario.source
     if src is not None and src.timed and "duration_s" not in scenario.model_fields_set:
-        return replay_of(scenario).span_s
+        return _replay(scenario, None).span_s
     return scenario.duration_s
+
+
+def _replay(scenario: Scenario, seed: int | None) -> Replay | SessionReplay:
+    """A timed trace's selection: its requests, or its sessions (agentic formats)."""
+    src = scenario.source
+    if src is not None and src.sessions:
+        return session_replay_of(scenario, seed)
+    return replay_of(scenario, seed)
 
 
 def _trace_plan(
@@ -195,21 +205,30 @@ def _trace_plan(
     seed: int | None,
     hold_until_s: float | None,
 ) -> LoadPlan:
-    """Open loop at the trace's own send times (see :mod:`.traces.replay`)."""
+    """Open loop at the trace's own send times (see :mod:`.traces.replay`); an agentic
+    trace's are its sessions' starts (:mod:`.traces.sessions`), or, with ``users``, a closed
+    loop of that many users running the window's sessions back to back."""
     src = scenario.source
     assert src is not None
-    if users is not None or rate is not None:
+    unit = "sessions" if src.sessions else "requests"
+    if src.sessions and rate is not None:
+        raise ConfigError(
+            f"a {src.format} trace sets its own session starts: --rate does not apply (use "
+            "speedup, rate_scale or limit in the source, or --users N to run its sessions "
+            "back to back on N users)"
+        )
+    if not src.sessions and (users is not None or rate is not None):
         raise ConfigError(
             f"a {src.format} trace sets its own arrivals: --users/--rate do not apply "
             "(use speedup, rate_scale or limit in the source)"
         )
     if hold_until_s is not None:
         raise ConfigError("--until-samples does not apply to a trace replay (use a longer window)")
-    replay = replay_of(scenario, seed)
+    replay = _replay(scenario, seed)
     duration = default_duration(scenario) if duration_s is None else float(duration_s)
     if not duration <= MAX_DURATION_S:
         raise ConfigError(
-            f"{src.trace}: the replay would last {duration:.3g} s (its requests span "
+            f"{src.trace}: the replay would last {duration:.3g} s (its {unit} span "
             f"{replay.span_s * src.speedup:.3g} s of trace time at speedup {src.speedup:g}), "
             f"more than the {MAX_DURATION_S:g} s a run may last; set duration_s (--duration), "
             "start and limit, or a higher speedup"
@@ -220,10 +239,14 @@ def _trace_plan(
             f"trace replay of {duration:g} s: no measurement window left after warmup_s "
             f"({warmup:g}) and cooldown_s ({cooldown:g})"
         )
+    if users is not None:  # agentic: closed loop, the window's sessions back to back
+        stage = Stage(0.0, duration, users, None, f"trace {src.format} sessions, {users} users")
+        _check_levels((stage,), "closed")
+        return LoadPlan("closed", duration, (stage,), warmup, cooldown)
     times = tuple(t for t in replay.offsets or () if t < duration)
     if len(times) > MAX_ARRIVALS:
         raise ConfigError(
-            f"{src.trace}: {len(times)} requests to replay, more than the {MAX_ARRIVALS} a "
+            f"{src.trace}: {len(times)} {unit} to replay, more than the {MAX_ARRIVALS} a "
             "plan may hold; set limit or rate_scale"
         )
     label = f"trace {src.format} x{src.speedup:g}"

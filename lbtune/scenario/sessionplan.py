@@ -52,7 +52,8 @@ class SessionPlan:
 
 @runtime_checkable
 class SessionSource(Protocol):
-    """A workload whose traffic is sessions (:class:`lbtune.scenario.agent.AgentWorkload`)."""
+    """A workload whose traffic is sessions (:class:`lbtune.scenario.agent.AgentWorkload`,
+    :class:`lbtune.scenario.traces.sessions.TraceSessionWorkload`)."""
 
     def session(self, s: int) -> SessionPlan:
         """Session ``s`` (0-based); identical in every process for the same seed."""

@@ -36,6 +36,7 @@ from lbtune.scenario.prompts import TextSynth
 from lbtune.scenario.request import Api, RequestSpec
 from lbtune.scenario.traces.lbtune_run import recorded_run
 from lbtune.scenario.traces.replay import TraceWorkload
+from lbtune.scenario.traces.sessions import TraceSessionWorkload
 
 
 @dataclass(frozen=True)
@@ -254,17 +255,29 @@ class Workload:
         )
 
 
+def has_sessions(scenario: Scenario) -> bool:
+    """Whether the scenario's traffic is causal sessions: an ``agent`` block, or an agentic
+    trace (``weka``, ``otel``, ``copilot``). :func:`build_workload` then gives a
+    :class:`~lbtune.scenario.sessionplan.SessionSource`, and request ``i`` is a call of a
+    session's plan rather than a placed request."""
+    src = scenario.source
+    return scenario.agent is not None or (src is not None and src.sessions)
+
+
 def build_workload(
     scenario: Scenario, seed: int | None = None, tokenizer_path: str | None = None
-) -> Workload | TraceWorkload | AgentWorkload:
+) -> Workload | TraceWorkload | AgentWorkload | TraceSessionWorkload:
     """The deterministic request sequence of ``scenario`` (``seed`` overrides its seed);
-    a trace replay when the scenario has a ``source``; agent sessions (request ``i`` is
-    a call of a :class:`~lbtune.scenario.sessionplan.SessionPlan`) when it has ``agent``."""
+    a trace replay when the scenario has a ``source``; sessions (request ``i`` is a call of
+    a :class:`~lbtune.scenario.sessionplan.SessionPlan`) when it has ``agent`` or replays
+    an agentic trace (:func:`has_sessions`)."""
     if scenario.agent is not None:
         return AgentWorkload(scenario, seed=seed, tokenizer_path=tokenizer_path)
     src = scenario.source
     if src is None:
         return Workload(scenario, seed=seed, tokenizer_path=tokenizer_path)
+    if src.sessions:
+        return TraceSessionWorkload(scenario, seed=seed, tokenizer_path=tokenizer_path)
     recorded = None
     if src.format == "lbtune":
         run = recorded_run(Path(src.trace))

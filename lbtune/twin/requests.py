@@ -18,7 +18,7 @@ from functools import cached_property
 from lbtune.errors import ConfigError
 from lbtune.scenario.request import RequestSpec
 from lbtune.scenario.runplan import RunPlan
-from lbtune.scenario.workload import build_workload
+from lbtune.scenario.workload import build_workload, has_sessions
 from lbtune.sim.profiles import MODEL_PROFILES
 from lbtune.sim.textgen import ApiError, ParsedRequest, parse_request
 
@@ -100,12 +100,14 @@ class TwinRequest:
 
 
 def check_twinnable(plan: RunPlan) -> None:
-    """Refuse (``ConfigError``) a plan whose traffic the twin does not model: agent
-    sessions, whose calls are caused by answers, not placed in the sequence."""
+    """Refuse (``ConfigError``) a plan whose traffic the twin does not model: sessions
+    (an ``agent`` block or an agentic trace), whose calls are caused by answers, not placed
+    in the sequence."""
     sc = plan.scenario
-    if sc.agent is not None:
+    if has_sessions(sc):
+        what = "agent sessions" if sc.source is None else f"a {sc.source.format} trace's sessions"
         raise ConfigError(
-            f"scenario {sc.name!r} has agent sessions: the twin cannot screen them yet; "
+            f"scenario {sc.name!r} has {what}: the twin cannot screen them yet; "
             "run optimize with --screen 0"
         )
 

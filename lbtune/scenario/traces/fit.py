@@ -97,8 +97,48 @@ def fit_lengths(values: list[int], kind: Kind = "auto") -> LengthFit:
     return LengthFit(emp, f"empirical table (a lognormal's KS distance: {ks:.3f})", ks)
 
 
-def _pcts(values: list[float]) -> dict[str, float]:
+def pcts(values: list[float]) -> dict[str, float]:
+    """The trace's own percentiles of a figure (:data:`SHOW_PCTS`), as ``fitted`` stores them."""
     return {f"p{p:g}": round(percentile(values, p), 4) for p in SHOW_PCTS}
+
+
+@dataclass(frozen=True)
+class ArrivalFit:
+    """An open-loop load fitted to arrival times, and what the trace's own gaps were."""
+
+    load: dict[str, Any]
+    duration_s: float | None
+    """The trace's span, at most :data:`MAX_DURATION_S` (``None``: untimed)."""
+    fits: dict[str, str]
+    percentiles: dict[str, dict[str, float]]
+
+
+def fit_arrivals(times: list[float], unit: str = "req") -> ArrivalFit:
+    """The mean rate of ``times`` (sorted, seconds) and its burstiness: Poisson when the
+    gaps' CV is within 0.1 of 1, constant below 0.1, else gamma with that CV; 1 ``unit``/s
+    Poisson when fewer than three times span no time (untimed)."""
+    if len(times) < 3 or times[-1] <= times[0]:
+        fits = {"arrival": f"untimed trace: 1 {unit}/s Poisson (set load)"}
+        return ArrivalFit({"type": "rate", "rate": 1}, None, fits, {})
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    span = times[-1] - times[0]
+    rate = (len(times) - 1) / span
+    mean = sum(gaps) / len(gaps)
+    cv = math.sqrt(sum((g - mean) ** 2 for g in gaps) / max(len(gaps) - 1, 1)) / mean
+    load: dict[str, Any] = {"type": "rate", "rate": round(rate, 4)}
+    if cv < 0.1:
+        load["arrival"] = "constant"
+        fits = {"arrival": f"constant (gap CV {cv:.2f})"}
+    elif abs(cv - 1) <= 0.1:
+        load["arrival"] = "poisson"
+        fits = {"arrival": f"poisson (gap CV {cv:.2f}, within 0.1 of 1)"}
+    else:
+        load.update(arrival="gamma", cv=round(cv, 3))
+        fits = {"arrival": f"gamma with the gaps' CV {cv:.2f} (1 = Poisson)"}
+    if span > MAX_DURATION_S:
+        fits["duration_s"] = f"{MAX_DURATION_S:g} s (the trace spans {span:g} s)"
+    figures = {"gap_s": pcts(gaps), "arrival": {"rate": round(rate, 4), "cv": round(cv, 4)}}
+    return ArrivalFit(load, round(min(span, MAX_DURATION_S), 3), fits, figures)
 
 
 def fit_trace(
@@ -116,35 +156,15 @@ def fit_trace(
     outputs = [r.output_tokens for r in rows]
     p_fit, o_fit = fit_lengths(new_prompt, kind), fit_lengths(outputs, kind)
     fits["prompt_tokens"], fits["output_tokens"] = p_fit.how, o_fit.how
-    trace_pcts["prompt_tokens"] = _pcts([float(v) for v in new_prompt])
-    trace_pcts["output_tokens"] = _pcts([float(v) for v in outputs])
+    trace_pcts["prompt_tokens"] = pcts([float(v) for v in new_prompt])
+    trace_pcts["output_tokens"] = pcts([float(v) for v in outputs])
 
-    times = [r.t for r in rows if r.t is not None]
-    if len(times) >= 3 and times[-1] > times[0]:
-        gaps = [b - a for a, b in itertools.pairwise(times)]
-        span = times[-1] - times[0]
-        rate = (len(times) - 1) / span
-        mean = sum(gaps) / len(gaps)
-        cv = math.sqrt(sum((g - mean) ** 2 for g in gaps) / max(len(gaps) - 1, 1)) / mean
-        load: dict[str, Any] = {"type": "rate", "rate": round(rate, 4)}
-        if cv < 0.1:
-            load["arrival"] = "constant"
-            fits["arrival"] = f"constant (gap CV {cv:.2f})"
-        elif abs(cv - 1) <= 0.1:
-            load["arrival"] = "poisson"
-            fits["arrival"] = f"poisson (gap CV {cv:.2f}, within 0.1 of 1)"
-        else:
-            load.update(arrival="gamma", cv=round(cv, 3))
-            fits["arrival"] = f"gamma with the gaps' CV {cv:.2f} (1 = Poisson)"
-        trace_pcts["gap_s"] = _pcts(gaps)
-        trace_pcts["arrival"] = {"rate": round(rate, 4), "cv": round(cv, 4)}
-        doc["duration_s"] = round(min(span, MAX_DURATION_S), 3)
-        if span > MAX_DURATION_S:
-            fits["duration_s"] = f"{MAX_DURATION_S:g} s (the trace spans {span:g} s)"
-    else:
-        load = {"type": "rate", "rate": 1}
-        fits["arrival"] = "untimed trace: 1 req/s Poisson (set load)"
-    doc["load"] = load
+    arrivals = fit_arrivals([r.t for r in rows if r.t is not None])
+    fits.update(arrivals.fits)
+    trace_pcts.update(arrivals.percentiles)
+    if arrivals.duration_s is not None:
+        doc["duration_s"] = arrivals.duration_s
+    doc["load"] = arrivals.load
 
     models = Counter(r.model or DEFAULT_TRACE_MODEL for r in rows)
     doc["models"] = {m: c for m, c in models.most_common()}

@@ -1,4 +1,9 @@
-"""Parse a trace file of a given format, once per process (cached by path, size and mtime)."""
+"""Parse a trace file of a given format, once per process (cached by path, size and mtime).
+
+Request traces only: an agentic trace (``weka``, ``otel``, ``copilot``) is read into
+sessions by :func:`lbtune.scenario.traces.readsessions.read_sessions`; :func:`guess_format`
+tells both kinds apart.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ from pathlib import Path
 from lbtune.errors import ConfigError
 from lbtune.safety.files import MAX_TRACE_BYTES, open_regular
 from lbtune.scenario.traces import azure, burstgpt, lbtune_run, mooncake, sharegpt
+from lbtune.scenario.traces.readsessions import detect_session_format
 from lbtune.scenario.traces.rows import TraceRow
-from lbtune.scenario.traces.spec import FORMATS
+from lbtune.scenario.traces.sessiongraph import SESSION_FORMATS
+from lbtune.scenario.traces.spec import FORMATS, TraceSource
 
 PARSERS: dict[str, Callable[[Path, str], list[TraceRow]]] = {
     "azure": azure.read,
@@ -24,8 +31,14 @@ _SUFFIX = {".parquet": "lbtune", ".jsonl": "mooncake", ".json": "sharegpt"}
 
 
 def guess_format(path: str | Path) -> str:
-    """The format a file most likely holds: by suffix, and for CSV by its header."""
+    """The format a file most likely holds: an agentic format when a JSON (lines) file's
+    first bytes look like one (:func:`detect_session_format`), else by suffix, and for CSV
+    by its header."""
     p = Path(path)
+    if p.suffix in (".json", ".jsonl") and p.is_file():
+        agentic = detect_session_format(p)
+        if agentic is not None:
+            return agentic
     if p.suffix in _SUFFIX:
         return _SUFFIX[p.suffix]
     if p.suffix == ".csv" and p.is_file():
@@ -59,8 +72,22 @@ def _digest(path: str, size: int, mtime: int) -> str:
     return h.hexdigest()
 
 
+def check_pinned(src: TraceSource) -> None:
+    """A ConfigError when the trace's bytes are not those the run was planned with."""
+    if src.sha256 is not None and digest(src.trace) != src.sha256:
+        raise ConfigError(
+            f"{src.trace}: the trace changed since the run was planned (sha256 differs); "
+            "re-plan the run"
+        )
+
+
 def read_trace(path: str | Path, fmt: str) -> tuple[TraceRow, ...]:
     """Every request in ``path`` (a ``fmt`` trace), validated; ConfigError on the first bad row."""
+    if fmt in SESSION_FORMATS:
+        raise ConfigError(
+            f"{path}: a {fmt} trace holds agent sessions, not requests; read it with "
+            "lbtune.scenario.traces.readsessions.read_sessions (a scenario replays it as sessions)"
+        )
     if fmt not in PARSERS:
         raise ConfigError(f"Unknown trace format '{fmt}'. Available: {', '.join(FORMATS)}")
     p = Path(path)

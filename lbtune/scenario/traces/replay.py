@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -27,7 +28,7 @@ from lbtune.scenario import draws
 from lbtune.scenario.models import Scenario
 from lbtune.scenario.prompts import TextSynth
 from lbtune.scenario.request import Api, RequestSpec
-from lbtune.scenario.traces.read import digest, read_trace
+from lbtune.scenario.traces.read import check_pinned, digest, read_trace
 from lbtune.scenario.traces.rows import TraceRow
 from lbtune.scenario.traces.spec import TraceSource
 
@@ -49,12 +50,17 @@ class Replay:
 
     @property
     def span_s(self) -> float:
-        """Replay length: the last send plus one mean gap (a timed trace)."""
-        if not self.offsets:
-            return 0.0
-        last = self.offsets[-1]
-        gap = last / (len(self.offsets) - 1) if len(self.offsets) > 1 else 1.0
-        return last + max(gap, 1e-3)
+        """Replay length (a timed trace): :func:`span_of` its offsets."""
+        return span_of(self.offsets or ())
+
+
+def span_of(offsets: Sequence[float]) -> float:
+    """A timed replay's length: the last send plus one mean gap (1 s after a lone send)."""
+    if not offsets:
+        return 0.0
+    last = offsets[-1]
+    gap = last / (len(offsets) - 1) if len(offsets) > 1 else 1.0
+    return last + max(gap, 1e-3)
 
 
 def replay_of(scenario: Scenario, seed: int | None = None) -> Replay:
@@ -62,11 +68,7 @@ def replay_of(scenario: Scenario, seed: int | None = None) -> Replay:
     src = scenario.source
     if src is None:
         raise ConfigError(f"scenario '{scenario.name}' has no trace source")
-    if src.sha256 is not None and digest(src.trace) != src.sha256:
-        raise ConfigError(
-            f"{src.trace}: the trace changed since the run was planned (sha256 differs); "
-            "re-plan the run"
-        )
+    check_pinned(src)
     rows = read_trace(src.trace, src.format)  # cached while the file is unchanged
     return _replay(src, rows, scenario.seed if seed is None else seed, scenario.turn_gap)
 
@@ -122,6 +124,7 @@ class TraceWorkload:
         self.seed = scenario.seed if seed is None else seed
         self.replay = replay_of(scenario, self.seed)
         self.synth = TextSynth(tokenizer_path)
+        self._blocks = BlockText(self.synth, self.seed, self.replay.source.block_tokens)
         self._recorded = recorded
         """lbtune format with its run.json: the recorded run's own workload."""
         models = scenario.models
@@ -163,8 +166,8 @@ class TraceWorkload:
         else:
             prompt = "\n\n".join(text for _, text in parts)
         group = row.prefix_group
-        if group is None and row.hash_ids:
-            group = row.hash_ids[0] & _MASK31
+        if group is None:
+            group = BlockText.group(row.hash_ids)
         return RequestSpec(
             index=i,
             api=api,  # type: ignore[arg-type]
@@ -190,23 +193,44 @@ class TraceWorkload:
             if self.synth.tokenizer == "lbtune":
                 return parts, row.prompt_tokens
             return parts, sum(self.synth.count(t) for _, t in parts)
+        text, total = self._blocks.text(row.hash_ids or (), row.prompt_tokens, (_ROW, row.line))
+        return [("user", text)], total
+
+
+@dataclass(frozen=True)
+class BlockText:
+    """Prompt text as Mooncake-style blocks: one ``block_tokens`` piece per hash id, keyed
+    by the id alone, so prompts whose leading ids agree share exactly that leading text
+    (a prefix the replicas' caches see), in any trace format and any process."""
+
+    synth: TextSynth
+    seed: int
+    block_tokens: int
+
+    def text(self, hash_ids: Sequence[int], n: int, rest: tuple[int, ...]) -> tuple[str, int]:
+        """``(text, tokens)`` of ``n`` tokens: the blocks of ``hash_ids`` (the last one cut to
+        what is left), then what the ids do not cover, keyed by ``rest``."""
         pieces: list[str] = []
         total = 0
-        left = row.prompt_tokens
-        block = self.replay.source.block_tokens
-        for h in row.hash_ids or ():
+        left = n
+        for h in hash_ids:
             if left <= 0:
                 break
-            n = min(block, left)
-            text, got = self.synth.text(self.seed, (_BLOCK, h & _MASK31, n), n)
+            size = min(self.block_tokens, left)
+            text, got = self.synth.text(self.seed, (_BLOCK, h & _MASK31, size), size)
             pieces.append(text)
             total += got
-            left -= n
+            left -= size
         if left > 0:
-            text, got = self.synth.text(self.seed, (_ROW, row.line, left), left)
+            text, got = self.synth.text(self.seed, (*rest, left), left)
             pieces.append(text)
             total += got
-        return [("user", " ".join(pieces))], total
+        return " ".join(pieces), total
+
+    @staticmethod
+    def group(hash_ids: Sequence[int] | None) -> int | None:
+        """The prefix group of a prompt of blocks: its first block's id (31 bits)."""
+        return hash_ids[0] & _MASK31 if hash_ids else None
 
 
 def _cumulative(weights: list[float]) -> list[float]:

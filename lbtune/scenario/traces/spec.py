@@ -10,6 +10,10 @@ seconds of trace time after the trace's first request (the window's beginning);
 requests, picked by the seed: a thinned trace); ``block_tokens`` 1..65 536 (tokens per
 Mooncake hash block). ``sha256`` is filled in when a run is planned, so every generator
 process replays the same bytes.
+
+The agentic formats (``weka``, ``otel``, ``copilot``: :data:`SESSION_FORMATS`) hold agent
+sessions, not requests: they replay as causal sessions (:mod:`.sessions`), and ``start``,
+``limit`` and ``rate_scale`` then count sessions.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lbtune.scenario.limits import MAX_TRACE_ROWS, MAX_TRACE_START_S
+from lbtune.scenario.traces.sessiongraph import SESSION_FORMATS
 
-TraceFormat = Literal["azure", "mooncake", "burstgpt", "sharegpt", "lbtune"]
-FORMATS: tuple[str, ...] = ("azure", "mooncake", "burstgpt", "sharegpt", "lbtune")
-TIMED: frozenset[str] = frozenset({"azure", "mooncake", "burstgpt", "lbtune"})
-"""Formats with arrival times (ShareGPT has none: the scenario's ``load`` times it)."""
+TraceFormat = Literal[
+    "azure", "mooncake", "burstgpt", "sharegpt", "lbtune", "weka", "otel", "copilot"
+]
+FORMATS: tuple[str, ...] = ("azure", "mooncake", "burstgpt", "sharegpt", "lbtune", *SESSION_FORMATS)
+TIMED: frozenset[str] = frozenset({"azure", "mooncake", "burstgpt", "lbtune", *SESSION_FORMATS})
+"""Formats with arrival times (ShareGPT has none: the scenario's ``load`` times it); an
+agentic trace's are its sessions' starts."""
 
 
 class TraceSource(BaseModel):
@@ -38,7 +46,7 @@ class TraceSource(BaseModel):
         default=0.0, ge=0, le=MAX_TRACE_START_S, description="Window start, trace seconds."
     )
     limit: int | None = Field(
-        default=None, ge=1, le=MAX_TRACE_ROWS, description="At most N requests."
+        default=None, ge=1, le=MAX_TRACE_ROWS, description="At most N requests (sessions)."
     )
     rate_scale: float = Field(default=1.0, gt=0, le=1, description="Keep this fraction (seeded).")
     block_tokens: int = Field(default=512, ge=1, le=65_536, description="Mooncake block size.")
@@ -48,3 +56,8 @@ class TraceSource(BaseModel):
     def timed(self) -> bool:
         """Whether the trace carries its own arrival times."""
         return self.format in TIMED
+
+    @property
+    def sessions(self) -> bool:
+        """Whether the trace holds agent sessions (replayed causally, :mod:`.sessions`)."""
+        return self.format in SESSION_FORMATS

@@ -3,9 +3,11 @@ before anything is sent."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -166,3 +168,76 @@ def test_stress_with_a_bad_trace_is_one_line_exit_2_and_sends_nothing(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
     assert not (tmp_path / "out").exists()
+
+
+def _otel_cycle(path: Path) -> None:
+    """Two chat spans, each the other's parent."""
+    attrs = [
+        {"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
+        {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "100"}},
+        {"key": "gen_ai.usage.output_tokens", "value": {"intValue": 5}},
+    ]
+    spans = [
+        {"traceId": "t", "spanId": a, "parentSpanId": b, "name": "chat",
+         "startTimeUnixNano": "0", "endTimeUnixNano": "1000000000", "attributes": attrs}
+        for a, b in (("a", "b"), ("b", "a"))
+    ]  # fmt: skip
+    path.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}))
+
+
+def _weka_orphan(path: Path) -> None:
+    """A session whose first call is a subagent's: it has no parent call."""
+    req = {"t": 0, "in": 100, "out": 10, "type": "subagent", "agent": "a"}
+    path.write_text(json.dumps({"session_id": "s", "t": 0, "requests": [req]}) + "\n")
+
+
+def _copilot_negative(path: Path) -> None:
+    """A tool batch of -5 ms between two turns."""
+    turns = [
+        {"llm_calls": [{"prompt_tokens": 100, "completion_tokens": 5}],
+         "tool_batches": [{"duration_ms": -5}]},
+        {"llm_calls": [{"prompt_tokens": 200, "completion_tokens": 5}]},
+    ]  # fmt: skip
+    path.write_text(json.dumps({"sessions": [{"id": "x", "start": 0, "turns": turns}]}))
+
+
+@pytest.mark.parametrize(
+    ("name", "write", "needle"),
+    [
+        ("spans.json", _otel_cycle, "a cycle in the span graph"),
+        ("agent.jsonl", _weka_orphan, "a subagent without a parent"),
+        ("copilot.json", _copilot_negative, "duration_ms': expected a finite number >= 0"),
+    ],
+    ids=["otel-cycle", "weka-orphan-subagent", "copilot-negative-duration"],
+)
+def test_a_malformed_agent_trace_is_one_line_exit_2_from_stress_and_fit(
+    tmp_path: Path, name: str, write: Callable[[Path], None], needle: str
+) -> None:
+    """Issue 28: the agentic formats' graph errors, detected from the file (no
+    --trace-format), end both commands in one line naming the file, exit 2."""
+    p = tmp_path / name
+    write(p)
+    for args in (
+        [
+            "stress",
+            "--trace",
+            str(p),
+            "--target",
+            "http://127.0.0.1:9",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        ["scenarios", "fit", str(p), "-o", str(tmp_path / "fit.yaml")],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "lbtune", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ),
+        )
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, proc.stderr
+        assert len(lines) == 1 and lines[0].startswith("error: "), lines
+        assert name in lines[0] and needle in lines[0], lines
+    assert not (tmp_path / "o").exists() and not (tmp_path / "fit.yaml").exists()
