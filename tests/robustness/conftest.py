@@ -3,10 +3,13 @@ the processes a run leaves behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +69,40 @@ def echo_url() -> Iterator[str]:
     yield url
     proc.terminate()
     proc.wait(timeout=5)
+
+
+STOP_S = 45.0
+"""After Ctrl-C a run stops its generators and waits at most grace (5 s) + 10 s for them
+(``lbtune.loadgen.runner``); 45 s leaves a busy machine (three test workers sharing what
+a CPU hog leaves of two cores) time to schedule the signal and the kills."""
+REPORT_S = 120.0
+"""Then the partial summary and report: a few seconds on a quiet machine, much longer when
+the CPU is shared; only a bound against a hang."""
+
+
+def wait_for_stop(proc: subprocess.Popen[str], marker: str) -> str:
+    """After a Ctrl-C to ``proc`` (an ``lbtune stress``): its generator processes (those
+    whose command line holds ``marker``, its output directory) are gone within
+    :data:`STOP_S`, then ``proc`` exits within :data:`REPORT_S`; returns its stderr.
+    Fails the test (killing what is left) otherwise, naming which of the two did not end."""
+    deadline = time.monotonic() + STOP_S
+    while time.monotonic() < deadline and set(processes_mentioning(marker)) - {proc.pid}:
+        time.sleep(0.2)
+    left = set(processes_mentioning(marker)) - {proc.pid}
+    if left:
+        proc.kill()
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
+        pytest.fail(f"the generators {sorted(left)} still ran {STOP_S:g} s after Ctrl-C")
+    try:
+        _, err = proc.communicate(timeout=REPORT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate(timeout=10)
+        pytest.fail(f"the generators stopped, but lbtune did not exit {REPORT_S:g} s later")
+    return err
 
 
 def processes_mentioning(marker: str) -> list[int]:
