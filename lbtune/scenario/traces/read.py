@@ -16,7 +16,7 @@ from lbtune.errors import ConfigError
 from lbtune.safety.files import MAX_TRACE_BYTES, open_regular
 from lbtune.scenario.traces import azure, burstgpt, lbtune_run, mooncake, sharegpt
 from lbtune.scenario.traces.readsessions import detect_session_format
-from lbtune.scenario.traces.rows import TraceRow
+from lbtune.scenario.traces.rows import TraceRow, read_errors
 from lbtune.scenario.traces.sessiongraph import SESSION_FORMATS
 from lbtune.scenario.traces.spec import FORMATS, TraceSource
 
@@ -99,14 +99,8 @@ def read_trace(path: str | Path, fmt: str) -> tuple[TraceRow, ...]:
 
 @lru_cache(maxsize=8)
 def _cached(path: str, fmt: str, size: int, mtime: int, shown: str) -> tuple[TraceRow, ...]:
-    try:
+    with read_errors(shown, fmt):
         rows = PARSERS[fmt](Path(path), shown)
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{shown}: not UTF-8 text at byte {exc.start} (is it a {fmt} trace?)"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"{shown}: cannot read ({exc.strerror})") from None
     if not rows:
         raise ConfigError(f"{shown}: the trace holds no requests")
     return tuple(rows)

@@ -21,7 +21,7 @@ from pathlib import Path
 from lbtune.errors import ConfigError
 from lbtune.safety.files import MAX_TRACE_BYTES, open_regular, read_text
 from lbtune.scenario.traces import copilot, otel, weka
-from lbtune.scenario.traces.rows import bad, check_count, open_text
+from lbtune.scenario.traces.rows import bad, check_count, open_text, read_errors
 from lbtune.scenario.traces.sessiongraph import SESSION_FORMATS, TraceSession, check_session
 
 __all__ = ["detect_session_format", "read_sessions"]
@@ -100,14 +100,8 @@ def read_sessions(path: str | Path, fmt: str) -> tuple[TraceSession, ...]:
 
 @lru_cache(maxsize=8)
 def _cached(path: str, fmt: str, size: int, mtime: int, shown: str) -> tuple[TraceSession, ...]:
-    try:
+    with read_errors(shown, fmt):
         sessions = _READERS[fmt](Path(path), shown)
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{shown}: not UTF-8 text at byte {exc.start} (is it a {fmt} trace?)"
-        ) from None
-    except OSError as exc:
-        raise ConfigError(f"{shown}: cannot read ({exc.strerror})") from None
     if not sessions:
         raise ConfigError(f"{shown}: the trace holds no sessions (is it a {fmt} trace?)")
     for session in sessions:

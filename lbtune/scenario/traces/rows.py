@@ -99,6 +99,19 @@ def open_text(path: Path, shown: str, newline: str | None = None) -> Iterator[io
         yield io.TextIOWrapper(raw, encoding="utf-8", newline=newline)
 
 
+@contextmanager
+def read_errors(shown: str, fmt: str) -> Iterator[None]:
+    """A parser's undecodable bytes and OS errors as one ConfigError line naming the file."""
+    try:
+        yield
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{shown}: not UTF-8 text at byte {exc.start} (is it a {fmt} trace?)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot read ({exc.strerror})") from None
+
+
 class Monotonic:
     """Checks that timestamps never go back (a sorted trace is what replay needs)."""
 
