@@ -26,7 +26,11 @@ Otherwise the context grows causally, so prefix caches see the sharing a real ag
 * a subagent's first call = the messages of the latest call it waited for (its parent's
   prompt), then its own new text;
 * a call with neither starts fresh; so does one whose ``prompt_tokens`` is below the
-  context it would inherit plus one token: its agent compacted the context.
+  context it would inherit plus one token: its agent compacted the context. A fresh call
+  without hash ids whose trace says ``cached_tokens`` were served from a cache begins with
+  a ``system`` message of that many tokens, keyed by the count alone: the context (system
+  prompt, tools) that other sessions sent before it, shared by every such call of equal
+  count (the same rule ``scenarios fit`` groups shared contexts by).
 
 Texts are synthesized when a request is built (string slices), so the session cache holds
 only each call's plan and the keys of its texts.
@@ -60,6 +64,10 @@ _SESSION = 0x7E6
 _STREAM = 0x7E7
 _NEW = 0x7E8
 _ANSWER = 0x7E9
+_SHARED = 0x7EA
+_SHARED_GROUP = 0x40000000
+"""Prefix group of a cached context: ``_SHARED_GROUP | tokens`` (it equals a block-id
+group only if that id's low 31 bits happen to be the same number)."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,10 @@ class _CallText:
     """The base call's answer follows its messages (``False``: a subagent's first call)."""
     new_tokens: int
     """Tokens of the call's own text (a call with hash ids: all of its prompt, as blocks)."""
+    shared_tokens: int
+    """Of a fresh call's own text without hash ids: the leading tokens the trace says a
+    cache served (``cached_tokens``), sent as a context shared by every fresh call with
+    the same count (a system prompt and tools other sessions sent before it)."""
     total: int
     """Tokens of the whole prompt (as targeted: a tokenizer file may count a few more)."""
     max_tokens: int
@@ -192,13 +204,19 @@ class TraceSessionWorkload:
                 inherited = texts[base].total + (texts[base].max_tokens if answer else 0)
             if c.hash_ids or base is None or c.prompt_tokens < inherited + 1:
                 base, inherited = None, 0  # blocks, a first call, or a compacted context
+            shared = 0
+            if base is None and not c.hash_ids:
+                shared = max(0, min(c.cached_tokens, c.prompt_tokens - 1))
             group = BlockText.group(c.hash_ids) if base is None else texts[base].group
+            if shared:
+                group = _SHARED_GROUP | shared
             new = max(c.prompt_tokens - inherited, 1)
             texts.append(
                 _CallText(
                     base=base,
                     answer=answer,
                     new_tokens=new,
+                    shared_tokens=shared,
                     total=inherited + new,
                     max_tokens=max_tokens,
                     stream=draws.uniform(self.seed, _STREAM, trace.line, k) < self.mix.stream,
@@ -264,6 +282,10 @@ class TraceSessionWorkload:
                 parts.append(("assistant", answer))
             hash_ids = sess.trace.calls[p].hash_ids if call.base is None else None
             key, n = (_NEW, line, p), call.new_tokens
+            if call.shared_tokens:
+                shared = call.shared_tokens
+                parts.append(("system", self.synth.text(self.seed, (_SHARED, shared), shared)))
+                n -= shared
             own = (
                 self._blocks.text(hash_ids, n, key)
                 if hash_ids

@@ -277,3 +277,33 @@ def test_scenarios_show_previews_the_first_calls(tmp_path: Path) -> None:
     assert preview["requests"] == 15 and preview["agent"] == {"sessions": 3, "subagent_calls": 6}
     p50 = preview["prompt_tokens"]["p50"]
     assert p50["trace"] == p50["sampled"]  # causal contexts: the trace's exact lengths
+
+
+def test_cached_tokens_of_a_fresh_call_are_a_context_shared_across_sessions(
+    trace: dict[str, tuple[TraceSession, ...]],
+) -> None:
+    """A first call whose trace says 300 of its tokens came from a cache starts with the
+    same 300-token ``system`` context as every other such call, whatever session; its own
+    text follows, and the prompt keeps the trace's length. Later calls of the session grow
+    from it; a first call without cached tokens has no such context."""
+    trace["sessions"] = (
+        TraceSession(1, 0.0, (TraceCall(1, 400, 10, (), 0.0, cached_tokens=300),)),
+        TraceSession(
+            2,
+            1.0,
+            (
+                TraceCall(2, 500, 10, (), 0.0, cached_tokens=300),
+                TraceCall(2, 600, 10, (0,), 0.1, cached_tokens=500),
+            ),
+        ),
+        TraceSession(3, 2.0, (TraceCall(3, 400, 10, (), 0.0),)),
+    )
+    w = TraceSessionWorkload(_scenario())
+    a, b, b2, c = (w.request(call_index(s, k)) for s, k in ((0, 0), (1, 0), (1, 1), (2, 0)))
+    ta, tb, tb2, tc = (_texts(x) for x in (a, b, b2, c))
+    assert ta[0][0] == "system" and ta[0] == tb[0] and tokens.count(ta[0][1]) == 300
+    assert ta[1] != tb[1] and ta[1][0] == tb[1][0] == "user"
+    assert [x.prompt_tokens for x in (a, b, b2, c)] == [400, 500, 600, 400]
+    assert tb2[: len(tb)] == tb  # the session's own growth, from the shared context on
+    assert [role for role, _ in tc] == ["user"]
+    assert a.prefix_group == b.prefix_group == b2.prefix_group != c.prefix_group
