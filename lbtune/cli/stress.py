@@ -176,16 +176,16 @@ def stress_command(
         state_dir=state_dir,
     )
     err = ci_mode.start(ci, junit)
-    term = _OnSigterm()
+    term = _OnStop()
     try:
         with term:
             result = _run(opts, ci, err, term.stop)
     except KeyboardInterrupt:
         if not term.stop.is_set():
             raise
-        # A second SIGTERM while something before the load (or its drain) was still busy.
-        err.print("terminated (SIGTERM, twice): stopped without waiting", markup=False)
-        raise typer.Exit(TERMINATED_EXIT) from None
+        # A second signal while something before the load (or its drain) was still busy.
+        err.print(f"{term.why}, twice: stopped without waiting", markup=False)
+        raise typer.Exit(term.exit_code) from None
     except Exception as exc:
         ci_mode.junit_on_error(junit, "stress", exc)
         raise
@@ -193,9 +193,8 @@ def stress_command(
     report_dir = None if result.report is None else str(result.report.directory)
     _tell(result.summary, report_dir, junit, err)
     if result.load.stopped_early:
-        why = "terminated (SIGTERM)" if term.stop.is_set() else "interrupted"
-        err.print(f"{why}: the report holds what was measured until then")
-        raise typer.Exit(TERMINATED_EXIT if term.stop.is_set() else 130)
+        err.print(f"{term.why}: the report holds what was measured until then")
+        raise typer.Exit(term.exit_code)
     breaches = ci_mode.slo_breaches(result.summary)
     if ci and breaches:
         err.print("SLO breached (--ci: exit 1): " + ", ".join(breaches), markup=False)
@@ -272,30 +271,46 @@ TERMINATED_EXIT = 128 + 15
 """Exit status of a stress ended by SIGTERM (what a shell reports for a process it killed)."""
 
 
-class _OnSigterm:
-    """While entered, SIGTERM (what CI runners and systemd send) stops the run like Ctrl-C:
-    the first sets ``stop`` (drain, partial report), a second one stops waiting for the
-    drain. Only in the main thread; elsewhere it does nothing."""
+class _OnStop:
+    """While entered, Ctrl-C (SIGINT) and SIGTERM (what CI runners and systemd send) stop
+    the run: the first sets ``stop``, which the load's supervisor polls (drain, partial
+    report); a second one raises KeyboardInterrupt (stop waiting for the drain). A flag
+    rather than the KeyboardInterrupt of a first Ctrl-C: that exception lands wherever the
+    main thread happens to be, and a run that met it outside the supervisor's loop went on
+    sending (seen in CI: generators still running 45 s after Ctrl-C). Only in the main
+    thread; elsewhere it does nothing and Ctrl-C stays Python's KeyboardInterrupt."""
+
+    _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.stop = threading.Event()
-        self._old: Any = None
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    @property
+    def why(self) -> str:
+        """How the run was stopped, for the one line that says so."""
+        return "terminated (SIGTERM)" if self.signum == signal.SIGTERM else "interrupted"
+
+    @property
+    def exit_code(self) -> int:
+        """What a shell reports for a process that signal ended: 143 (SIGTERM), 130."""
+        return TERMINATED_EXIT if self.signum == signal.SIGTERM else 128 + signal.SIGINT
 
     def _handler(self, signum: int, frame: object) -> None:
         if self.stop.is_set():
             raise KeyboardInterrupt
+        self.signum = signum
         self.stop.set()
 
-    def __enter__(self) -> _OnSigterm:
+    def __enter__(self) -> _OnStop:
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._handler)
+            self._old = {sig: signal.signal(sig, self._handler) for sig in self._SIGNALS}
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import signal
-
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 class _LiveProgress:

@@ -90,12 +90,13 @@ def wait_for_stop(proc: subprocess.Popen[str], marker: str) -> str:
         time.sleep(0.2)
     left = set(processes_mentioning(marker)) - {proc.pid}
     if left:
+        what = {pid: _cmdline(pid)[:160] for pid in sorted(left)}
         proc.kill()
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.communicate(timeout=10)
-        pytest.fail(f"the generators {sorted(left)} still ran {STOP_S:g} s after Ctrl-C")
+        pytest.fail(f"still running {STOP_S:g} s after Ctrl-C: {what}")
     try:
         _, err = proc.communicate(timeout=REPORT_S)
     except subprocess.TimeoutExpired:
@@ -103,6 +104,15 @@ def wait_for_stop(proc: subprocess.Popen[str], marker: str) -> str:
         proc.communicate(timeout=10)
         pytest.fail(f"the generators stopped, but lbtune did not exit {REPORT_S:g} s later")
     return err
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    except OSError:
+        return "(gone)"
 
 
 def processes_mentioning(marker: str) -> list[int]:
