@@ -115,13 +115,29 @@ def _disturbances(tmp: Path) -> dict[str, tuple[str, ...]]:
     }
 
 
+def _wait_idle(tmp: Path, timeout_s: float = 5.0) -> None:
+    """Until HAProxy counts no open session on any server (bounded): the hash's load bound
+    skips a server that still holds the previous request's session, which HAProxy may not
+    have closed yet on a busy machine when the client already has its answer; the twin's
+    model sees each request end before the next."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = HaproxyRuntime(str(tmp / "haproxy.sock")).stat()
+        if all(r.raw.get("scur", "0") in ("", "0") for r in rows if r.backend == "all"):
+            return
+        time.sleep(0.01)
+
+
 def live_picks(tmp: Path, port: int, contents: list[str], rounds: int = 3) -> list[str]:
     """HAProxy's pick for each request, from a sequence no retry, redispatch or server
     state change touched (up to ``rounds`` sequences; the last one's disturbance fails)."""
     why = ""
     for _ in range(rounds):
         before = _disturbances(tmp)
-        picks = [post(port, c) for c in contents]
+        picks = []
+        for c in contents:
+            _wait_idle(tmp)
+            picks.append(post(port, c))
         after = _disturbances(tmp)
         down = [name for name, row in after.items() if row[0] != "UP"]
         if before == after and not down:
