@@ -145,29 +145,27 @@ def test_stress_with_a_bad_trace_is_one_line_exit_2_and_sends_nothing(
     bad_row = "ten" if "--users" not in args else "12"
     p.write_text(AZ + f"2023-11-16 18:15:46.68,10,5\n2023-11-16 18:15:47,{bad_row},5\n")
     # A target nothing listens on: the error must come before any connection is tried.
+    line = _one_error_line(
+        ["stress", "--trace", str(p), *args, "--target", "http://127.0.0.1:9",
+         "--out", str(tmp_path / "out")]
+    )  # fmt: skip
+    assert needle in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def _one_error_line(args: list[str]) -> str:
+    """``python -m lbtune ARGS`` must exit 2 with one ``error:`` line on stderr: that line."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lbtune",
-            "stress",
-            "--trace",
-            str(p),
-            *args,
-            "--target",
-            "http://127.0.0.1:9",
-            "--out",
-            str(tmp_path / "out"),
-        ],
+        [sys.executable, "-m", "lbtune", *args],
         capture_output=True,
         text=True,
         timeout=60,
         env=dict(os.environ),
     )
-    assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
-    assert not (tmp_path / "out").exists()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
 
 
 def _otel_cycle(path: Path) -> None:
@@ -229,15 +227,6 @@ def test_a_malformed_agent_trace_is_one_line_exit_2_from_stress_and_fit(
         ],
         ["scenarios", "fit", str(p), "-o", str(tmp_path / "fit.yaml")],
     ):
-        proc = subprocess.run(
-            [sys.executable, "-m", "lbtune", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=dict(os.environ),
-        )
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2, proc.stderr
-        assert len(lines) == 1 and lines[0].startswith("error: "), lines
-        assert name in lines[0] and needle in lines[0], lines
+        line = _one_error_line(args)
+        assert name in line and needle in line, line
     assert not (tmp_path / "o").exists() and not (tmp_path / "fit.yaml").exists()
