@@ -191,6 +191,11 @@ class VllmReplicas(BaseModel):
     max_num_seqs: int = Field(default=8, ge=1, le=1024)
     max_model_len: int = Field(default=4096, ge=64, le=4096)
     num_gpu_blocks_override: int | None = Field(default=40, ge=1, le=1_000_000)
+    enforce_eager: bool = Field(
+        default=False,
+        description="--enforce-eager: no torch.compile at startup (each server is up ~30 s "
+        "sooner on a busy CPU); its steps then run uncompiled.",
+    )
     name: str = Field(default="vllm", description="Name prefix: vllm-0, vllm-1, ...")
 
     @field_validator("model")

@@ -173,6 +173,7 @@ class ServerSettings:
     max_num_batched_tokens: int = 4096
     num_gpu_blocks_override: int | None = 40
     kv_cache_space_gib: int = 1
+    enforce_eager: bool = False
     extra_args: tuple[str, ...] = ()
 
 
@@ -204,6 +205,8 @@ def server_command(python: Path, model: Path, host: str, port: int, s: ServerSet
     ]
     if s.num_gpu_blocks_override is not None:
         cmd += ["--num-gpu-blocks-override", str(s.num_gpu_blocks_override)]
+    if s.enforce_eager:
+        cmd.append("--enforce-eager")
     return [*cmd, *s.extra_args]
 
 
@@ -247,6 +250,7 @@ def start_servers(cluster: ResolvedCluster, paths: StatePaths) -> list[ProcessRe
         max_num_seqs=v.max_num_seqs,
         max_model_len=v.max_model_len,
         num_gpu_blocks_override=v.num_gpu_blocks_override,
+        enforce_eager=v.enforce_eager,
     )
     started: list[ProcessRecord] = []
     try:

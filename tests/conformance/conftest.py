@@ -166,8 +166,14 @@ class Process:
 def start_vllm(port: int, log: Path) -> Process:
     """One pinned vLLM server on the tiny model (built first if needed)."""
     cpu = max(os.sched_getaffinity(0))
+    # Eager: the interface under test is the same, and torch.compile's warm-up is ~30 s of
+    # the one core the suite's other workers share.
     settings = vllm.ServerSettings(
-        served_name=MODEL, cpus=(cpu,), max_num_seqs=VLLM_MAX_NUM_SEQS, num_gpu_blocks_override=40
+        served_name=MODEL,
+        cpus=(cpu,),
+        max_num_seqs=VLLM_MAX_NUM_SEQS,
+        num_gpu_blocks_override=40,
+        enforce_eager=True,
     )
     cmd = vllm.server_command(vllm.venv_python(), vllm.ensure_model(), "127.0.0.1", port, settings)
     return Process(cmd, vllm.server_env(settings), port, log)

@@ -60,6 +60,9 @@ def test_server_command_pins_and_sets_the_engine_flags() -> None:
         "--dtype bfloat16",
     ):
         assert flag in flags
+    assert "--enforce-eager" not in flags
+    eager = vllm.ServerSettings(served_name="m", enforce_eager=True)
+    assert "--enforce-eager" in vllm.server_command(Path("/p"), Path("/m"), "127.0.0.1", 1, eager)
     env = vllm.server_env(s)
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["HF_HUB_OFFLINE"] == "1"
 
@@ -74,7 +77,8 @@ def vllm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[End
         pytest.fail(vllm.not_installed_message())
     cfg, _ = load_config("vllm-cpu")
     assert cfg.vllm is not None
-    one = cfg.vllm.model_copy(update={"count": 1, "cpus": [max(os.sched_getaffinity(0))]})
+    last = max(os.sched_getaffinity(0))
+    one = cfg.vllm.model_copy(update={"count": 1, "cpus": [last], "enforce_eager": True})
     state = tmp_path_factory.mktemp("vllm-cluster")
     try:
         yield api.up(cfg.model_copy(update={"vllm": one}), state), state
@@ -112,6 +116,7 @@ def test_cluster_up_serves_through_haproxy_and_down_stops_vllm(
     assert pids
     family = [pids[0], *(p.pid for p in psutil.Process(pids[0]).children(recursive=True))]
     assert psutil.Process(pids[0]).cpu_affinity() == [max(os.sched_getaffinity(0))]
+    assert "--enforce-eager" in psutil.Process(pids[0]).cmdline()  # the section's flag reached it
     stopped = api.down(state)
     assert "vllm-0" in stopped
     assert not [
