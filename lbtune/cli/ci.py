@@ -27,10 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from lbtune.errors import LbtuneError
-from lbtune.report import frame
-from lbtune.report.junit import _check_text, error_suite, write_junit
-from lbtune.report.markdown import table
-from lbtune.report.study_frame import before_after, confirmation_table, headline
 from lbtune.safety.files import check_out_file
 from lbtune.safety.secrets import ScrubFilter
 
@@ -147,6 +143,8 @@ def append_step_summary(markdown: str, env: dict[str, str] | None = None) -> Pat
 
 def slo_breaches(summary: RunSummary) -> list[str]:
     """One phrase per failed SLO check, e.g. ``p99_ttft 512 ms > 350 ms``."""
+    from lbtune.report.junit import _check_text
+
     out = []
     for c in summary.slo_checks:
         if c.ok is False:
@@ -157,6 +155,9 @@ def slo_breaches(summary: RunSummary) -> list[str]:
 
 def stress_markdown(summary: RunSummary, report_dir: str | None = None) -> str:
     """A short step summary: verdict, headline figures, SLO checks, warnings."""
+    from lbtune.report import frame
+    from lbtune.report.markdown import table
+
     breaches = slo_breaches(summary)
     mark = (
         "❌ SLO breached: " + ", ".join(breaches) if breaches else f"✅ {frame.slo_head(summary)}"
@@ -175,6 +176,9 @@ def stress_markdown(summary: RunSummary, report_dir: str | None = None) -> str:
 
 def study_markdown(result: StudyResult) -> str:
     """A short step summary: headline, before/after, confirmation, rollout."""
+    from lbtune.report.markdown import table
+    from lbtune.report.study_frame import before_after, confirmation_table, headline
+
     r = result.rollout
     bad = r is not None and (r.rolled_back or not r.applied)
     parts = [
@@ -241,6 +245,8 @@ def check_writable(path: Path | None, option: str = "--junit") -> None:
 
 def junit_on_error(path: Path | None, command: str, exc: BaseException) -> None:
     """With ``--junit``, record a command that stopped on an error as one errored case."""
+    from lbtune.report.junit import error_suite, write_junit
+
     if path is None:
         return
     code = exc.exit_code if isinstance(exc, LbtuneError) else 3
