@@ -14,11 +14,11 @@ if [ "${LBTUNE_SKIP_LINT:-0}" != 1 ]; then
   .venv/bin/mypy
   .venv/bin/lint-imports
 fi
-# Three pytest-xdist workers by default (LBTUNE_TEST_WORKERS=0 runs serially): most of the
+# Four pytest-xdist workers by default (LBTUNE_TEST_WORKERS=0 runs serially): most of the
 # suite's time is integration tests waiting on load they drive against simulated replicas,
-# so three workers share two cores well (12.7 min, 14.3 with a busy loop on one core, against
-# ~36 serially). Each test module, or group of modules sharing a server, runs whole on one
-# worker, longest first (tests/workers.py); each worker picks loopback ports in its own range.
-# The 25 slowest tests are listed at the end (where the suite's time goes). Extra arguments
-# go to pytest.
-exec .venv/bin/python -m pytest -n "${LBTUNE_TEST_WORKERS:-3}" --dist loadgroup --durations=25 "$@"
+# so four workers share two cores (docs: README "Tests"; three took 17.7 min with a busy loop
+# on one core, four 15.8, on 2026-12-06). Each test module, or group of modules sharing a
+# server, runs whole on one worker, longest first (tests/workers.py); each worker picks
+# loopback ports in its own range. The 25 slowest tests are listed at the end (where the
+# suite's time goes). Extra arguments go to pytest.
+exec .venv/bin/python -m pytest -n "${LBTUNE_TEST_WORKERS:-4}" --dist loadgroup --durations=25 "$@"

@@ -4,7 +4,7 @@ The integration test runs the `run:` steps of `.github/workflows/nightly-tune.ym
 order, as GitHub would (``bash --noprofile --norc -eo pipefail``, the job's ``env:``,
 ``$GITHUB_STEP_SUMMARY``), against the embedded cluster with a tiny budget:
 ``${{ ... }}`` expressions are evaluated with empty secrets and inputs, and the nightly
-knobs are overridden (mini2, 2 trials of 8 s, no confirmation runs; outputs in tmp).
+knobs are overridden (mini2, 2 trials of 6 s, no confirmation runs; outputs in tmp).
 Skipped, and why: ``uses:`` steps (checkout, cache, artifact upload: GitHub's own
 actions, not shell) and the install step (``scripts/setup.sh``: the test already runs
 inside the venv it made). Any ``LBTUNE_STAGING_*`` in the caller's environment is
@@ -127,9 +127,9 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
     nightly, report, state = tmp_path / "nightly", tmp_path / "nightly/reports/4242", tmp_path / "s"
     env.update(
         LBTUNE_NIGHTLY_BUDGET="2",
-        LBTUNE_NIGHTLY_TRIAL_S="8",
+        LBTUNE_NIGHTLY_TRIAL_S="6",
         LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
-        LBTUNE_NIGHTLY_SCREEN="12",  # the knob reaches optimize; 100 would cost minutes
+        LBTUNE_NIGHTLY_SCREEN="6",  # the knob reaches optimize; 100 would cost minutes
         LBTUNE_NIGHTLY_CLUSTER="mini2",
         LBTUNE_NIGHTLY_DIR=str(nightly),
         LBTUNE_NIGHTLY_REPORT=str(report),
@@ -177,7 +177,7 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
             ran.append((name, run(script, name)))
         assert len(ran) == 6 and len(skipped) == 6
         assert "nightly: target: embedded" in ran[0][1].stderr
-        assert "the twin screened 12 configs" in ran[1][1].stderr
+        assert "the twin screened 6 configs" in ran[1][1].stderr
         ET.parse(report / "junit.xml")  # valid JUnit XML
         assert (report / "study.json").is_file() and (report / "history.html").is_file()
         summary = (tmp_path / "summary.md").read_text()

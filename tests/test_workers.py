@@ -37,7 +37,7 @@ def test_every_named_module_exists() -> None:
 def test_longest_first_ranks_units_and_tests() -> None:
     first = workers.LONGEST_FIRST[0]
     assert rank(first.split("::")[0], [first]) == 0
-    study = "tests/targets/test_optimize_targets.py::test_short_study_on_the_balancer"
+    study = "tests/targets/test_optimize_targets.py::test_nightly_steps_on_the_balancer"
     assert rank(study + "[mini2-nginx-nginx]", [study + "[mini2-nginx-nginx]"]) > 0
     assert rank("conformance", []) < rank("robustness-mini2", [])
     after = (

@@ -58,20 +58,25 @@ GROUPS: dict[str, tuple[str, ...]] = {
 """Unit name -> the modules (or directories, ending in ``/``) it holds."""
 
 LONGEST_FIRST: tuple[str, ...] = (
-    "tests/tune/test_optimize_e2e.py::test_study_killed_mid_trial_resumes_confirms_and_rolls_out",
     "tests/cli/test_ci_e2e.py",
-    "conformance",
+    "tests/tune/test_optimize_e2e.py::test_study_killed_mid_trial_resumes_confirms_and_rolls_out",
     "tests/tune/test_optimize_e2e.py",
+    "conformance",
     "tests/run/test_stress.py",
-    "tests/targets/test_optimize_targets.py::test_short_study_on_the_balancer",
-    "robustness-mini2",
     "tests/test_nightly_workflow.py",
+    "robustness-mini2",
     "tests/targets/test_optimize_targets.py::test_nightly_steps_on_the_balancer",
     "tests/test_wheel.py",
+    "tests/robustness/test_remote_everywhere.py",
+    "tests/tune/test_screen.py",
+    "tests/search/test_study.py",
     "tests/metrics/test_recompute.py",
     "tests/cli/test_piped_progress.py",
+    "tests/compare/test_verdict.py",
+    "tests/twin/test_live_vs_twin.py",
     "tests/robustness/test_fleet.py",
     "tests/dashboards/test_dashboards.py",
+    "tests/robustness/test_apply_transaction.py",
     "tests/run/test_failures.py",
     "tests/robustness/test_prometheus_loss.py",
     "tests/cluster/test_keeper.py",
@@ -80,8 +85,8 @@ LONGEST_FIRST: tuple[str, ...] = (
     "tests/run/test_until.py",
 )
 """Units (a unit's name, or a test's node id without its parameters), longest first: seconds
-of the last serial run on the 2-core machine with a busy loop on one core were 136 (the
-killed study's resume), 132 (the CI jobs' module), ... Units named
+of the suite on three workers with a busy loop on one core (2026-12-06) were 168 (the CI
+jobs' module), 129 (the killed study's resume), 132 (the before/after study), ... Units named
 by none come after these, the ones with more tests first."""
 
 

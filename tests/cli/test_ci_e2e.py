@@ -5,7 +5,7 @@
   grows the most) compares as a regression (exit 1) and the Markdown names the
   figures that regressed. The two baseline runs use `stress --ci --junit`.
 * `lbtune optimize --ci --junit out.xml` writes valid JUnit XML and appends to
-  `$GITHUB_STEP_SUMMARY`. The test uses `--budget 3 --confirm-top 1` and an 8 s quick
+  `$GITHUB_STEP_SUMMARY`. The test uses `--budget 3 --confirm-top 1` and a 6 s quick
   scenario to keep CI time near a minute; the issue's `--budget 5` on the default
   scenario is the same code path with two more (and longer) trials.
 """
@@ -152,7 +152,7 @@ def test_optimize_ci_writes_junit_and_the_step_summary(
         "--budget",
         "3",
         "--trial-duration",
-        "8",
+        "6",
         "--confirm-runs",
         "1",
         "--confirm-top",
@@ -160,7 +160,7 @@ def test_optimize_ci_writes_junit_and_the_step_summary(
         "--confirm-max-rounds",
         "1",
         "--screen",
-        "8",
+        "4",
         "--junit",
         str(junit),
         "--scenario",

@@ -216,7 +216,7 @@ def test_every_builtin_scenario_runs_briefly(cluster: Any, name: str, tmp_path: 
     result = run_stress(
         StressOptions(
             scenario=name,
-            duration_s=6,
+            duration_s=3,  # runs, answers, no errors: the drain lets what was sent finish
             state_dir=Path(cluster.state_dir),
             out_dir=tmp_path,
             write_report=False,
@@ -228,7 +228,7 @@ def test_every_builtin_scenario_runs_briefly(cluster: Any, name: str, tmp_path: 
     assert not errors, errors
     sessions = result.summary.sessions
     assert (sessions is not None) == (name == "agent")  # the session view: agent runs only
-    if sessions is not None:  # 6 s: a session (3-8 calls, ~0.7 s tool delays) may not end
+    if sessions is not None:  # 3 s: a session (3-8 calls, ~0.7 s tool delays) may not end
         assert sessions.failed == 0 and sessions.started >= sessions.completed, sessions
 
 

@@ -1,6 +1,7 @@
 """``lbtune optimize`` on every balancer: its own reference trials, its own default target,
-and (integration) a short real study on mini2-envoy and mini2-nginx that runs, confirms and
-names the target in its report."""
+and (integration) the nightly job's steps on mini2-envoy and mini2-nginx: a short real study
+of that balancer, the last known good back, the target named in its report, and the next
+night's cluster given the accepted config."""
 
 from __future__ import annotations
 
@@ -16,9 +17,7 @@ from lbtune.errors import ConfigError
 from lbtune.search.study import reference_trials
 from lbtune.targets import TARGETS
 from lbtune.targets.space import ParameterSpace, ParamSpec
-from lbtune.tune.optimize import run_optimize
 from lbtune.tune.options import OptimizeOptions, resolve_options
-from tests.conftest import running_cluster
 from tests.search.fakes import FakeMeasure, FakeTarget, harness
 from tests.untrusted import untrusted_study
 
@@ -109,73 +108,33 @@ stream: false
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(400)  # a hang guard: 55-90 s expected on a busy 2-core machine
-@pytest.mark.parametrize("preset,balancer", [("mini2-envoy", "envoy"), ("mini2-nginx", "nginx")])
-def test_short_study_on_the_balancer(tmp_path: Path, preset: str, balancer: str) -> None:
-    """Budget 3, 6 s trials, one confirmation round at most: the study ran the
-    target's own references on the cluster's own balancer (no --target), confirmed, and
-    its report names the target."""
-    from lbtune.targets import get_target
-
-    scenario = tmp_path / "quick.yaml"
-    scenario.write_text(SCENARIO)
-    state = tmp_path / "state"
-    out = tmp_path / "report"
-    with running_cluster(state, preset) as endpoints:
-        res = run_optimize(
-            OptimizeOptions(
-                budget=3,
-                scenario=str(scenario),
-                trial_duration_s=6,
-                study="t",
-                screen=0,  # the target's own loop; screening has its own tests
-                storage=f"sqlite:///{tmp_path / 's.db'}",
-                state_dir=state,
-                confirm_runs=1,
-                confirm_max_rounds=1,  # a bound on the time: any verdict is accepted here
-                apply=False,
-                out_dir=out,
-                seed=5,
-            )
-        )
-        live = get_target(balancer, endpoints).read_live()
-    assert res.target == balancer
-    roles = [t.role for t in res.trials]
-    assert roles[:2] == ["live", "least-conn"], roles
-    knob, least = LEAST[balancer]
-    least_trial = res.trials[1]
-    assert least_trial.params[knob] == least, least_trial.fail_reason
-    assert res.trials[0].state == "COMPLETE", res.trials[0].fail_reason
-    c = res.confirmation
-    assert c is not None and c.verdict in (
-        "improved",
-        "no significant improvement",
-        "baseline is best",
-    ), None if c is None else c.note
-    assert live[knob] == _packaged_space(balancer).baseline()[knob]  # apply=False: LKG back
-    md = (out / "report.md").read_text()
-    assert f"target `{balancer}`" in md
-
-
-@pytest.mark.integration
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("preset,balancer", [("mini2-envoy", "envoy"), ("mini2-nginx", "nginx")])
 def test_nightly_steps_on_the_balancer(tmp_path: Path, preset: str, balancer: str) -> None:
     """scripts/nightly.sh on an Envoy/nginx cluster (budget 2, 6 s trials, no confirmation
-    runs): it tunes that balancer, and on the next night's fresh cluster the accepted
-    config goes back onto it through ``lbtune apply``."""
+    runs): the study runs the target's own references on the cluster's own balancer (no
+    ``--target``), puts the last known good back and names the target in its report; on the
+    next night's fresh cluster the accepted config goes back onto it through ``lbtune apply``.
+
+    The confirmation rounds themselves are target-agnostic (the target's apply and read-back,
+    which tests/targets/test_contract.py holds every target to); HAProxy's live studies
+    (tests/tune/test_optimize_e2e.py) run them."""
     import json
     import os
     import subprocess
     import sys
 
     from lbtune.cluster import api
+    from lbtune.targets import get_target
 
     root = Path(__file__).resolve().parents[2]
     nightly, report, state = tmp_path / "nightly", tmp_path / "nightly/reports/1", tmp_path / "s"
     # No LBTUNE_* of the caller's, but the xdist worker's port range (tests/conftest.py).
     env = {k: v for k, v in os.environ.items() if not k.startswith("LBTUNE_") or k == PORTS_ENV}
+    scenario = tmp_path / "quick.yaml"
+    scenario.write_text(SCENARIO)
     env.update(
+        LBTUNE_NIGHTLY_SCENARIO=str(scenario),
         LBTUNE_NIGHTLY_BUDGET="2",
         LBTUNE_NIGHTLY_TRIAL_S="6",
         LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
@@ -207,6 +166,17 @@ def test_nightly_steps_on_the_balancer(tmp_path: Path, preset: str, balancer: st
         step("tune")
         study = json.loads((report / "study.json").read_text())
         assert study["target"] == balancer and len(study["trials"]) == 2
+        live_trial, least_trial = study["trials"]
+        assert [live_trial["role"], least_trial["role"]] == ["live", "least-conn"]
+        knob, least = LEAST[balancer]
+        assert least_trial["params"][knob] == least, least_trial["fail_reason"]
+        # A busy machine's generator may fall behind (tests/untrusted.py): not the balancer's.
+        why = live_trial["fail_reason"] or ""
+        assert live_trial["state"] == "COMPLETE" or why.startswith("load generator fell"), why
+        endpoints = api.status(state).endpoints
+        assert endpoints is not None
+        live = get_target(balancer, endpoints).read_live()
+        assert live[knob] == _packaged_space(balancer).baseline()[knob]  # no winner: LKG back
         assert f"`{balancer}`" in (report / "report.md").read_text()
         step("drift")
         study["rollout"] = {"applied": True, "verified": True, "rolled_back": False}

@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 from lbtune.tune.options import OptimizeOptions
 from lbtune.tune.optimize import run_optimize
-run_optimize(OptimizeOptions(budget=4, scenario=sys.argv[1], trial_duration_s=8,
+run_optimize(OptimizeOptions(budget=3, scenario=sys.argv[1], trial_duration_s=8,
     study="e2e", storage=sys.argv[2], state_dir=Path(sys.argv[3]), confirm_runs=1,
     confirm_max_rounds=2, out_dir=Path(sys.argv[4]), screen=0))
 """
@@ -76,7 +76,7 @@ def test_study_killed_mid_trial_resumes_confirms_and_rolls_out(tmp_path: Path) -
     scenario = tmp_path / "quick.yaml"
     # Not streamed: what is tested is the kill, the resume, the confirmation and the
     # rollout, none of which needs a TTFT. A TTFT's timing bound is what a busy machine
-    # (the suite on three workers) most often cannot hold, and the generator then rightly
+    # (the suite's other workers) most often cannot hold, and the generator then rightly
     # flags the confirmation's baseline runs, which left the study without a verdict.
     scenario.write_text(SCENARIO.replace("stream: true", "stream: false"))
     db = tmp_path / "studies.db"
@@ -102,7 +102,7 @@ def test_study_killed_mid_trial_resumes_confirms_and_rolls_out(tmp_path: Path) -
 
         res = run_optimize(
             OptimizeOptions(
-                budget=4,
+                budget=3,
                 resume=True,
                 study="e2e",
                 storage=storage,
@@ -116,7 +116,7 @@ def test_study_killed_mid_trial_resumes_confirms_and_rolls_out(tmp_path: Path) -
         assert dead is not None and dead.state == "FAIL"
         assert dead.fail_reason == "interrupted: process died"
         assert res.scenario == str(scenario)  # stored options were reused on --resume
-        assert len(res.trials) == 4 and res.baseline == 0
+        assert len(res.trials) == 3 and res.baseline == 0
         assert res.trial(0) is not None and res.trial(0).role == "live"  # type: ignore[union-attr]
         c = res.confirmation
         assert c is not None and c.verdict in (

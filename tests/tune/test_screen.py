@@ -89,15 +89,17 @@ def test_spearman() -> None:
 
 
 def test_screening_is_deterministic_and_off_without_a_twin(tmp_path: Path) -> None:
-    so, space = _trials(), _space()
+    # Four configs of 2 s trials (8 virtual s each): determinism needs no more, and each
+    # virtual second of chat on mini2 costs CPU the rest of the suite shares.
+    so, space = _trials(2.0), _space()
     spec = objective_spec("composite", so.plan.slo_value(), None)  # type: ignore[union-attr]
     said: list[str] = []
-    req = ScreenRequest(6, _state(tmp_path), so, seed=3)
+    req = ScreenRequest(4, _state(tmp_path), so, seed=3)
     first, note = start_screen(req, space, [space.baseline()], spec, said.append)
     again, _ = start_screen(req, space, [space.baseline()], spec, said.append)
     assert note is None and first is not None and again is not None
-    assert first.screened == 6 and 1 <= len(first.picked) <= 3
-    assert first.plan.load.duration_s == pytest.approx(4.0 * screen_mod.WINDOW_FACTOR)
+    assert first.screened == 4 and 1 <= len(first.picked) <= 3
+    assert first.plan.load.duration_s == pytest.approx(2.0 * screen_mod.WINDOW_FACTOR)
     assert [p.params for p in first.picked] == [p.params for p in again.picked]
     assert [p.score for p in first.picked] == [p.score for p in again.picked]
     assert all(p.params != space.baseline() for p in first.picked)
@@ -186,8 +188,8 @@ def test_the_study_sends_the_screened_configs_live_and_reports_the_twin(tmp_path
     h = harness(target, FakeMeasure(target, quality=_quality))
     h.state_dir = _state(tmp_path)
     opts = study_options(
-        tmp_path, budget=6, screen=6, scenario="chat", trial_duration_s=4.0, confirm_runs=1
-    )
+        tmp_path, budget=6, screen=6, scenario="chat", trial_duration_s=2.0, confirm_runs=1
+    )  # 2 s trials: the twin runs each screened and each live config for 8 virtual s
     res = run_optimize(opts, harness=h)
     roles = [t.role for t in res.trials]
     assert roles[:2] == ["live", "least-conn"]
