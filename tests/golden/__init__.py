@@ -15,15 +15,14 @@ DIR = Path(__file__).parent
 UPDATE_ENV = "LBTUNE_UPDATE_GOLDEN"
 
 
-def check(name: str, text: str) -> None:
-    """``text`` is the golden file ``name``, byte for byte (or becomes it, on update)."""
+def expected(name: str, text: str) -> str:
+    """The golden file ``name``'s text, for a test to assert ``text`` equal to it byte for
+    byte; on update (:data:`UPDATE_ENV`) ``text`` is written as the new golden file first."""
     path = DIR / name
     if os.environ.get(UPDATE_ENV) == "1":
         path.write_text(text, encoding="utf-8")
-        return
     assert path.is_file(), f"no golden file {path}: run with {UPDATE_ENV}=1 to write it"
-    expected = path.read_text(encoding="utf-8")
-    assert text == expected, f"{name} differs from its golden file"
+    return path.read_text(encoding="utf-8")
 
 
 def read(name: str) -> str:

@@ -49,8 +49,10 @@ def drift() -> list[DriftReport]:
 
 
 def test_history_json_is_the_golden_text() -> None:
-    golden.check("history.json", render_json(Path("/db/studies.db"), entries(), None))
+    text = render_json(Path("/db/studies.db"), entries(), None)
+    assert text == golden.expected("history.json", text)
 
 
 def test_history_json_with_drift_is_the_golden_text() -> None:
-    golden.check("history-drift.json", render_json(Path("/db/studies.db"), entries(), drift()))
+    text = render_json(Path("/db/studies.db"), entries(), drift())
+    assert text == golden.expected("history-drift.json", text)

@@ -144,7 +144,8 @@ def workers() -> tuple[WorkerHealth, WorkerHealth]:
 
 def test_health_json_is_the_golden_text() -> None:
     """``health.json``: the computed verdict first, then every worker with every field."""
-    golden.check("health.json", health_json(GeneratorHealth(workers())))
+    text = health_json(GeneratorHealth(workers()))
+    assert text == golden.expected("health.json", text)
 
 
 def test_a_worker_report_crosses_the_pipe_unchanged() -> None:
@@ -152,9 +153,8 @@ def test_a_worker_report_crosses_the_pipe_unchanged() -> None:
     for w in workers():
         line = json.dumps(WORKER_HEALTH.dump_python(w, mode="json"))
         assert WORKER_HEALTH.validate_python(json.loads(line)) == w
-    golden.check(
-        "worker-health.jsonl", json.dumps(WORKER_HEALTH.dump_python(w, mode="json")) + "\n"
-    )
+    text = json.dumps(WORKER_HEALTH.dump_python(w, mode="json")) + "\n"
+    assert text == golden.expected("worker-health.jsonl", text)
 
 
 def test_a_worker_report_without_reasons_or_samples_reads() -> None:
