@@ -73,7 +73,7 @@ def echo_url() -> Iterator[str]:
 
 STOP_S = 45.0
 """After Ctrl-C a run stops its generators and waits at most grace (5 s) + 10 s for them
-(``lbtune.loadgen.runner``); 45 s leaves a busy machine (three test workers sharing what
+(``lbtune.loadgen.runner``); 45 s leaves a busy machine (four test workers sharing what
 a CPU hog leaves of two cores) time to schedule the signal and the kills."""
 REPORT_S = 120.0
 """Then the partial summary and report: a few seconds on a quiet machine, much longer when
@@ -90,7 +90,7 @@ def wait_for_stop(proc: subprocess.Popen[str], marker: str) -> str:
         time.sleep(0.2)
     left = set(processes_mentioning(marker)) - {proc.pid}
     if left:
-        what = {pid: _cmdline(pid)[:160] for pid in sorted(left)}
+        what = {pid: (_cmdline(pid) or "(gone)")[:160] for pid in sorted(left)}
         proc.kill()
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
@@ -106,13 +106,13 @@ def wait_for_stop(proc: subprocess.Popen[str], marker: str) -> str:
     return err
 
 
-def _cmdline(pid: int) -> str:
+def _cmdline(pid: int) -> str | None:
+    """A process's command line, its arguments joined by spaces; None once it is gone."""
     try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return "(gone)"
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace")
 
 
 def processes_mentioning(marker: str) -> list[int]:
@@ -121,12 +121,14 @@ def processes_mentioning(marker: str) -> list[int]:
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue
+        cmd = _cmdline(int(d.name))
+        if cmd is None or marker not in cmd:
+            continue
         try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if marker in cmd and state != "Z":
+        if state != "Z":
             pids.append(int(d.name))
     return pids
 
