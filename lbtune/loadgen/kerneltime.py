@@ -186,7 +186,13 @@ class Peek:
 
         Exact when the event ends the read (``t`` is then its own arrival; through
         HAProxy a chunk's closing CRLF comes with the next chunk, so this is the common
-        case) or from two kernel-stamped peeks that fall in different segments.
+        case) or from kernel-stamped peeks that fall in different segments.
+
+        A queued segment's stamp is not fixed: bytes that arrive later may be merged
+        into the queue's last segment, which then takes *their* arrival. Between two
+        peeks that can happen, and a stamp that moved looks like a segment boundary.
+        So the event's segment is peeked again after the next byte's: only a stamp that
+        held still across both is its own.
         """
         p = first_content_at(data)
         end = data.find(b"\n\n", p) if p >= 0 else -1
@@ -199,6 +205,7 @@ class Peek:
             return t, True
         d1, t1, s1 = self.peek(end)  # stamp of the segment holding the event's last byte
         d2, t2, s2 = self.peek(end + 1)  # ... and of the next byte's
-        if len(d1) < end or len(d2) < end + 1 or not (s1 and s2):
+        d3, t3, s3 = self.peek(end)  # ... and the first again: nothing merged meanwhile
+        if len(d1) < end or len(d2) < end + 1 or len(d3) < end or not (s1 and s2 and s3):
             return t, False
-        return t1, t1 != t2  # different segments: nothing later was merged into it
+        return t1, t1 == t3 and t1 != t2  # a still stamp, and different segments
