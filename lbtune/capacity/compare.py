@@ -26,13 +26,8 @@ from pathlib import Path
 from pydantic import TypeAdapter
 
 from lbtune.capacity.fit import CiOptions, Point, estimate
-from lbtune.capacity.report import (
-    CapacityReport,
-    SearchFrame,
-    describe_capacity,
-    describe_slo,
-    frame,
-)
+from lbtune.capacity.frame import CapacityReport, SearchFrame, frame
+from lbtune.capacity.report import describe_capacity, describe_slo
 from lbtune.capacity.search import (
     Probe,
     ProbeResult,

@@ -1,9 +1,13 @@
-"""The probes of a capacity search: a live stress run, or a twin run, at one offered rate.
+"""The probes of a capacity search: a live stress run, or a twin run, at one level.
 
-A live probe is an ordinary load test (:func:`lbtune.run.stress.run_stress`, open loop at
-the rate, the scenario's shape otherwise) with its run directory and records; its
-attainment is computed from those records (:mod:`lbtune.capacity.attainment`), and the
-generator's health comes from its summary: a probe whose generator fell behind says why
+A level is an open-loop offered rate (req/s) or a number of closed-loop users, as the
+search's unit says (:data:`~lbtune.capacity.search.Unit`); :func:`load_at` maps it to the
+stress options (``rate`` or ``users``, the scenario's shape otherwise).
+
+A live probe is an ordinary load test (:func:`lbtune.run.stress.run_stress`) at the level,
+with its run directory and records; its attainment is computed from those records
+(:mod:`lbtune.capacity.attainment`), and the generator's health comes from its summary: a
+probe whose generator fell behind says why
 (:attr:`~lbtune.capacity.search.ProbeResult.behind`), and the search redoes it or stops.
 
 A twin probe is the same plan simulated in virtual time (:func:`lbtune.twin.run.simulate`):
@@ -13,13 +17,14 @@ seconds of CPU instead of a minute of traffic, used to place the live search's b
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lbtune.capacity.attainment import attainment
-from lbtune.capacity.search import ProbeLatency, ProbeResult
+from lbtune.capacity.search import ProbeLatency, ProbeResult, Unit
 from lbtune.loadgen.recordio import read_records
 from lbtune.metrics.summary import Latencies
 from lbtune.records.slo import Slo
@@ -31,14 +36,35 @@ from lbtune.twin.replica import TwinReplica
 from lbtune.twin.routing import RoutingModel
 from lbtune.twin.run import simulate
 
-__all__ = ["LiveProbe", "ProbeShape", "Probes", "TwinCase", "TwinProbe", "latency", "probe_dir"]
+__all__ = [
+    "LiveProbe",
+    "ProbeShape",
+    "Probes",
+    "TwinCase",
+    "TwinProbe",
+    "latency",
+    "load_at",
+    "probe_dir",
+]
 
 log = logging.getLogger(__name__)
 
 
-def probe_dir(root: Path, index: int, rate: float) -> Path:
-    """The run directory of a search's ``index``-th probe (``probe-03-12.5rps``)."""
-    return root / f"probe-{index:02d}-{rate:.4g}rps"
+def probe_dir(root: Path, index: int, level: float, unit: Unit = "req/s") -> Path:
+    """The run directory of a search's ``index``-th probe (``probe-03-12.5rps``,
+    ``probe-04-24users``)."""
+    return root / f"probe-{index:02d}-{level:.4g}{'users' if unit == 'users' else 'rps'}"
+
+
+def load_at(base: StressOptions, level: float, unit: Unit) -> StressOptions:
+    """``base`` at a search's level: ``level`` closed-loop users (a whole count, at least
+    1), or an open-loop offered rate of ``level`` req/s."""
+    if unit == "users":
+        users = math.floor(level + 0.5)
+        if users < 1 or abs(users - level) > 1e-9:
+            raise ValueError(f"closed-loop users are a whole count >= 1, got {level:g}")
+        return replace(base, users=users, rate=None)
+    return replace(base, rate=level, users=None)
 
 
 def latency(lat: Latencies) -> ProbeLatency:
@@ -60,32 +86,39 @@ class ProbeShape:
 
 
 class Probes:
-    """The stress options of each probe: ``base`` at the rate, its own seed (the base seed
-    plus the probe's index, so that a probe repeated at a rate adds other requests), and a
-    duration that gives the window about ``shape.samples`` requests."""
+    """The stress options of each probe: ``base`` at the level (:func:`load_at`), its own
+    seed (the base seed plus the probe's index, so that a probe repeated at a level adds
+    other requests), and a duration.
 
-    def __init__(self, base: StressOptions, shape: ProbeShape) -> None:
-        plan = plan_run(base)
-        self.base, self.shape = base, shape
+    Open loop, the duration gives the window about ``shape.samples`` requests; closed loop,
+    how many requests the users send depends on the latencies they meet, so a probe lasts
+    the scenario's duration (at most ``shape.max_duration_s``) unless ``base.duration_s``
+    fixes it. Made, the options of a first probe are planned: a scenario that cannot run
+    at the unit (a trace setting its own arrivals) is a one-line ConfigError here."""
+
+    def __init__(self, base: StressOptions, shape: ProbeShape, unit: Unit = "req/s") -> None:
+        plan = plan_run(load_at(base, 1.0, unit))
+        self.base, self.shape, self.unit = base, shape, unit
         self.seed = plan.seed
         self.margin_s = plan.load.warmup_s + plan.load.cooldown_s
         self.least_s = plan.load.duration_s
         self.count = 0
 
-    def next(self, rate: float, out_dir: Path | None = None) -> StressOptions:
+    def next(self, level: float, out_dir: Path | None = None) -> StressOptions:
         self.count += 1
         duration = self.base.duration_s
-        if duration is None:
-            want = self.margin_s + self.shape.samples / rate
+        if duration is None and self.unit == "users":
+            duration = min(self.shape.max_duration_s, self.least_s)
+        elif duration is None:
+            want = self.margin_s + self.shape.samples / level
             duration = min(self.shape.max_duration_s, max(want, self.least_s))
         seed = self.seed + self.count - 1
-        return replace(
-            self.base, rate=rate, duration_s=duration, seed=seed, out_dir=out_dir, strict=False
-        )
+        at = load_at(self.base, level, self.unit)
+        return replace(at, duration_s=duration, seed=seed, out_dir=out_dir, strict=False)
 
 
 class LiveProbe:
-    """A stress run at the rate (:class:`Probes`); the run directories go under ``root``."""
+    """A stress run at the level (:class:`Probes`); the run directories go under ``root``."""
 
     def __init__(
         self, probes: Probes, slo: Slo, root: Path, say: Callable[[str], None] = log.info
@@ -93,7 +126,7 @@ class LiveProbe:
         self.probes, self.slo, self.root, self.say = probes, slo, root, say
 
     def __call__(self, rate: float) -> ProbeResult:
-        out = probe_dir(self.root, self.probes.count + 1, rate)
+        out = probe_dir(self.root, self.probes.count + 1, rate, self.probes.unit)
         opts = self.probes.next(rate, out)
         t0 = time.monotonic()
         result = run_stress(opts, say=self.say)
@@ -120,7 +153,7 @@ class TwinCase:
 
 
 class TwinProbe:
-    """The plan of the probe at the rate (:class:`Probes`), simulated in virtual time."""
+    """The plan of the probe at the level (:class:`Probes`), simulated in virtual time."""
 
     def __init__(self, probes: Probes, slo: Slo, case: TwinCase) -> None:
         self.probes, self.slo, self.case = probes, slo, case

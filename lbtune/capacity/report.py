@@ -1,115 +1,21 @@
-"""A capacity search's report: the frame (pure data, ``capacity.json``) and its text.
-
-Attainment vs offered rate (each probe with its Wilson interval), the fitted monotone
-curve at each probed rate, and the capacity with its CI; the twin's search beside the
-live one when the twin placed the bracket, and how far apart their capacities were.
-"""
+"""A capacity search's report (:mod:`lbtune.capacity.frame`) written out: ``capacity.json``,
+its plot ``capacity.png`` (:mod:`lbtune.capacity.plot`) and its text."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from lbtune.capacity.fit import wilson
-from lbtune.capacity.search import ProbeLatency, SearchResult
+from lbtune.capacity.frame import CapacityReport, SearchFrame
+from lbtune.capacity.plot import capacity_plot
+from lbtune.capacity.search import ProbeLatency, amount
 from lbtune.records.slo import Slo
 
-__all__ = ["CapacityReport", "ProbeRow", "SearchFrame", "describe", "dumps", "frame", "write"]
-
-
-@dataclass(frozen=True)
-class ProbeRow:
-    rate: float
-    attainment: float | None
-    ci: tuple[float, float]
-    """Wilson interval of the attainment at the report's confidence."""
-    met: int
-    judged: int
-    behind: tuple[str, ...]
-    source: str
-    run_dir: str | None
-    wall_s: float
-    latency: ProbeLatency | None = None
-    """TTFT and TPOT percentiles of the probe's window."""
-    blocks: tuple[tuple[int, int], ...] = ()
-    """(met, judged) per time block of the window (the CI's resampling unit)."""
-
-
-@dataclass(frozen=True)
-class SearchFrame:
-    """One search (live or twin), as reported."""
-
-    source: str
-    kind: str
-    capacity: float | None
-    ci: tuple[float, float | None] | None
-    converged: bool
-    stopped: str | None
-    cliff: tuple[float, float] | None
-    """The rates between which attainment collapsed within one step."""
-    curve: tuple[tuple[float, float], ...]
-    probes: tuple[ProbeRow, ...]
-    wall_s: float
-
-
-@dataclass(frozen=True)
-class CapacityReport:
-    scenario: str
-    target: str
-    slo: Slo
-    attainment: float
-    precision: float
-    confidence: float
-    live: SearchFrame | None
-    twin: SearchFrame | None = None
-    twin_error: float | None = None
-    """``(twin - live) / live`` of the capacities, when both are bracketed."""
+__all__ = ["describe", "dumps", "write"]
 
 
 _ADAPTER = TypeAdapter(CapacityReport)
-
-
-def frame(result: SearchResult, source: str, wall_s: float) -> SearchFrame:
-    """The report's form of a search result."""
-    est, conf = result.estimate, result.options.ci.confidence
-    rows = tuple(
-        ProbeRow(
-            p.rate,
-            p.point.attainment if p.judged else None,
-            wilson(p.met, p.judged, conf),
-            p.met,
-            p.judged,
-            p.behind,
-            p.source,
-            p.run_dir,
-            round(p.wall_s, 3),
-            p.latency,
-            p.blocks,
-        )
-        for p in result.probes
-    )
-    cliff = None if est.cliff is None else (est.cliff.below.rate, est.cliff.above.rate)
-    return SearchFrame(
-        source,
-        est.kind,
-        est.capacity,
-        est.ci,
-        result.converged,
-        result.stopped,
-        cliff,
-        est.curve,
-        rows,
-        round(wall_s, 3),
-    )
-
-
-def twin_error(live: SearchFrame | None, twin: SearchFrame | None) -> float | None:
-    ok = live is not None and twin is not None and live.kind == twin.kind == "bracketed"
-    if not ok or live is None or twin is None or not live.capacity or twin.capacity is None:
-        return None
-    return (twin.capacity - live.capacity) / live.capacity
 
 
 def dumps(report: CapacityReport) -> str:
@@ -117,10 +23,12 @@ def dumps(report: CapacityReport) -> str:
 
 
 def write(report: CapacityReport, out_dir: Path) -> Path:
-    """``capacity.json`` in ``out_dir``."""
+    """``capacity.json`` in ``out_dir``, and its plot ``capacity.png`` beside it; the
+    JSON's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "capacity.json"
     path.write_text(dumps(report) + "\n")
+    (out_dir / "capacity.png").write_bytes(capacity_plot(report))
     return path
 
 
@@ -139,14 +47,21 @@ def describe_slo(slo: Slo, share: float) -> str:
 
 def describe_capacity(f: SearchFrame, confidence: float) -> str:
     """One line: the capacity and its CI, or what the search could say instead."""
+    level = "user count" if f.unit == "users" else "rate"
     if f.kind == "below" or f.capacity is None:
-        head = "capacity: none found (the SLO was not met at any rate probed)"
+        head = f"capacity: none found (the SLO was not met at any {level} probed)"
     elif f.kind == "above":
-        head = f"capacity: at least {f.capacity:.4g} req/s (every rate probed met the SLO)"
+        head = (
+            f"capacity: at least {amount(f.capacity, f.unit, '.4g')} (every {level} probed met "
+            "the SLO)"
+        )
     else:
         assert f.ci is not None
         hi = "open" if f.ci[1] is None else f"{f.ci[1]:.4g}"
-        head = f"capacity: {f.capacity:.4g} req/s ({confidence:.0%} CI {f.ci[0]:.4g}–{hi})"
+        head = (
+            f"capacity: {amount(f.capacity, f.unit, '.4g')} "
+            f"({confidence:.0%} CI {f.ci[0]:.4g}–{hi})"
+        )
     state = "converged" if f.converged else "not converged"
     return f"{head}; {state}, {len(f.probes)} {f.source} probes in {f.wall_s:.0f} s"
 
@@ -162,8 +77,9 @@ def describe(report: CapacityReport) -> list[str]:
         if f is None:
             continue
         fitted = dict(f.curve)
+        level = "users" if f.unit == "users" else "rate/s"
         lines.append(
-            f"  {f.source:<5} {'rate/s':>8} {'attained':>9} {ci_head:>15} {'fitted':>8} "
+            f"  {f.source:<5} {level:>8} {'attained':>9} {ci_head:>15} {'fitted':>8} "
             f"{'judged':>7} {'TTFT p50/p99':>15} {'TPOT p50/p99':>15}"
         )
         for p in sorted(f.probes, key=lambda p: p.rate):
@@ -180,8 +96,9 @@ def describe(report: CapacityReport) -> list[str]:
         lines.append(describe_capacity(f, report.confidence))
         if f.cliff is not None:
             lines.append(
-                f"cliff: attainment collapsed between {f.cliff[0]:.4g} and {f.cliff[1]:.4g} "
-                "req/s, within one step: no margin above the capacity"
+                f"cliff: attainment collapsed between {f.cliff[0]:.4g} and "
+                f"{amount(f.cliff[1], f.unit, '.4g')}, within one step: no margin above the "
+                "capacity"
             )
         if f.stopped:
             lines.append(f"{f.source} search stopped: {f.stopped}")

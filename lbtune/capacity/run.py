@@ -4,6 +4,10 @@
     report = run_capacity(CapacityOptions(StressOptions(scenario="mixed"), slo, out_dir=d))
     print(report.live.capacity, report.live.ci)
 
+The search is over the open-loop rate, or over closed-loop users when
+``search.unit`` is ``"users"`` (``lbtune capacity --users``): the probes run the scenario
+at that many users, and the capacity is the highest whole count meeting the SLO.
+
 With a twin case (the cluster is the embedded one and the twin models its balancer), the
 same search runs first in virtual time, and the live search starts from a bracket of
 ``twin_margin`` around the twin's capacity; the report says how far apart the two were.
@@ -19,26 +23,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from lbtune.capacity.frame import CapacityReport, SearchFrame, frame, twin_error
 from lbtune.capacity.probes import LiveProbe, Probes, ProbeShape, TwinCase, TwinProbe
-from lbtune.capacity.report import CapacityReport, SearchFrame, frame, twin_error, write
+from lbtune.capacity.report import write
 from lbtune.capacity.search import Probe, ProbeResult, SearchOptions, for_twin, search
 from lbtune.errors import ConfigError, LbtuneError
 from lbtune.records.slo import Slo
 from lbtune.run.stress import StressOptions, check_bounds
 
-__all__ = ["CapacityOptions", "SloNotMet", "check_slo", "measure", "run_capacity"]
+__all__ = ["CapacityOptions", "SloNotMet", "check_load", "check_slo", "measure", "run_capacity"]
 
 log = logging.getLogger(__name__)
 
 
 class SloNotMet(LbtuneError):
-    """No rate the search probed met the SLO: the SLO is impossible for this cluster."""
+    """No level the search probed met the SLO: the SLO is impossible for this cluster."""
 
 
 @dataclass(frozen=True)
 class CapacityOptions:
     stress: StressOptions
-    """The probes' stress options (scenario, target, seed, duration); the rate is the search's."""
+    """The probes' stress options (scenario, target, seed, duration); the level (rate or
+    users, ``search.unit``) is the search's."""
     slo: Slo
     out_dir: Path
     search: SearchOptions = field(default_factory=SearchOptions)
@@ -61,6 +67,14 @@ def check_slo(slo: Slo, share: float) -> None:
     for key, v in bounds.items():
         if v is not None and v <= 0:
             raise ConfigError(f"--slo {key}={v:g}s: no request is served in no time; give > 0")
+
+
+def check_load(opts: CapacityOptions) -> None:
+    """The probes can run: the stress options within bounds, and the scenario at the
+    search's unit (a trace that sets its own arrivals takes neither a rate nor users); one
+    line, before anything starts."""
+    check_bounds(opts.stress)
+    Probes(opts.stress, opts.shape, opts.search.unit)
 
 
 def measure(
@@ -97,7 +111,9 @@ def measure(
     )
     path = write(report, opts.out_dir)
     if live_frame.kind == "below":
-        raise SloNotMet(f"{lres.stopped or 'the SLO was not met at any rate probed'}; see {path}")
+        level = "user count" if sopts.unit == "users" else "rate"
+        why = lres.stopped or f"the SLO was not met at any {level} probed"
+        raise SloNotMet(f"{why}; see {path}")
     return report
 
 
@@ -110,8 +126,9 @@ def run_capacity(
     """Live probes as stress runs under ``opts.out_dir`` (twin probes first with a case)."""
     check_slo(opts.slo, opts.search.attainment)
     check_bounds(opts.stress)
-    live = LiveProbe(Probes(opts.stress, opts.shape), opts.slo, opts.out_dir, say)
+    unit = opts.search.unit
+    live = LiveProbe(Probes(opts.stress, opts.shape, unit), opts.slo, opts.out_dir, say)
     twin = None
     if opts.twin is not None:
-        twin = TwinProbe(Probes(opts.stress, opts.shape), opts.slo, opts.twin)
+        twin = TwinProbe(Probes(opts.stress, opts.shape, unit), opts.slo, opts.twin)
     return measure(opts, live, twin, on_probe)

@@ -19,6 +19,17 @@ A probe whose load generator fell behind (:attr:`ProbeResult.behind`) measured t
 generator, not the cluster: it is redone (``redo_behind`` times); when it falls behind
 again the search stops, since every higher rate would too, and the capacity is estimated
 from the probes that were measured, the stop said plainly.
+
+The search works on a **level** (a float, named ``rate`` in the records): an offered rate
+in req/s, or a number of closed-loop users (:attr:`SearchOptions.unit`); the probe maps
+it to a load. Users are counted, so a search over them probes **whole** levels only:
+every level it picks is rounded (a bracket's low end down, its high end up; a step out of
+the bracket to the next count at least), a bisection stops at adjacent counts, and the
+capacity is the highest whole count the fitted curve meets the target at (the crossing
+rounded down), its CI's ends rounded down alike. A CI of one user (two adjacent counts)
+is as narrow as whole levels go: it is converged whatever ``precision`` asks. A level is
+probed again only on purpose, as at any unit: to add requests at an end of a bracket
+that is narrow enough, or to redo a probe whose generator fell behind.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Literal, Protocol
 
 from lbtune.capacity.fit import CiOptions, Estimate, Point, estimate
 
@@ -38,6 +49,8 @@ __all__ = [
     "SearchOptions",
     "SearchResult",
     "Steps",
+    "Unit",
+    "amount",
     "for_twin",
     "interleave",
     "search",
@@ -56,9 +69,10 @@ class ProbeLatency:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What one probe measured at one offered rate."""
+    """What one probe measured at one level (an offered rate, or users)."""
 
     rate: float
+    """The level probed: req/s, or closed-loop users (:attr:`SearchOptions.unit`)."""
     met: int
     """Requests judged that met the SLO."""
     judged: int
@@ -78,13 +92,29 @@ class ProbeResult:
 
 
 class Probe(Protocol):
-    """Measures attainment at an offered rate (req/s)."""
+    """Measures attainment at a level: an offered rate (req/s), or closed-loop users."""
 
     def __call__(self, rate: float) -> ProbeResult: ...
 
 
+Unit = Literal["req/s", "users"]
+"""What a search's level is: an open-loop offered rate, or a number of closed-loop users
+(whole levels)."""
+
+
+def amount(level: float, unit: Unit, spec: str = "g") -> str:
+    """A level with its unit, as the search and the report print it (``1 user``,
+    ``12.5 req/s``); ``spec`` formats the number."""
+    if unit == "users":
+        return f"{level:{spec}} user" if level == 1 else f"{level:{spec}} users"
+    return f"{level:{spec}} req/s"
+
+
 @dataclass(frozen=True)
 class SearchOptions:
+    """How a search runs. ``start_rate``, ``bracket``, ``min_rate`` and ``max_rate`` are
+    levels in ``unit`` (users when the search is over them: ``min_rate`` at least 1)."""
+
     attainment: float = 0.99
     """The share of requests that must meet the SLO."""
     precision: float = 0.1
@@ -98,6 +128,7 @@ class SearchOptions:
     growth: float = 2.0
     redo_behind: int = 1
     ci: CiOptions = field(default_factory=CiOptions)
+    unit: Unit = "req/s"
 
     def __post_init__(self) -> None:
         if not 0 < self.attainment < 1:
@@ -106,6 +137,15 @@ class SearchOptions:
             raise ValueError("precision > 0, growth > 1 and max_probes >= 2 are required")
         if not 0 < self.min_rate <= self.start_rate <= self.max_rate:
             raise ValueError("0 < min_rate <= start_rate <= max_rate is required")
+        if self.whole and not 1 <= self.min_rate <= math.floor(self.max_rate):
+            raise ValueError(
+                "a search over users needs 1 <= min_rate and a whole count up to max_rate"
+            )
+
+    @property
+    def whole(self) -> bool:
+        """Levels are whole numbers (users are counted)."""
+        return self.unit == "users"
 
 
 @dataclass(frozen=True)
@@ -129,7 +169,7 @@ class _Stop(Exception):
 
 
 Steps = Generator[float, ProbeResult, None]
-"""A search run step by step: it yields the next rate to probe and is sent the result."""
+"""A search run step by step: it yields the next level to probe and is sent the result."""
 
 
 def search(
@@ -174,11 +214,24 @@ class Search:
 
     def estimate(self) -> Estimate:
         points = [p.point for p in self.probes if not p.behind]
-        return estimate(points, self.opts.attainment, self.opts.ci)
+        est = estimate(points, self.opts.attainment, self.opts.ci)
+        return _whole(est) if self.opts.whole else est
+
+    def narrow(self, est: Estimate) -> bool:
+        """The CI is as narrow as asked: within ``precision`` of the capacity, or, for
+        whole levels, one level wide (two adjacent counts: no narrower one exists)."""
+        if est.width() <= self.opts.precision:
+            return True
+        return (
+            self.opts.whole
+            and est.ci is not None
+            and est.ci[1] is not None
+            and (est.ci[1] - est.ci[0] <= 1)
+        )
 
     def result(self) -> SearchResult:
         est = self.estimate()
-        converged = self.stopped is None and est.width() <= self.opts.precision
+        converged = self.stopped is None and self.narrow(est)
         return SearchResult(est, tuple(self.probes), converged, self.stopped, self.opts)
 
     def steps(self) -> Steps:
@@ -191,18 +244,19 @@ class Search:
         o = self.opts
         if o.bracket is not None:
             lo, hi = sorted(o.bracket)
-            yield from self.measure(_clamp(lo, o))
+            low = _level(lo, o, _down)
+            yield from self.measure(low)
             if self.estimate().kind == "above":
-                yield from self.measure(_clamp(hi, o))
+                yield from self.measure(_level(max(hi, low + 1) if o.whole else hi, o, _up))
         else:
-            yield from self.measure(o.start_rate)
+            yield from self.measure(_level(o.start_rate, o, _nearest))
         while True:
             est = self.estimate()
             if est.kind == "above":
                 yield from self.walk(est, up=True)
             elif est.kind == "below":
                 yield from self.walk(est, up=False)
-            elif est.width() <= o.precision:
+            elif self.narrow(est):
                 return
             else:
                 self.was_bracketed = True
@@ -210,29 +264,32 @@ class Search:
                 yield from self.measure(_next_rate(est, o))
 
     def walk(self, est: Estimate, *, up: bool) -> Steps:
-        """One step out of an unbracketed state: double above the highest rate, halve
-        below the lowest."""
+        """One step out of an unbracketed state: double above the highest level, halve
+        below the lowest (whole levels: to the next count at least)."""
         o = self.opts
         rates = [r for r, _ in est.curve]
         # Once bracketed, a probe pooled across the line moves it by a step, not a doubling.
         step = 1 + o.precision if self.was_bracketed else o.growth
         if up:
-            nxt = max(rates) * step
-            if max(rates) >= o.max_rate:
+            top = max(rates)
+            nxt = max(_up(top * step), top + 1) if o.whole else top * step
+            if top >= o.max_rate:
                 raise _Stop(
-                    f"every probe up to {o.max_rate:g} req/s (the highest rate allowed) met "
-                    "the SLO: the capacity is at least that"
+                    f"every probe up to {amount(o.max_rate, o.unit)} (the highest level "
+                    "allowed) met the SLO: the capacity is at least that"
                 )
         else:
-            nxt = min(rates) / step
-            if min(rates) <= o.min_rate:
+            bottom = min(rates)
+            nxt = min(_down(bottom / step), bottom - 1) if o.whole else bottom / step
+            if bottom <= o.min_rate:
                 att = est.curve[0][1]
                 raise _Stop(
-                    f"the SLO is not met even at {min(rates):g} req/s (attainment "
-                    f"{att:.1%} < {o.attainment:.1%}): no rate this low serves it"
+                    f"the SLO is not met even at {amount(bottom, o.unit)} (attainment "
+                    f"{att:.1%} < {o.attainment:.1%}): no "
+                    f"{'user count' if o.whole else 'rate'} this low serves it"
                 )
         self.budget(est)
-        yield from self.measure(min(max(nxt, o.min_rate), o.max_rate))
+        yield from self.measure(_level(nxt, o, _nearest))
 
     def budget(self, est: Estimate) -> None:
         if len(self.probes) >= self.opts.max_probes:
@@ -250,8 +307,9 @@ class Search:
                 return
             if attempt < self.opts.redo_behind and len(self.probes) < self.opts.max_probes:
                 continue
+            at = amount(rate, self.opts.unit)
             raise _Stop(
-                f"the load generator fell behind at {rate:g} req/s on {attempt + 1} "
+                f"the load generator fell behind at {at} on {attempt + 1} "
                 f"tr{'y' if attempt == 0 else 'ies'} ({'; '.join(result.behind)}): the search "
                 "stops there, and the capacity is estimated from the probes it measured "
                 "(more generator processes: --workers)"
@@ -268,19 +326,53 @@ def for_twin(opts: SearchOptions) -> SearchOptions:
     return replace(opts, max_probes=max(opts.max_probes, TWIN_PROBES), bracket=None)
 
 
-def _clamp(rate: float, o: SearchOptions) -> float:
-    return min(max(rate, o.min_rate), o.max_rate)
+_EPS = 1e-9
+"""Slack for rounding a level computed in floating point (``10 * 1.1`` is 11, not 12)."""
+
+
+def _down(x: float) -> float:
+    return float(math.floor(x + _EPS))
+
+
+def _up(x: float) -> float:
+    return float(math.ceil(x - _EPS))
+
+
+def _nearest(x: float) -> float:
+    return float(math.floor(x + 0.5))
+
+
+def _level(x: float, o: SearchOptions, rounding: Callable[[float], float]) -> float:
+    """``x`` within ``[min_rate, max_rate]``; for whole levels, rounded by ``rounding``
+    (within the whole counts of that range)."""
+    x = min(max(x, o.min_rate), o.max_rate)
+    if not o.whole:
+        return x
+    return min(max(rounding(x), _up(o.min_rate)), _down(o.max_rate))
+
+
+def _whole(est: Estimate) -> Estimate:
+    """The estimate in whole levels: the capacity is the highest whole level at which the
+    fitted curve meets the target (the crossing rounded down), and a crossing in the CI
+    ``[a, b]`` puts that level in ``[floor(a), floor(b)]``."""
+    if est.kind != "bracketed" or est.capacity is None or est.ci is None:
+        return est
+    low, high = est.ci
+    ci = (_down(low), None if high is None else _down(high))
+    return replace(est, capacity=_down(est.capacity), ci=ci)
 
 
 def _next_rate(est: Estimate, o: SearchOptions) -> float:
-    """Bisect the bracket while it is wider than half the precision (the CI holds it);
-    then add requests at its end with fewer of them, where noise decides the crossing."""
+    """Bisect the bracket while it is wider than half the precision (the CI holds it) and,
+    for whole levels, a count lies inside it; then add requests at its end with fewer of
+    them, where noise decides the crossing."""
     rates = [r for r, _ in est.curve]
     fitted = [f for _, f in est.curve]
     i = max(j for j, f in enumerate(fitted) if f >= o.attainment)
     lo, hi = rates[i], rates[i + 1]
-    if hi / lo - 1 > o.precision / 2:
-        return (lo + hi) / 2
-    if est.ci is not None and est.ci[1] is None:  # replicates cross above the top rate
-        return min(rates[-1] * (1 + o.precision / 2), o.max_rate)
+    if hi / lo - 1 > o.precision / 2 and not (o.whole and hi - lo < 2):
+        return _level((lo + hi) / 2, o, _nearest)
+    if est.ci is not None and est.ci[1] is None:  # replicates cross above the top level
+        top = rates[-1] * (1 + o.precision / 2)
+        return _level(max(_up(top), rates[-1] + 1) if o.whole else top, o, _nearest)
     return lo if est.judged[i] <= est.judged[i + 1] else hi

@@ -1,5 +1,6 @@
-"""`lbtune capacity` — the highest offered rate at which the SLO holds for a share of
-requests, with a CI. Thin: parse, build the probes, call :mod:`lbtune.capacity`, render."""
+"""`lbtune capacity` — the highest offered rate (or, ``--users``, the most closed-loop
+users) at which the SLO holds for a share of requests, with a CI. Thin: parse, build the
+probes, call :mod:`lbtune.capacity`, render."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from lbtune.cli.options import JsonOpt, OutOpt, ScenarioOpt, SeedOpt, StateDirOp
 if TYPE_CHECKING:
     from lbtune.capacity.probes import TwinCase
     from lbtune.capacity.run import CapacityOptions
-    from lbtune.capacity.search import ProbeResult
+    from lbtune.capacity.search import ProbeResult, Unit
     from lbtune.records.slo import Slo
     from lbtune.run.stress import StressOptions
 
@@ -63,19 +64,32 @@ def capacity_command(
         typer.Option("--probe-duration", "-d", help="Seconds per probe (default: the scenario's)."),
     ] = None,
     samples: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--probe-samples",
-            help="Requests each probe's window should hold (sets its length; more: a "
-            "narrower CI per probe).",
+            help="Requests each open-loop probe's window should hold (sets its length; "
+            "more: a narrower CI per probe). Default 200.",
         ),
-    ] = 200,
+    ] = None,
     max_duration: Annotated[
         float, typer.Option("--probe-max-duration", help="The longest a probe may last (s).")
     ] = 120.0,
     start_rate: Annotated[
-        float, typer.Option("--start-rate", help="First probe's req/s without a twin bracket.")
-    ] = 1.0,
+        float | None,
+        typer.Option("--start-rate", help="First probe's req/s without a twin bracket (1)."),
+    ] = None,
+    users: Annotated[
+        bool,
+        typer.Option(
+            "--users",
+            help="Search over the number of closed-loop users instead of the rate: the most "
+            "concurrent users at which the SLO holds.",
+        ),
+    ] = False,
+    start_users: Annotated[
+        int | None,
+        typer.Option("--start-users", help="With --users: the first probe's users (1)."),
+    ] = None,
     max_probes: Annotated[int, typer.Option("--max-probes", help="Live probes at most.")] = 12,
     twin: Annotated[
         bool,
@@ -113,15 +127,16 @@ def capacity_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Search the capacity at SLO: probes are ordinary stress runs (open loop) at rates
-    the search picks; it stops when the capacity's CI is narrower than --precision, and
-    reports attainment vs rate, the fitted curve and the capacity (capacity.json). With
-    the embedded cluster, the twin's search places the first bracket.
+    the search picks, or closed-loop runs at user counts with --users; it stops when the
+    capacity's CI is narrower than --precision, and reports attainment vs rate (or
+    users), the fitted curve and the capacity (capacity.json). With the embedded cluster,
+    the twin's search places the first bracket.
 
     Example: lbtune capacity -s mixed --slo ttft=1s,tpot=100ms,e2e=20s --attainment 0.95
     """
     from lbtune.capacity.compare import parse_gate
     from lbtune.capacity.probes import ProbeShape
-    from lbtune.capacity.run import CapacityOptions, check_slo
+    from lbtune.capacity.run import CapacityOptions, check_load, check_slo
     from lbtune.capacity.search import SearchOptions
     from lbtune.errors import ConfigError
     from lbtune.run.stress import StressOptions, default_out_dir
@@ -133,6 +148,12 @@ def capacity_command(
     limit = None if fail_on is None else parse_gate(fail_on)
     if limit is not None and compare is None and baseline is None:
         raise ConfigError("--fail-on needs --baseline CAPACITY.json or --compare A B")
+    unit, start, low, high = _levels(users, start_rate, start_users)
+    if users and samples is not None:
+        raise ConfigError(
+            "--probe-samples sets an open-loop probe's length from its rate; with --users a "
+            "probe lasts the scenario's duration: give --probe-duration S instead"
+        )
     base = StressOptions(
         scenario=scenario,
         target_url=target,
@@ -147,11 +168,18 @@ def capacity_command(
     search = SearchOptions(
         attainment=share,
         precision=fraction(precision, "--precision"),
-        start_rate=start_rate,
+        start_rate=start,
+        min_rate=low,
+        max_rate=high,
         max_probes=max_probes,
+        unit=unit,
     )
     out_dir = out or default_out_dir(Path("reports"), f"capacity-{scenario}")
-    opts = CapacityOptions(base, the_slo, out_dir, search, shape=ProbeShape(samples, max_duration))
+    shape = ProbeShape(max_duration_s=max_duration)
+    if samples is not None:
+        shape = ProbeShape(samples, max_duration)
+    opts = CapacityOptions(base, the_slo, out_dir, search, shape=shape)
+    check_load(opts)
     use_twin = twin and target is None
     if compare is not None:
         _compare(opts, compare, (use_twin, config), limit, as_json)
@@ -159,14 +187,53 @@ def capacity_command(
         _single(opts, (use_twin, config), (baseline, limit), as_json)
 
 
+def _levels(
+    users: bool, start_rate: float | None, start_users: int | None
+) -> tuple[Unit, float, float, float]:
+    """The search's unit, first level and range: req/s from ``--start-rate``, or
+    closed-loop users from ``--start-users`` (``--users``); a flag of the other unit, or a
+    level out of range, is a one-line ConfigError."""
+    from lbtune.capacity.search import SearchOptions
+    from lbtune.errors import ConfigError
+    from lbtune.scenario.limits import MAX_USERS
+
+    low, high = SearchOptions.min_rate, SearchOptions.max_rate
+    if not users:
+        if start_users is not None:
+            raise ConfigError(
+                "--start-users counts closed-loop users: add --users to search over them "
+                "(or give --start-rate for the open-loop rate)"
+            )
+        rate = 1.0 if start_rate is None else start_rate
+        if not low <= rate <= high:
+            raise ConfigError(f"--start-rate: must be {low:g} to {high:g} req/s, got {rate:g}")
+        return "req/s", rate, low, high
+    if start_rate is not None:
+        raise ConfigError(
+            "--start-rate is a rate (req/s) and --users searches users: start with "
+            "--start-users N instead (default 1)"
+        )
+    n = 1 if start_users is None else start_users
+    if not 1 <= n <= MAX_USERS:
+        raise ConfigError(f"--start-users: a whole number of users, 1 to {MAX_USERS}, got {n}")
+    return "users", float(n), 1.0, float(MAX_USERS)
+
+
 def _say(text: str) -> None:
     typer.echo(text, err=True)
 
 
-def _on_probe(p: ProbeResult) -> None:
-    att = f"{p.met / p.judged:.2%}" if p.judged else "-"
-    behind = f" (generator behind: {'; '.join(p.behind)})" if p.behind else ""
-    _say(f"{p.source} probe {p.rate:.4g} req/s: {att} of {p.judged} met the SLO{behind}")
+def _progress(unit: Unit) -> Callable[[ProbeResult], None]:
+    """Says each probe's attainment on stderr, its level in ``unit``."""
+    from lbtune.capacity.search import amount
+
+    def on_probe(p: ProbeResult) -> None:
+        att = f"{p.met / p.judged:.2%}" if p.judged else "-"
+        behind = f" (generator behind: {'; '.join(p.behind)})" if p.behind else ""
+        level = amount(p.rate, unit, ".4g")
+        _say(f"{p.source} probe {level}: {att} of {p.judged} met the SLO{behind}")
+
+    return on_probe
 
 
 def _single(
@@ -181,12 +248,20 @@ def _single(
     from lbtune.capacity.compare import gate, load_report, ratio
     from lbtune.capacity.report import describe, dumps
     from lbtune.capacity.run import run_capacity
+    from lbtune.errors import ConfigError
 
     baseline, limit = gate_on
     before = None if baseline is None else load_report(baseline)
+    unit = opts.search.unit
+    if before is not None and before.live is not None and before.live.unit != unit:
+        how = "with" if unit == "users" else "without"
+        raise ConfigError(
+            f"--baseline {baseline}: its capacity is in {before.live.unit} and this search's "
+            f"in {unit}; gate against a capacity.json searched {how} --users"
+        )
     if twin[0]:
         opts = replace(opts, twin=_twin_case(opts.stress, twin[1], None))
-    report = run_capacity(opts, on_probe=_on_probe, say=_say)
+    report = run_capacity(opts, on_probe=_progress(unit), say=_say)
     typer.echo(dumps(report) if as_json else "\n".join(describe(report)))
     if not as_json:
         typer.echo(f"report: {opts.out_dir / 'capacity.json'}")
@@ -221,18 +296,24 @@ def _compare(
         gate,
         ratio,
     )
+    from lbtune.capacity.frame import twin_error
     from lbtune.capacity.probes import LiveProbe, Probes, TwinProbe
-    from lbtune.capacity.report import twin_error
 
     sides, restore = [], _config_restorer(opts.stress.state_dir)
+    unit = opts.search.unit
     for i, path in enumerate(files):
         label = f"{'AB'[i]}:{path.stem}"
-        inner = LiveProbe(Probes(opts.stress, opts.shape), opts.slo, opts.out_dir / "AB"[i], _say)
+        probes = Probes(opts.stress, opts.shape, unit)
+        inner = LiveProbe(probes, opts.slo, opts.out_dir / "AB"[i], _say)
         case = _twin_case(opts.stress, twin[1], path) if twin[0] else None
-        tp = None if case is None else TwinProbe(Probes(opts.stress, opts.shape), opts.slo, case)
+        tp = (
+            None
+            if case is None
+            else TwinProbe(Probes(opts.stress, opts.shape, unit), opts.slo, case)
+        )
         sides.append(Side(label, Applied(_applier(opts.stress.state_dir, path), inner), tp))
     try:
-        frames = compare_searches(sides, opts.search, opts.twin_margin, _on_probe)
+        frames = compare_searches(sides, opts.search, opts.twin_margin, _progress(unit))
     finally:
         restore()
     reports = tuple(

@@ -1,0 +1,112 @@
+"""A capacity search's report as data: the frame ``capacity.json`` holds and
+:mod:`lbtune.capacity.report` (text, JSON) and :mod:`lbtune.capacity.plot` (``capacity.png``)
+render.
+
+Attainment vs the level (each probe with its Wilson interval), the fitted monotone curve
+at each probed level, and the capacity with its CI; the twin's search beside the live one
+when the twin placed the bracket, and how far apart their capacities were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lbtune.capacity.fit import wilson
+from lbtune.capacity.search import ProbeLatency, SearchResult, Unit
+from lbtune.records.slo import Slo
+
+__all__ = ["CapacityReport", "ProbeRow", "SearchFrame", "frame", "twin_error"]
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    rate: float
+    attainment: float | None
+    ci: tuple[float, float]
+    """Wilson interval of the attainment at the report's confidence."""
+    met: int
+    judged: int
+    behind: tuple[str, ...]
+    source: str
+    run_dir: str | None
+    wall_s: float
+    latency: ProbeLatency | None = None
+    """TTFT and TPOT percentiles of the probe's window."""
+    blocks: tuple[tuple[int, int], ...] = ()
+    """(met, judged) per time block of the window (the CI's resampling unit)."""
+
+
+@dataclass(frozen=True)
+class SearchFrame:
+    """One search (live or twin), as reported."""
+
+    source: str
+    kind: str
+    capacity: float | None
+    ci: tuple[float, float | None] | None
+    converged: bool
+    stopped: str | None
+    cliff: tuple[float, float] | None
+    """The rates between which attainment collapsed within one step."""
+    curve: tuple[tuple[float, float], ...]
+    probes: tuple[ProbeRow, ...]
+    wall_s: float
+    unit: Unit = "req/s"
+    """What the levels (``rate``), the capacity and its CI are in: req/s, or closed-loop
+    users (``--users``); a file written before the field is req/s."""
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    scenario: str
+    target: str
+    slo: Slo
+    attainment: float
+    precision: float
+    confidence: float
+    live: SearchFrame | None
+    twin: SearchFrame | None = None
+    twin_error: float | None = None
+    """``(twin - live) / live`` of the capacities, when both are bracketed."""
+
+
+def frame(result: SearchResult, source: str, wall_s: float) -> SearchFrame:
+    """The report's form of a search result."""
+    est, conf = result.estimate, result.options.ci.confidence
+    rows = tuple(
+        ProbeRow(
+            p.rate,
+            p.point.attainment if p.judged else None,
+            wilson(p.met, p.judged, conf),
+            p.met,
+            p.judged,
+            p.behind,
+            p.source,
+            p.run_dir,
+            round(p.wall_s, 3),
+            p.latency,
+            p.blocks,
+        )
+        for p in result.probes
+    )
+    cliff = None if est.cliff is None else (est.cliff.below.rate, est.cliff.above.rate)
+    return SearchFrame(
+        source,
+        est.kind,
+        est.capacity,
+        est.ci,
+        result.converged,
+        result.stopped,
+        cliff,
+        est.curve,
+        rows,
+        round(wall_s, 3),
+        result.options.unit,
+    )
+
+
+def twin_error(live: SearchFrame | None, twin: SearchFrame | None) -> float | None:
+    ok = live is not None and twin is not None and live.kind == twin.kind == "bracketed"
+    if not ok or live is None or twin is None or not live.capacity or twin.capacity is None:
+        return None
+    return (twin.capacity - live.capacity) / live.capacity
