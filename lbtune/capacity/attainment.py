@@ -13,7 +13,8 @@ Over the requests **sent** in the run's measurement window (as every figure of a
 
 The window is also cut into :data:`BLOCKS` consecutive blocks of equal length, each with
 its own (met, judged), for the block bootstrap of the capacity's CI
-(:mod:`lbtune.capacity.fit`).
+(:mod:`lbtune.capacity.fit`). A probe's figures per replica
+(:mod:`lbtune.capacity.replicas`) are this function over each replica's requests.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from lbtune.metrics.stats import meets_slo
+from lbtune.metrics.summary import Window
 from lbtune.records.requests import ERROR_OUTCOMES, RequestRecord
 from lbtune.records.slo import Slo
 
@@ -54,8 +56,9 @@ def attainment(
     met = [0] * BLOCKS
     judged = [0] * BLOCKS
     unjudged = 0
+    inside = Window(start, end).contains
     for r in records:
-        if not start <= r.sent_at < end:
+        if not inside(r.sent_at):
             continue
         b = min(BLOCKS - 1, int((r.sent_at - start) / span * BLOCKS))
         if r.outcome == "ok":

@@ -4,7 +4,8 @@ render.
 
 Attainment vs the level (each probe with its Wilson interval), the fitted monotone curve
 at each probed level, and the capacity with its CI; the twin's search beside the live one
-when the twin placed the bracket, and how far apart their capacities were.
+when the twin placed the bracket, and how far apart their capacities were; each probe's
+figures per replica, and which probe's the text report shows (:func:`replica_probe`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lbtune.capacity.fit import wilson
+from lbtune.capacity.replicas import ReplicaFigures
 from lbtune.capacity.search import ProbeLatency, SearchResult, Unit
 from lbtune.records.slo import Slo
 
-__all__ = ["CapacityReport", "ProbeRow", "SearchFrame", "frame", "twin_error"]
+__all__ = [
+    "CapacityReport",
+    "ProbeRow",
+    "SearchFrame",
+    "frame",
+    "replica_probe",
+    "twin_error",
+]
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,10 @@ class ProbeRow:
     """TTFT and TPOT percentiles of the probe's window."""
     blocks: tuple[tuple[int, int], ...] = ()
     """(met, judged) per time block of the window (the CI's resampling unit)."""
+    replicas: tuple[ReplicaFigures, ...] = ()
+    """Attainment and TTFT/TPOT per replica that served attributed requests in the
+    window (:mod:`lbtune.capacity.replicas`); empty when none was attributed (and in a
+    file written before the field)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,7 @@ def frame(result: SearchResult, source: str, wall_s: float) -> SearchFrame:
             round(p.wall_s, 3),
             p.latency,
             p.blocks,
+            p.replicas,
         )
         for p in result.probes
     )
@@ -110,3 +124,21 @@ def twin_error(live: SearchFrame | None, twin: SearchFrame | None) -> float | No
     if not ok or live is None or twin is None or not live.capacity or twin.capacity is None:
         return None
     return (twin.capacity - live.capacity) / live.capacity
+
+
+def replica_probe(f: SearchFrame, target: float) -> tuple[ProbeRow, str] | None:
+    """The probe whose figures per replica the report shows, and why it: the one nearest
+    the capacity, where it matters which replica breaks the SLO first; without a capacity,
+    the highest probe meeting ``target``, else the lowest (none met it: the nearest to
+    meeting it). Only probes with attributed requests and a generator that kept up count
+    (one that fell behind measured the generator); None when there is none."""
+    rows = [p for p in f.probes if p.replicas and not p.behind]
+    if not rows:
+        return None
+    if f.capacity is not None:
+        cap = f.capacity
+        return min(rows, key=lambda p: (abs(p.rate - cap), -p.judged)), "nearest the capacity"
+    meeting = [p for p in rows if p.attainment is not None and p.attainment >= target]
+    if meeting:
+        return max(meeting, key=lambda p: (p.rate, p.judged)), "highest meeting the target"
+    return min(rows, key=lambda p: (p.rate, -p.judged)), "none met the target: the lowest"

@@ -6,8 +6,11 @@ with its Wilson interval (those whose generator fell behind hollow and grey: the
 leaves them out), the fitted monotone curve (linear between probed levels, as the
 crossing is interpolated), the target, the capacity with its CI shaded (to the right edge
 when the CI is open above), the cliff hatched; the twin's search beside the live one in
-another colour. Right: the live probes' TTFT and TPOT P50/P99 against the level, with the
-SLO's bounds. A report without a probe still yields a plot that says "no data".
+another colour. Middle (right when there is no third panel): the live probes' TTFT and
+TPOT P50/P99 against the level, with the SLO's bounds. Right, when the live probes
+attributed requests to replicas: each replica's attainment against the level
+(:func:`_replicas`); a search without attribution keeps the two panels. A report without a
+probe still yields a plot that says "no data".
 """
 
 from __future__ import annotations
@@ -44,15 +47,20 @@ def capacity_plot(report: CapacityReport) -> bytes:
 
 
 def figure(report: CapacityReport) -> Figure:
-    """Attainment against the level (left) and TTFT/TPOT against it (right)."""
-    fig, (left, right) = _figure(width=11.0, height=4.8, ncols=2)
+    """Attainment against the level (left), TTFT/TPOT against it (middle), and, when the
+    live probes attributed requests, each replica's attainment against it (right)."""
+    per = _per_replica(report.live)
+    fig, axes = _figure(width=16.0 if per else 11.0, height=4.8, ncols=3 if per else 2)
     fig.suptitle(f"Capacity at SLO: {report.scenario} against {report.target}", fontsize=10)
     unit: Unit = next((s.unit for s in (report.live, report.twin) if s is not None), "req/s")
     noun, xlabel = LEVELS[unit]
-    left.set_title(f"Attainment against {noun}")
-    right.set_title(f"Latency against {noun} (live probes)")
-    _attainment(left, report, xlabel)
-    _latency(right, report, xlabel)
+    axes[0].set_title(f"Attainment against {noun}")
+    axes[1].set_title(f"Latency against {noun} (live probes)")
+    _attainment(axes[0], report, xlabel)
+    _latency(axes[1], report, xlabel)
+    if per:
+        axes[2].set_title(f"Attainment per replica against {noun} (live probes)")
+        _replicas(axes[2], per, report.attainment, xlabel)
     return fig
 
 
@@ -203,3 +211,44 @@ def _latency(ax: Axes, report: CapacityReport, xlabel: str) -> None:
     ax.set_xlabel(xlabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
+
+
+def _per_replica(live: SearchFrame | None) -> dict[str, list[tuple[float, float]]]:
+    """(level, attainment) per replica over the live probes whose generator kept up,
+    probes at one level pooled (met and judged summed, as the fit pools them)."""
+    pooled: dict[str, dict[float, tuple[int, int]]] = {}
+    for p in live.probes if live is not None else ():
+        if p.behind:
+            continue
+        for r in p.replicas:
+            met, judged = pooled.setdefault(r.replica, {}).get(p.rate, (0, 0))
+            pooled[r.replica][p.rate] = (met + r.met, judged + r.judged)
+    return {
+        name: [(rate, m / n) for rate, (m, n) in sorted(levels.items()) if n]
+        for name, levels in sorted(pooled.items())
+        if any(n for _, n in levels.values())
+    }
+
+
+def _replicas(
+    ax: Axes, per: dict[str, list[tuple[float, float]]], target: float, xlabel: str
+) -> None:
+    """One line per replica: its attainment against the level, with the target.
+
+    Attainment rather than TTFT P99: it is what the capacity is defined by, so the
+    replica whose line falls below the target first is the one that sets the capacity;
+    and it exists for every replica at every probe, where a P99 is withheld below 100
+    samples (a 200-request probe over four replicas has about 50 each)."""
+    lows = [target]
+    for name, pts in per.items():
+        ys = [a for _, a in pts]
+        ax.plot([r for r, _ in pts], ys, "-", marker="o", markersize=3, label=name)
+        lows += ys
+    ax.axhline(target, color=RED, linestyle=":", linewidth=1.2, label=f"target {target:.4g}")
+    ax.margins(x=0.08)
+    ax.set_xlim(left=0)
+    ax.set_ylim(max(0.0, min(lows) - 0.03), 1.01)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("attainment of the replica's requests")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left", title="replica", title_fontsize=7)

@@ -6,7 +6,8 @@ stress options (``rate`` or ``users``, the scenario's shape otherwise).
 
 A live probe is an ordinary load test (:func:`lbtune.run.stress.run_stress`) at the level,
 with its run directory and records; its attainment is computed from those records
-(:mod:`lbtune.capacity.attainment`), and the generator's health comes from its summary: a
+(:mod:`lbtune.capacity.attainment`), as are its figures per replica
+(:mod:`lbtune.capacity.replicas`), and the generator's health comes from its summary: a
 probe whose generator fell behind says why
 (:attr:`~lbtune.capacity.search.ProbeResult.behind`), and the search redoes it or stops.
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lbtune.capacity.attainment import attainment
+from lbtune.capacity.replicas import replica_figures
 from lbtune.capacity.search import ProbeLatency, ProbeResult, Unit
 from lbtune.loadgen.recordio import read_records
 from lbtune.metrics.summary import Latencies
@@ -131,14 +133,16 @@ class LiveProbe:
         t0 = time.monotonic()
         result = run_stress(opts, say=self.say)
         wall = time.monotonic() - t0
-        got = attainment(read_records(result.records_path), result.plan.measured(), self.slo)
+        records, window = read_records(result.records_path), result.plan.measured()
+        got = attainment(records, window, self.slo)
         gen = result.summary.generator
         behind: tuple[str, ...] = ()
         if gen.degraded:
             behind = tuple(gen.reasons) or ("the generator fell behind",)
         lat = latency(result.summary.latency)
+        per = replica_figures(records, window, self.slo)
         return ProbeResult(
-            rate, got.met, got.judged, behind, str(out), wall, "live", lat, got.blocks
+            rate, got.met, got.judged, behind, str(out), wall, "live", lat, got.blocks, per
         )
 
 
@@ -161,7 +165,10 @@ class TwinProbe:
     def __call__(self, rate: float) -> ProbeResult:
         plan = plan_run(self.probes.next(rate))
         run = simulate(plan, self.case.replicas, self.case.routing(plan), self.case.options)
-        w = run.window
-        got = attainment(run.records, (w.start, w.end), self.slo)
+        window = (run.window.start, run.window.end)
+        got = attainment(run.records, window, self.slo)
         lat = latency(run.summary().latency)
-        return ProbeResult(rate, got.met, got.judged, (), None, run.cpu_s, "twin", lat, got.blocks)
+        per = replica_figures(run.records, window, self.slo)
+        return ProbeResult(
+            rate, got.met, got.judged, (), None, run.cpu_s, "twin", lat, got.blocks, per
+        )

@@ -7,12 +7,13 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from lbtune.capacity.frame import CapacityReport, SearchFrame
+from lbtune.capacity.frame import CapacityReport, SearchFrame, replica_probe
 from lbtune.capacity.plot import capacity_plot
 from lbtune.capacity.search import ProbeLatency, amount
+from lbtune.records.quantiles import MIN_SAMPLES
 from lbtune.records.slo import Slo
 
-__all__ = ["describe", "dumps", "write"]
+__all__ = ["describe", "describe_replicas", "dumps", "write"]
 
 
 _ADAPTER = TypeAdapter(CapacityReport)
@@ -67,7 +68,8 @@ def describe_capacity(f: SearchFrame, confidence: float) -> str:
 
 
 def describe(report: CapacityReport) -> list[str]:
-    """The report as text lines: the table, the capacity, the cliff, the twin, the stop."""
+    """The report as text lines: the table, the capacity, the cliff, the stop, the live
+    search's figures per replica, the twin."""
     lines = [
         f"capacity at SLO: {report.scenario} against {report.target}; "
         f"{describe_slo(report.slo, report.attainment)}"
@@ -102,6 +104,33 @@ def describe(report: CapacityReport) -> list[str]:
             )
         if f.stopped:
             lines.append(f"{f.source} search stopped: {f.stopped}")
+        if f.source == "live":
+            lines += describe_replicas(f, report.attainment)
     if report.twin_error is not None:
         lines.append(f"twin: its capacity was {report.twin_error:+.0%} from the live one")
+    return lines
+
+
+def describe_replicas(f: SearchFrame, target: float) -> list[str]:
+    """Attainment and TTFT/TPOT P99 per replica at one probe (:func:`replica_probe`):
+    whether one replica is what breaks the SLO. No lines without attribution."""
+    chosen = replica_probe(f, target)
+    if chosen is None:
+        return []
+    p, why = chosen
+    where = "" if p.run_dir is None else f"; {Path(p.run_dir).name}"
+    width = max(7, *(len(r.replica) for r in p.replicas))
+    lines = [
+        f"per replica at the {f.source} probe of {amount(p.rate, f.unit, '.4g')} ({why}{where}):",
+        f"  {'replica':<{width}} {'judged':>7} {'attained':>9} {'TTFT p99':>9} {'TPOT p99':>9}",
+    ]
+    for r in p.replicas:
+        att = "-" if r.attainment is None else f"{r.attainment:.2%}"
+        lines.append(
+            f"  {r.replica:<{width}} {r.judged:>7} {att:>9} {_ms(r.ttft_p99):>9} "
+            f"{_ms(r.tpot_p99):>9}"
+        )
+    if any(r.ttft_p99 is None or r.tpot_p99 is None for r in p.replicas):
+        need = MIN_SAMPLES["p99"]
+        lines.append(f"  (-: too few samples on that replica for a P99, which needs {need})")
     return lines

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from lbtune.capacity.fit import CiOptions, Estimate, Point, estimate
+from lbtune.capacity.replicas import ReplicaFigures
 
 __all__ = [
     "Probe",
@@ -85,6 +86,9 @@ class ProbeResult:
     latency: ProbeLatency | None = None
     blocks: tuple[tuple[int, int], ...] = ()
     """(met, judged) per time block of the window (the block bootstrap's)."""
+    replicas: tuple[ReplicaFigures, ...] = ()
+    """Attainment and latency per replica that served attributed requests in the window
+    (:mod:`lbtune.capacity.replicas`); empty when none was attributed."""
 
     @property
     def point(self) -> Point:

@@ -13,6 +13,7 @@ from matplotlib.patches import Rectangle
 from lbtune.capacity.fit import wilson
 from lbtune.capacity.frame import CapacityReport, ProbeRow, SearchFrame
 from lbtune.capacity.plot import capacity_plot, figure
+from lbtune.capacity.replicas import ReplicaFigures
 from lbtune.capacity.report import dumps, write
 from lbtune.capacity.search import ProbeLatency
 from lbtune.records.slo import Slo
@@ -200,3 +201,54 @@ def test_a_search_over_users_says_users_on_its_axes_and_labels() -> None:
     left, _ = figure(report(users)).axes
     assert "live capacity 7 users" in legend(left)
     assert not any("req/s" in t for t in legend(left))
+
+
+REPLICA_AXES = (
+    "Attainment per replica against offered rate (live probes): x = offered rate (req/s), "
+    "y = attainment of the replica's requests"
+)
+
+
+def split(p: ProbeRow, slow_met: int | None = None) -> ProbeRow:
+    """``p`` over two replicas of 200 requests: ``fast`` takes the hits first."""
+    fast = min(p.met, 200)
+    slow = p.met - fast if slow_met is None else slow_met
+    per = (ReplicaFigures("fast", fast, 200), ReplicaFigures("slow", slow, 200))
+    return replace(p, met=fast + slow, replicas=per)
+
+
+def attributed_search() -> SearchFrame:
+    """:func:`cliff_search` over two replicas; 9 req/s probed twice (``slow`` met 190
+    and 150 of 200: pooled, 85 %), 12 req/s behind (left out)."""
+    s = cliff_search()
+    probes = (*(split(p) for p in s.probes), split(s.probes[2], slow_met=150))
+    return replace(s, probes=probes)
+
+
+def test_a_third_panel_draws_each_replicas_attainment_against_the_level() -> None:
+    fig = figure(report(attributed_search()))
+    assert len(fig.axes) == 3
+    ax = fig.axes[2]
+    assert legend(ax) == ["fast", "slow", "target 0.95"]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    for name, want in (("fast", [1.0, 1.0, 1.0, 0.75]), ("slow", [1.0, 0.99, 0.85, 0.0])):
+        assert np.asarray(lines[name].get_xdata()).tolist() == [4.0, 8.0, 9.0, 10.0]
+        assert np.asarray(lines[name].get_ydata()).tolist() == pytest.approx(want)
+    assert ax.get_ylim()[0] == 0.0
+
+
+def test_the_png_names_the_third_panels_axes() -> None:
+    png = capacity_plot(report(attributed_search()))
+    assert png.startswith(PNG)
+    assert png_axes_text(png) == (
+        f"{ATTAINMENT_AXES}; {LATENCY_AXES}latency (ms, log scale); {REPLICA_AXES}"
+    )
+
+
+def test_without_attribution_the_plot_keeps_two_panels() -> None:
+    fig = figure(report(cliff_search()))
+    assert len(fig.axes) == 2
+    assert "per replica" not in (png_axes_text(capacity_plot(report(cliff_search()))) or "")
+    # attribution only at a probe whose generator fell behind: nothing to draw either
+    behind = tuple(split(p) if p.behind else p for p in cliff_search().probes)
+    assert len(figure(report(replace(cliff_search(), probes=behind))).axes) == 2

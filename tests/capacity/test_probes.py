@@ -1,15 +1,33 @@
 """A search's level as a load: closed-loop users or an open-loop rate (no cluster: the
-stress options the probes would run, and their plan)."""
+stress options the probes would run, and their plan); the figures per replica a twin probe
+and a live one (its stress run stood in for) fill from their records."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from lbtune.capacity.probes import Probes, ProbeShape, load_at, probe_dir
+from lbtune.capacity import probes as probe_module
+from lbtune.capacity.probes import (
+    LiveProbe,
+    Probes,
+    ProbeShape,
+    TwinCase,
+    TwinProbe,
+    load_at,
+    probe_dir,
+)
+from lbtune.metrics.stats import summarize
+from lbtune.metrics.summary import RunSummary, Window
+from lbtune.records.slo import Slo
 from lbtune.run.plan import plan_run
 from lbtune.run.stress import StressOptions
+from lbtune.targets.haproxy.twin import routing_model
+from lbtune.twin.options import TwinOptions
+from tests.metrics.records import rec
+from tests.twin.helpers import cluster_replicas, scenario_file
 
 
 def test_a_users_level_is_a_closed_loop_of_that_many_users() -> None:
@@ -51,3 +69,58 @@ def test_open_loop_probes_last_long_enough_for_their_samples() -> None:
 def test_probe_directories_name_their_unit(tmp_path: Path) -> None:
     assert probe_dir(tmp_path, 3, 24.0, "users").name == "probe-03-24users"
     assert probe_dir(tmp_path, 4, 12.5).name == "probe-04-12.5rps"
+
+
+def test_a_twin_probe_fills_its_figures_per_replica(tmp_path: Path) -> None:
+    reps = cluster_replicas("hetero4")
+    case = TwinCase(
+        reps,
+        lambda plan: routing_model({"algorithm": "roundrobin"}, reps, seed=plan.seed),
+        TwinOptions(),
+    )
+    base = StressOptions(scenario=str(scenario_file(tmp_path)), duration_s=12)
+    got = TwinProbe(Probes(base, ProbeShape(), "users"), Slo(ttft_s=1.0), case)(4.0)
+    names = {r.replica for r in got.replicas}
+    assert len(names) >= 2 and names <= {r.name for r in reps}
+    assert sum(r.judged for r in got.replicas) == got.judged > 0
+    assert sum(r.met for r in got.replicas) == got.met
+
+
+@dataclass(frozen=True)
+class _Plan:
+    window: tuple[float, float]
+
+    def measured(self) -> tuple[float, float]:
+        return self.window
+
+
+@dataclass(frozen=True)
+class _Stress:
+    """What a live probe reads of a stress run's result."""
+
+    summary: RunSummary
+    records_path: Path
+    plan: _Plan
+
+
+def test_a_live_probe_fills_its_figures_per_replica_from_the_runs_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    window = (10.0, 20.0)
+    records = [
+        *(rec(i, sent=10.0 + i, ttft=0.1, e2e=0.5, replica="a") for i in range(4)),
+        *(rec(4 + i, sent=14.0 + i, ttft=2.0, e2e=2.5, replica="b") for i in range(4)),
+        rec(8, sent=19.0, replica=None),
+        rec(9, sent=25.0, replica="c"),  # after the window
+    ]
+    summary = summarize(records, run_start=0.0, window=Window(*window), scenario="s", target="t")
+    result = _Stress(summary, tmp_path / "requests.jsonl", _Plan(window))
+    monkeypatch.setattr(probe_module, "run_stress", lambda opts, say: result)
+    monkeypatch.setattr(probe_module, "read_records", lambda path: records)
+    live = LiveProbe(
+        Probes(StressOptions(scenario="chat"), ProbeShape()), Slo(ttft_s=1.0), tmp_path
+    )
+    got = live(2.0)
+    assert (got.met, got.judged) == (5, 9)
+    a, b = got.replicas
+    assert (a.replica, a.met, a.judged, b.replica, b.met, b.judged) == ("a", 4, 4, "b", 0, 4)
