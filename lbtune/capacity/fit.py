@@ -20,6 +20,18 @@ point without blocks (a hand-made one) is drawn request by request: ``Poisson(me
 and ``Poisson(judged - met)`` missed requests, the same distribution as drawing each
 request.
 
+Blocks capture what varies *within* a probe's window, not what varies **between runs**:
+each probe has its own seed, so its traffic is another draw (on ``mixed``, how many long
+prompts land in one minute), and on the twin three searches of ``hetero4``/``mixed`` with
+other seeds put round robin's capacity at 11.2, 15.6 and 13.2 req/s with block-bootstrap
+CIs that did not overlap. So the probes' own scatter about the fitted curve is measured
+too: a **between-run variance** ``tau^2`` (:func:`between_runs`, a method-of-moments
+estimate: each probe's squared residual against the curve fitted without it, beyond what
+its requests explain), and every bootstrap replicate adds to each rate's
+attainment a normal run effect of that variance (divided by the probes pooled there).
+Probes that agree with the curve as closely as their request counts allow give
+``tau^2 = 0`` and the block bootstrap alone.
+
 Between two probed rates the curve is not measured: where it crosses between the last
 rate meeting the target and the next one is an interpolation, right for a gentle curve
 and wrong for a steep one. So the CI also holds that **bracket** (it is the hull of the
@@ -51,6 +63,7 @@ __all__ = [
     "Cliff",
     "Estimate",
     "Point",
+    "between_runs",
     "bootstrap_interval",
     "crossing",
     "estimate",
@@ -75,6 +88,8 @@ class Point:
     blocks: tuple[tuple[int, int], ...] = ()
     """(met, judged) per consecutive time block of the probe's window, for the block
     bootstrap; empty: requests are resampled one by one."""
+    runs: int = 1
+    """Probes (runs, each with its own seed) pooled into this point."""
 
     @property
     def attainment(self) -> float:
@@ -124,7 +139,8 @@ def pooled(points: Sequence[Point]) -> list[Point]:
         if judged == 0:
             continue
         blocks = tuple(b for p in ps for b in p.blocks) if all(p.blocks for p in ps) else ()
-        out.append(Point(rate, sum(p.met for p in ps), judged, blocks))
+        runs = sum(p.runs for p in ps if p.judged > 0)
+        out.append(Point(rate, sum(p.met for p in ps), judged, blocks, runs))
     return out
 
 
@@ -198,18 +214,58 @@ def estimate(points: Sequence[Point], target: float, ci: CiOptions | None = None
     cliff = find_cliff(ps, target, drop=ci.cliff_drop, step=ci.cliff_step)
     if kind != "bracketed" or cap is None:
         return Estimate(kind, cap, None, curve, cliff, counts)
-    low, high = bootstrap_interval(ps, target, ci)
+    tau2 = between_runs(points, target)
+    low, high = bootstrap_interval(ps, target, ci, tau2)
     i = int(np.nonzero(fitted >= target)[0][-1])
     low = min(low, float(rates[i]))
     high = None if high is None else max(high, float(rates[i + 1]))
     return Estimate(kind, cap, (low, high), curve, cliff, counts)
 
 
+def between_runs(points: Sequence[Point], target: float, near: float = 0.1) -> float:
+    """The between-run variance ``tau^2`` of attainment: how much more the probes (each
+    one run with its own seed, unpooled) scatter about the curve than their requests
+    alone explain.
+
+    A probe is held against the curve fitted **without it** (leave one out: the isotonic
+    fit of the others), since a curve fitted with it bends to it: one unlucky probe
+    between two others would otherwise look like the curve's shape. The others' curve is
+    read at the probe's rate by interpolating its **log-odds** linearly in the rate (a
+    logistic fall is a straight line there, so the bend of a smooth curve is not taken for
+    luck); only probes inside the others' range of rates have a value to compare with,
+    and only where that value is within ``near`` of the target or above (far below it the
+    probes do not decide the capacity, and the curve bends most). Method of moments: the
+    mean of ``r^2 - v - u`` over those probes, ``r`` the residual, ``v`` the binomial
+    variance of the probe and ``u`` that of the interpolated value (with the requests of
+    the others' rates either side); at least 0, and 0 with none."""
+    runs = sorted((p for p in points if p.judged > 0), key=lambda p: p.rate)
+    excess: list[float] = []
+    for i, p in enumerate(runs):
+        rest = pooled(runs[:i] + runs[i + 1 :])
+        if len(rest) < 2 or not rest[0].rate <= p.rate <= rest[-1].rate:
+            continue
+        rates = np.asarray([q.rate for q in rest], dtype=float)
+        judged = np.asarray([q.judged for q in rest], dtype=float)
+        fitted = isotonic_decreasing(np.asarray([q.attainment for q in rest]), judged)
+        edge = 0.5 / judged
+        odds = np.log(np.clip(fitted, edge, 1 - edge) / (1 - np.clip(fitted, edge, 1 - edge)))
+        f = float(1 / (1 + np.exp(-np.interp(p.rate, rates, odds))))
+        if f < target - near:
+            continue
+        j = min(int(np.searchsorted(rates, p.rate)), len(rest) - 1)
+        pool = judged[j] + (judged[j - 1] if j > 0 and rates[j] != p.rate else 0.0)
+        var = f * (1 - f)
+        excess.append((p.attainment - f) ** 2 - var / p.judged - var / pool)
+    return max(0.0, float(np.mean(excess))) if excess else 0.0
+
+
 def bootstrap_interval(
-    points: Sequence[Point], target: float, ci: CiOptions
+    points: Sequence[Point], target: float, ci: CiOptions, tau2: float = 0.0
 ) -> tuple[float, float | None]:
     """The percentile interval of the crossing over Poisson-bootstrap replicates of
-    ``points`` (pooled: one per rate, ascending).
+    ``points`` (pooled: one per rate, ascending), each rate's attainment shifted by a
+    normal run effect of variance ``tau2`` over the probes pooled there
+    (:func:`between_runs`).
 
     A replicate with no probe meeting the target puts the capacity at 0; one whose every
     probe meets it puts it above the highest rate (``high`` is then None when they exceed
@@ -218,11 +274,14 @@ def bootstrap_interval(
     b = ci.resamples
     rates = np.asarray([p.rate for p in points], dtype=float)
     met_b, judged_b = _replicates(points, b, rng)
+    runs = np.asarray([max(1, p.runs) for p in points], dtype=float)
+    effect = rng.normal(0.0, 1.0, size=(b, len(points))) * np.sqrt(tau2 / runs)
     draws = np.empty(b)
     for j in range(b):
         keep = judged_b[j] > 0
         w = judged_b[j][keep]
-        kind, cap = crossing(rates[keep], isotonic_decreasing(met_b[j][keep] / w, w), target)
+        share = met_b[j][keep] / w + effect[j][keep]
+        kind, cap = crossing(rates[keep], isotonic_decreasing(share, w), target)
         draws[j] = 0.0 if kind == "below" else (math.inf if kind == "above" else float(cap or 0))
     tail = (1 - ci.confidence) / 2
     above = float(np.mean(np.isinf(draws)))
