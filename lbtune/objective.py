@@ -20,6 +20,18 @@ feasible): ``error_rate - max_error_rate`` (default 1 %).
 
 **Pareto** mode minimises ``(P99_e2e, P99_ttft, -goodput)``; the one to apply is the
 feasible point of the front with the lowest composite score (see :func:`pick`).
+
+**Capacity** mode (``--objective capacity``) tunes for the capacity at an SLO
+(``lbtune capacity``'s figure): the trials run open loop at one offered rate near the
+capacity, and the score is the **SLO stretch** at the attainment asked: each request's
+stretch is the largest of ``TTFT / ttft``, ``TPOT / tpot`` and ``E2E / e2e`` over the
+SLO's bounds (a failed request: infinite), and the score is the stretch the asked share
+of requests stays within (:func:`stretch_at`: the ``attainment``-th percentile). At most 1
+means the SLO holds at that rate for that share; 1.3 means its bounds would have to be
+30 % looser. A config with more capacity holds the SLO further past the rate, so it scores
+lower there; unlike the attainment itself (a count of requests under a line), the
+stretch moves with every request's latency, which a sampler and a paired bootstrap can
+tell apart on a few hundred requests.
 """
 
 from __future__ import annotations
@@ -29,16 +41,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BeforeValidator, TypeAdapter
+import numpy as np
+from pydantic import BeforeValidator, Field, TypeAdapter
 
 from lbtune.errors import ConfigError
 from lbtune.keyvalue import bad_value, in_range, parse_pairs
+from lbtune.records.quantiles import percentile
+from lbtune.records.slo import Slo
 
 if TYPE_CHECKING:
     from lbtune.metrics.summary import RunSummary
 
-ObjectiveKind = Literal["composite", "pareto"]
-OBJECTIVES: tuple[ObjectiveKind, ...] = ("composite", "pareto")
+ObjectiveKind = Literal["composite", "pareto", "capacity"]
+OBJECTIVES: tuple[ObjectiveKind, ...] = ("composite", "pareto", "capacity")
 PARETO_NAMES = ("p99_e2e_s", "p99_ttft_s", "neg_goodput_per_s")
 
 DEFAULT_WEIGHTS: Mapping[str, float] = {"e2e": 0.45, "ttft": 0.35, "decay": 0.20}
@@ -60,6 +75,9 @@ def _no_interval(value: object) -> object:
 # ``null`` figure reads back as NaN (the hand-written reader let ``None`` into a float).
 _Figure = Annotated[float, BeforeValidator(_null_is_nan)]
 _Interval = Annotated[tuple[float, float] | None, BeforeValidator(_no_interval)]
+# A figure only one objective has: no JSON key where it is None, so that the JSON of a
+# study under another objective keeps the form it had.
+_Absent = Annotated[float | None, Field(exclude_if=lambda v: v is None)]
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,13 @@ class Figures:
     """Latency samples behind the P99s (censored ones included); 0 when not known."""
     censored: int = 0
     """Of those, requests unfinished when measured (lower bounds: elapsed time)."""
+    slo_stretch: _Absent = None
+    """The capacity objective's score (:func:`stretch_at`); None (and no JSON key) under
+    another objective."""
+    attainment: _Absent = None
+    """Share of the window's requests within the capacity objective's SLO (stretch at
+    most 1; a request cut off or still open within it is not judged); None under another
+    objective."""
 
 
 FIGURES: TypeAdapter[Figures] = TypeAdapter(Figures)
@@ -103,10 +128,61 @@ class ObjectiveSpec:
     weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     refs: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_REFS))
     max_error_rate: float = 0.01
+    slo: Annotated[Slo | None, Field(exclude_if=lambda v: v is None)] = None
+    """The capacity objective's per-request bounds (TTFT, TPOT, E2E); None (and no JSON
+    key) otherwise, as :attr:`attainment` and :attr:`rate`."""
+    attainment: _Absent = None
+    """The capacity objective's share of requests that must meet :attr:`slo` (0.99)."""
+    rate: _Absent = None
+    """The capacity objective's offered rate (req/s) every trial runs at."""
 
     @property
     def directions(self) -> list[Literal["minimize", "maximize"]]:
-        return ["minimize"] * (1 if self.kind == "composite" else len(PARETO_NAMES))
+        return ["minimize"] * (len(PARETO_NAMES) if self.kind == "pareto" else 1)
+
+    @property
+    def share(self) -> float:
+        """The capacity objective's share (:attr:`attainment`, default 0.99)."""
+        return 0.99 if self.attainment is None else self.attainment
+
+    @property
+    def single(self) -> bool:
+        """One value per trial (composite or capacity), not a Pareto front."""
+        return self.kind != "pareto"
+
+
+FAILED_STRETCH = 1e9
+"""A failed request's stretch: no bound stretches far enough (finite, so percentiles stay
+defined)."""
+
+
+def stretches(
+    ttft: Sequence[float] | np.ndarray[tuple[int], np.dtype[np.float64]],
+    tpot: Sequence[float] | np.ndarray[tuple[int], np.dtype[np.float64]],
+    e2e: Sequence[float] | np.ndarray[tuple[int], np.dtype[np.float64]],
+    errors: int,
+    slo: Slo,
+) -> np.ndarray[tuple[int], np.dtype[np.float64]]:
+    """Each request's SLO stretch (paired samples, seconds; NaN TTFT: not streamed, the
+    response's end is its first token; NaN TPOT: none, not judged on it) and
+    :data:`FAILED_STRETCH` for each of ``errors``."""
+    e = np.asarray(e2e, dtype=np.float64)
+    t = np.asarray(ttft, dtype=np.float64)
+    p = np.asarray(tpot, dtype=np.float64) if len(tpot) else np.full(e.shape, np.nan)
+    out = np.zeros(e.shape)
+    if slo.ttft_s is not None:
+        out = np.maximum(out, np.where(np.isnan(t), e, t) / slo.ttft_s)
+    if slo.tpot_s is not None:
+        out = np.maximum(out, np.nan_to_num(p / slo.tpot_s, nan=0.0))
+    if slo.e2e_s is not None:
+        out = np.maximum(out, e / slo.e2e_s)
+    return np.concatenate([out, np.full(errors, FAILED_STRETCH)])
+
+
+def stretch_at(values: np.ndarray[tuple[int], np.dtype[np.float64]], share: float) -> float:
+    """The stretch ``share`` of the requests stay within: the ``100 * share``-th
+    percentile (:func:`lbtune.records.quantiles.percentile`); NaN without requests."""
+    return percentile(values, 100 * share) if values.size else math.nan
 
 
 def figures_from_summary(summary: RunSummary) -> Figures:
@@ -131,6 +207,14 @@ def figures_from_summary(summary: RunSummary) -> Figures:
         balance=None if server is None else server.replica_balance,
         completed=summary.throughput.completed,
     )
+
+
+def score(fig: Figures, spec: ObjectiveSpec) -> float:
+    """A single-valued objective's score of ``fig`` (lower is better): the SLO stretch
+    under ``capacity`` (NaN when not computed), else the composite."""
+    if spec.kind == "capacity":
+        return math.nan if fig.slo_stretch is None else fig.slo_stretch
+    return composite(fig, spec)
 
 
 def composite(fig: Figures, spec: ObjectiveSpec) -> float:
@@ -165,8 +249,8 @@ def pareto_values(fig: Figures) -> tuple[float, float, float]:
 
 def values(fig: Figures, spec: ObjectiveSpec) -> list[float]:
     """What is told to Optuna for ``spec.kind``."""
-    if spec.kind == "composite":
-        return [composite(fig, spec)]
+    if spec.single:
+        return [score(fig, spec)]
     return list(pareto_values(fig))
 
 
@@ -199,12 +283,14 @@ def pick(candidates: Sequence[Figures], spec: ObjectiveSpec) -> int | None:
     """Index of the candidate to apply: the feasible one with the lowest composite score.
 
     In pareto mode only points of the feasible Pareto front are eligible; their
-    composite score (same weights and references) breaks the tie. ``None`` when no
-    candidate is feasible.
+    composite score (same weights and references) breaks the tie. In capacity mode, the
+    lowest SLO stretch. ``None`` when no candidate is feasible.
     """
     ok = [i for i, f in enumerate(candidates) if feasible(f, spec)]
     if not ok:
         return None
+    if spec.kind == "capacity":
+        return min(ok, key=lambda i: score(candidates[i], spec))
     if spec.kind == "pareto":
         front = pareto_front([pareto_values(candidates[i]) for i in ok])
         ok = [ok[i] for i in front]
@@ -243,10 +329,16 @@ def make_spec(
     ttft_ref_s: float | None = None,
     e2e_ref_s: float | None = None,
     max_error_rate: float | None = None,
+    slo: Slo | None = None,
+    attainment: float | None = None,
+    rate: float | None = None,
 ) -> ObjectiveSpec:
-    """A validated spec; ``None`` references keep the defaults."""
+    """A validated spec; ``None`` references keep the defaults. ``capacity`` needs
+    ``slo`` (a bound at least), ``attainment`` in (0, 1) and the trials' ``rate``."""
     if kind not in OBJECTIVES:
         raise ConfigError(f"Unknown objective {kind!r}. Available: {', '.join(OBJECTIVES)}")
+    if kind == "capacity":
+        _check_capacity(slo, attainment, rate)
     refs = dict(DEFAULT_REFS)
     if ttft_ref_s is not None:
         refs["ttft"] = ttft_ref_s
@@ -263,4 +355,23 @@ def make_spec(
         weights=parse_weights(weights),
         refs=refs,
         max_error_rate=limit,
+        slo=slo if kind == "capacity" else None,
+        attainment=(0.99 if attainment is None else attainment) if kind == "capacity" else None,
+        rate=rate if kind == "capacity" else None,
     )
+
+
+def _check_capacity(slo: Slo | None, attainment: float | None, rate: float | None) -> None:
+    """The capacity objective's SLO, share and rate, or a one-line ConfigError."""
+    if slo is None or all(b is None for b in (slo.ttft_s, slo.tpot_s, slo.e2e_s)):
+        raise ConfigError(
+            "--objective capacity: the SLO has no latency bound; give --slo "
+            "(e.g. --slo ttft=2s,tpot=100ms,e2e=30s)"
+        )
+    if attainment is not None and not 0 < attainment < 1:
+        raise ConfigError(f"--attainment: must be between 0 and 1 (e.g. 0.95), got {attainment:g}")
+    if rate is None or not rate > 0:
+        raise ConfigError(
+            "--objective capacity: the trials need an offered rate; give --rate R (req/s; "
+            "e.g. the capacity `lbtune capacity` found)"
+        )

@@ -380,28 +380,13 @@ def _slo(base: StressOptions, text: str | None) -> Slo:
 
 
 def _twin_case(base: StressOptions, config: str | None, params: Path | None) -> TwinCase | None:
-    """The twin of the embedded cluster (``config``, else the running one, else the
-    default preset) behind its balancer's routing model, with ``params`` (else what is
-    live); None, said, when it has none."""
-    from lbtune.capacity.probes import TwinCase
-    from lbtune.cli.twin import overlays
-    from lbtune.cluster import api
-    from lbtune.cluster.twin import twin_cluster, twin_params
+    """The twin of the embedded cluster (:func:`lbtune.capacity.twincase.twin_case`);
+    None, said, when it has none."""
+    from lbtune.capacity.twincase import twin_case
     from lbtune.errors import ConfigError
-    from lbtune.run.target import live_config
 
-    ep = api.status(base.state_dir).endpoints
-    ref = config or (ep.config_path if ep is not None else None)
     try:
-        tc = twin_cluster(ref)
-        values, _ = twin_params(tc, overlays(tc.balancer, params, []))
-        tc.routing(values)  # the balancer has a model: else ConfigError, said below
+        return twin_case(base.state_dir, config, params)
     except ConfigError as exc:
         typer.echo(f"note: no twin bracket ({exc})", err=True)
         return None
-    if ep is not None and config is None and params is None:
-        live, _ = live_config(ep)
-        values.update({k: v for k, v in (live or {}).items() if k in values})
-    options = tc.options()
-    factory = tc.factory()
-    return TwinCase(tc.replicas, lambda plan: factory(values, tc.replicas, seed=plan.seed), options)

@@ -61,7 +61,25 @@ def optimize_command(
     objective: Annotated[
         str | None,
         typer.Option(
-            "--objective", help="composite (weighted score) or pareto (default: composite)."
+            "--objective",
+            help="composite (weighted score), pareto, or capacity (tune for the capacity at "
+            "--slo: trials at one open-loop --rate near it, scored by the SLO stretch at "
+            "--attainment); default: composite.",
+        ),
+    ] = None,
+    attainment: Annotated[
+        str | None,
+        typer.Option(
+            "--attainment",
+            help="--objective capacity: share of requests that must meet --slo (default 0.99).",
+        ),
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            "--rate",
+            help="--objective capacity: the trials' offered req/s (default: 1.25x the live "
+            "config's capacity in the twin).",
         ),
     ] = None,
     sampler: Annotated[str, typer.Option("--sampler", help="tpe, gp, nsga2 or random.")] = "tpe",
@@ -157,6 +175,7 @@ def optimize_command(
     _check_trial_duration(trial_duration)
     check_outputs(out, state_dir=state_dir)
     _check_study(study, storage)
+    share = _check_capacity(objective, attainment, rate)
     opts = OptimizeOptions(
         budget=budget,
         scenario=scenario_or_trace(scenario, trace, trace_format, speedup),
@@ -181,6 +200,8 @@ def optimize_command(
         inventory=None if inventory is None else str(inventory),
         out_dir=out,
         screen=screen,
+        attainment=share,
+        rate=rate,
     )
     err = ci_mode.start(ci, junit)
     term = threading.Event()
@@ -425,3 +446,21 @@ def _print_result(result: StudyResult, out: Console | None = None) -> None:
         for row in t.rows:
             table.add_row(*(fmt_cell(c) for c in row))
         out.print(table)
+
+
+def _check_capacity(
+    objective: str | None, attainment: str | None, rate: float | None
+) -> float | None:
+    """``--attainment`` as a share and ``--rate`` checked: both only with ``--objective
+    capacity`` (one line, exit 2)."""
+    from lbtune.cli.capacity import fraction
+    from lbtune.errors import ConfigError
+
+    if objective != "capacity":
+        for flag, value in (("--attainment", attainment), ("--rate", rate)):
+            if value is not None:
+                raise ConfigError(f"{flag}: only with --objective capacity")
+        return None
+    if rate is not None and not rate > 0:
+        raise ConfigError(f"--rate: must be > 0 req/s, got {rate:g}")
+    return None if attainment is None else fraction(attainment, "--attainment")

@@ -25,7 +25,10 @@ from its record (the final figures):
   latency sample; counted in ``errors``.
 
 A request that was not streamed has no TTFT: its ``ttft`` entry is NaN, so that the
-two tuples stay paired per request (the bootstrap resamples requests).
+tuples stay paired per request (the bootstrap resamples requests). ``tpot`` is paired the
+same way: an ended request's :attr:`~lbtune.records.requests.RequestRecord.tpot`, NaN where
+it has none (not streamed, fewer than two tokens) and for a request cut off or open (its
+other figures are lower bounds; a TPOT of part of a stream is not one).
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class CensoredSamples:
     """Samples that are lower bounds (cancelled or still open)."""
     carried: int = 0
     """Of ``sent``, requests sent before the window opened (still running at its start)."""
+    tpot: tuple[float, ...] = ()
+    """Paired with ``e2e`` per request (NaN where none); empty when not collected."""
 
     @property
     def streamed_ttft(self) -> tuple[float, ...]:
@@ -96,12 +101,14 @@ def censored_samples(
     nan = math.nan
     ttft: list[float] = []
     e2e: list[float] = []
+    tpot: list[float] = []
     sent = errors = censored = carried = 0
 
     def add(t: float | None, e: float, stream: bool, *, lower_bound: bool) -> None:
         nonlocal censored
         ttft.append((e if t is None else t) if stream else nan)
         e2e.append(e)
+        tpot.append(nan)
         censored += lower_bound
 
     for r in records:
@@ -119,6 +126,8 @@ def censored_samples(
         elif r.outcome == "ok":
             ttft.append(nan if r.ttft is None else r.ttft)
             e2e.append(r.e2e)
+            per_token = r.tpot
+            tpot.append(nan if per_token is None else per_token)
         elif r.outcome == "cancelled":
             add(r.ttft, r.e2e, r.stream, lower_bound=True)
         elif r.outcome in ERROR_OUTCOMES:
@@ -139,4 +148,5 @@ def censored_samples(
         errors=errors,
         censored=censored,
         carried=carried,
+        tpot=tuple(tpot),
     )

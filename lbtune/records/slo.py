@@ -10,7 +10,7 @@ from pydantic import Field
 
 from lbtune.keyvalue import bad_value, in_range, parse_pairs
 
-__all__ = ["Slo", "parse_slo"]
+__all__ = ["Slo", "parse_slo", "without_tpot"]
 
 
 @dataclass(frozen=True)
@@ -71,3 +71,15 @@ def parse_slo(text: str | None, base: Slo, *, tpot: bool = False) -> Slo:
         seconds = number / 1000 if m.group(2) == "ms" else number
         changes[keys[key]] = in_range("--slo", key, value, seconds, 0, MAX_SLO_S, "s")
     return replace(base, **changes)
+
+
+def without_tpot(text: str | None) -> str | None:
+    """``--slo`` text with a TPOT bound, as a run's SLO reads it: its ``tpot=`` part left
+    out (a run's SLO has no TPOT bound; the capacity objective judges it). Keys are
+    checked as :func:`parse_slo` with ``tpot`` checks them."""
+    if not text:
+        return text
+    example = "--slo ttft=350ms,tpot=50ms,e2e=10s"
+    pairs = parse_pairs(text, flag="--slo", keys=_TPOT_KEYS, example=example)
+    kept = [f"{k}={v}" for k, v in pairs if k != "tpot"]
+    return ",".join(kept) or None

@@ -21,10 +21,12 @@ from lbtune.report.plots import _figure, _no_data, _png
 from lbtune.report.screening import screening_markdown
 from lbtune.report.study_frame import (
     before_after,
+    capacity_line,
     confirmation_table,
     headline,
     history,
     rounds_table,
+    score_name,
     shown_trial,
     trials_table,
 )
@@ -83,6 +85,10 @@ def traffic(result: StudyResult) -> str | None:
     return None
 
 
+def _paragraph(text: str | None) -> list[str]:
+    return [] if text is None else [text, ""]
+
+
 def render_markdown(result: StudyResult) -> str:
     shown, heading, who = shown_trial(result)
     played = traffic(result)
@@ -101,6 +107,7 @@ def render_markdown(result: StudyResult) -> str:
         "",
         md_table(before_after(result)),
         "",
+        *_paragraph(capacity_line(result)),
         "## Confirmation (interleaved rounds against the live baseline and the study's best "
         "reference, paired bootstrap CI)",
         "",
@@ -123,6 +130,11 @@ def render_markdown(result: StudyResult) -> str:
     return "\n".join(lines)
 
 
+def _capacity_html(result: StudyResult) -> str:
+    line = capacity_line(result)
+    return "" if line is None else f"<p>{esc(line)}</p>"
+
+
 def render_html(result: StudyResult) -> str:
     plots = render_plots(result)
     figs = "".join(img(png, key, caption) for key, (png, caption) in plots.items())
@@ -139,6 +151,7 @@ def render_html(result: StudyResult) -> str:
         + (f"<div class='meta'>traffic: {esc(played)}</div>" if (played := traffic(result)) else "")
         + f"<div class='warn'>{esc(headline(result))}</div>"
         f"<h2>Before / after</h2>{html_table(before_after(result))}"
+        f"{_capacity_html(result)}"
         f"<h2>Confirmation</h2>{html_table(confirmation_table(result))}"
         f"<h3>Rounds</h3>{html_table(rounds_table(result))}"
         f"<h2>Plots</h2><div class='plots'>{figs}</div>"
@@ -164,7 +177,7 @@ def render_plots(result: StudyResult) -> dict[str, tuple[bytes, str]]:
             ax.axhline(base.objective, color="#7f7f7f", ls="--", label="live baseline")
         ax.set_title("Optimisation history")
         ax.set_xlabel("trial")
-        ax.set_ylabel("composite score (lower is better)")
+        ax.set_ylabel(f"{score_name(result)} (lower is better)")
         ax.legend(loc="upper right", fontsize=8)
     else:
         _no_data(ax, "no completed trial")
@@ -178,7 +191,7 @@ def render_plots(result: StudyResult) -> dict[str, tuple[bytes, str]]:
         ax.set_ylabel("knob")
     else:
         _no_data(ax, "too few completed trials")
-    out["importances"] = (_png(fig), "Parameter importances of the composite score.")
+    out["importances"] = (_png(fig), f"Parameter importances of the {score_name(result)}.")
     out["slices"] = (slice_plot(result), SLICE_CAPTION)
     if result.spec.kind == "pareto":
         out["pareto"] = (pareto_plot(result), PARETO_CAPTION)

@@ -16,7 +16,7 @@ from lbtune.report.frame import Cell, Table
 
 if TYPE_CHECKING:
     from lbtune.objective import Figures
-    from lbtune.search.result import Comparison, StudyResult, TrialResult
+    from lbtune.search.result import CapacityAtSlo, Comparison, StudyResult, TrialResult
 
 __all__ = [
     "FIGURE_ROWS",
@@ -122,15 +122,38 @@ def before_after(result: StudyResult) -> Table:
     row("replica balance (std-dev)", _get(bf, "balance"), _get(wf, "balance"))
     row("failed requests (%)", b.error_rate, w.error_rate, 100.0)
     row("throughput decay", _get(bf, "decay"), _get(wf, "decay"))
+    cap = result.capacity
+    if result.spec.kind == "capacity" and cap is not None:
+        row(
+            f"attainment at {cap.rate:g} req/s (%)",
+            _get(bf, "attainment"),
+            _get(wf, "attainment"),
+            100.0,
+        )
+        after = cap.winner if comp.trial == c.winner else None
+        row(f"capacity at the SLO, twin ({_kind(cap)}req/s)", cap.baseline, after)
     rel = None
     if math.isfinite(comp.relative):
         rel = (
             f"{comp.relative * 100:+.0f} % (diff {comp.diff:+.3f}, "
             f"{comp.level:.1%} CI {comp.ci_low:+.3f} .. {comp.ci_high:+.3f})"
         )
-    rows.append(("composite score (lower is better)", b.score, w.score, rel))
+    rows.append((f"{score_name(result)} (lower is better)", b.score, w.score, rel))
     rows.append(("latency samples (requests)", b.requests, w.requests, None))
     return Table(("figure", base_label, cand_label, change), tuple(rows))
+
+
+def score_name(result: StudyResult) -> str:
+    """What the study's score is, in a row's words."""
+    spec = result.spec
+    if spec.kind == "capacity":
+        return f"SLO stretch at P{spec.share * 100:g}"
+    return "composite score"
+
+
+def _kind(cap: CapacityAtSlo) -> str:
+    """``at least `` when a side's twin capacity is only a lower bound (every rate met)."""
+    return "at least " if "above" in (cap.baseline_kind, cap.winner_kind) else ""
 
 
 def _unpaired(result: StudyResult) -> Table:
@@ -328,3 +351,31 @@ def headline(result: StudyResult) -> str:
     if r is None:
         return what + " Not applied (--no-apply)."
     return f"{what} Rollout: {r.detail}."
+
+
+def capacity_line(result: StudyResult) -> str | None:
+    """A capacity study's rate, SLO and the twin's capacity before and after, in a
+    sentence; None for another objective."""
+    cap = result.capacity
+    if result.spec.kind != "capacity" or cap is None:
+        return None
+    bounds = [
+        f"{name} <= {v * 1000:g} ms"
+        for name, v in (("TTFT", cap.slo.ttft_s), ("TPOT", cap.slo.tpot_s), ("E2E", cap.slo.e2e_s))
+        if v is not None
+    ]
+    text = (
+        f"Capacity at the SLO ({', '.join(bounds)} for {cap.attainment:.0%} of requests): "
+        f"every trial ran open loop at {cap.rate:g} req/s."
+    )
+    if cap.note:
+        return f"{text} {cap.note}."
+    if cap.baseline is not None:
+        text += f" In the twin the live config's capacity is {_kind(cap)}{cap.baseline:.3g} req/s"
+        if cap.winner is not None:
+            text += f", the winner's {cap.winner:.3g} req/s ({cap.winner / cap.baseline:.2f}x)"
+        text += "."
+    return (
+        f"{text} A live capacity with its CI: `lbtune capacity --compare LIVE.yaml "
+        "WINNER.yaml` with the same scenario, --slo and --attainment."
+    )

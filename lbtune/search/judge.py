@@ -33,7 +33,13 @@ from lbtune.search.paired import (
     paired_draws,
     tail_quantile,
 )
-from lbtune.search.pooled import figures_of, finite_or_none, mean_decay, pooled_figures
+from lbtune.search.pooled import (
+    figures_of,
+    finite_or_none,
+    mean_decay,
+    pooled_figures,
+    pooled_stretch,
+)
 from lbtune.search.result import Comparison, Confirmation, Pooled, RoundRun
 from lbtune.search.trial import Measurement, Samples
 from lbtune.targets.base import ParamSet
@@ -130,8 +136,7 @@ def _score(tail_e2e: float, tail_ttft: float, decay: float, spec: ObjectiveSpec)
 
 
 def _resample(r: Samples, rng: np.random.Generator) -> Samples:
-    idx = rng.integers(0, r.e2e.size, size=r.e2e.size)
-    return Samples(r.ttft[idx], r.e2e[idx], r.sent, r.errors)
+    return r.pick(rng.integers(0, r.e2e.size, size=r.e2e.size))
 
 
 def _stat(
@@ -139,6 +144,8 @@ def _stat(
 ) -> Callable[[Sequence[Samples]], list[float]]:
     def stat(runs: Sequence[Samples]) -> list[float]:
         e2e, ttft, p50 = figures_of(runs, q)
+        if spec.kind == "capacity":
+            return [pooled_stretch(runs, spec), e2e, ttft, p50]
         return [_score(e2e, ttft, decay, spec), e2e, ttft, p50]
 
     return stat
@@ -147,7 +154,10 @@ def _stat(
 def pooled_score(
     runs: Sequence[Samples], spec: ObjectiveSpec, decay: float = 0.0, q: float = 99.0
 ) -> float:
-    """Composite score of the requests of all ``runs`` taken together, at tail ``q``."""
+    """The score of the requests of all ``runs`` taken together: composite at tail ``q``,
+    or the capacity objective's SLO stretch."""
+    if spec.kind == "capacity":
+        return pooled_stretch(runs, spec)
     e2e, ttft, _ = figures_of(runs, q)
     return _score(e2e, ttft, decay, spec)
 
@@ -331,7 +341,7 @@ def _pooled(
         p50_ttft_s=finite_or_none(p50),
         requests_per_s=sum(rates) / len(rates) if rates else None,
         error_rate=sum(s.errors for s in samples) / sent if sent else None,
-        score=finite_or_none(_score(e2e, ttft, decay, spec)),
+        score=finite_or_none(pooled_score(samples, spec, decay, q)),
     )
 
 

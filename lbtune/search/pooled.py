@@ -9,11 +9,18 @@ from dataclasses import replace
 
 import numpy as np
 
-from lbtune.objective import FIGURES, Figures
+from lbtune.objective import FIGURES, Figures, ObjectiveSpec, stretch_at, stretches
 from lbtune.search.paired import finite_percentile
 from lbtune.search.trial import Measurement, Samples
 
-__all__ = ["figures_of", "finite_or_none", "mean_decay", "mean_figures", "pooled_figures"]
+__all__ = [
+    "figures_of",
+    "finite_or_none",
+    "mean_decay",
+    "mean_figures",
+    "pooled_figures",
+    "pooled_stretch",
+]
 
 
 def figures_of(runs: Sequence[Samples], q: float) -> list[float]:
@@ -21,6 +28,13 @@ def figures_of(runs: Sequence[Samples], q: float) -> list[float]:
     e2e = np.concatenate([r.e2e for r in runs]) if runs else np.empty(0)
     ttft = np.concatenate([r.ttft for r in runs]) if runs else np.empty(0)
     return [finite_percentile(e2e, q), finite_percentile(ttft, q), finite_percentile(ttft, 50)]
+
+
+def pooled_stretch(runs: Sequence[Samples], spec: ObjectiveSpec) -> float:
+    """The capacity objective's SLO stretch of the runs' requests (and errors) pooled."""
+    assert spec.slo is not None
+    each = [stretches(r.ttft, r.tpot, r.e2e, r.errors, spec.slo) for r in runs]
+    return stretch_at(np.concatenate(each) if each else np.empty(0), spec.share)
 
 
 def finite_or_none(x: float) -> float | None:

@@ -19,6 +19,7 @@ from pydantic import Field, InstanceOf, TypeAdapter, computed_field, field_seria
 
 from lbtune.objective import Figures, ObjectiveSpec
 from lbtune.records.jsonform import key_order
+from lbtune.records.slo import Slo
 from lbtune.scenario.runplan import RunPlan
 from lbtune.search.trial import Samples
 from lbtune.targets.base import ParamSet
@@ -257,6 +258,24 @@ class Rollout:
 
 
 @dataclass(frozen=True)
+class CapacityAtSlo:
+    """A capacity study's (``--objective capacity``) rate and SLO, and the capacity at
+    that SLO of the live config and of the winner in the twin (req/s)."""
+
+    rate: float
+    """The offered rate every trial ran at (open loop)."""
+    attainment: float
+    slo: Slo
+    baseline: float | None = None
+    baseline_kind: str | None = None
+    """``bracketed``, ``above`` (at least), ``below`` (none): the twin's search's kind."""
+    winner: float | None = None
+    winner_kind: str | None = None
+    note: str | None = None
+    """Why there is no twin figure."""
+
+
+@dataclass(frozen=True)
 class StudyResult:
     study: str
     storage: str
@@ -283,6 +302,9 @@ class StudyResult:
     notes: tuple[str, ...] = ()
     started_at: str = ""
     screening: Screening | None = None
+    capacity: Annotated[CapacityAtSlo | None, Field(exclude_if=lambda v: v is None)] = None
+    """The capacity objective's rate and the twin's capacity before and after (no JSON key
+    under another objective)."""
 
     _json = key_order(
         "schema_version", "study", "storage", "target", "scenario", "sampler", "objective",

@@ -37,8 +37,8 @@ from lbtune.objective import (
     FIGURES,
     Figures,
     ObjectiveSpec,
-    composite,
     constraints,
+    score,
     values,
 )
 from lbtune.records.addresses import without_userinfo
@@ -355,7 +355,8 @@ def _run_with_rerun(
         trial.set_user_attr("rerun", str(exc))
 
     def show(step: int, fig: Figures) -> bool:  # progress only: not reported, not pruned
-        emit(replace(start, kind="window", value=window_value(fig, spec)))
+        if spec.kind != "capacity":
+            emit(replace(start, kind="window", value=window_value(fig, spec)))
         return False
 
     return runner.run(params, f"{label}-rerun", show)
@@ -373,6 +374,8 @@ def _window_hook(
     intervals: dict[str, list[float]] = {}
 
     def on_window(step: int, fig: Figures) -> bool:
+        if spec.kind == "capacity":  # scored on the whole window only: no partial value
+            return False
         value = window_value(fig, spec)
         emit(replace(start, kind="window", value=value))
         if spec.kind != "composite":
@@ -396,7 +399,7 @@ def _stopped(stop: threading.Event) -> tuple[Any, str | None]:
 
 
 def trial_objective(m: Measurement, spec: ObjectiveSpec) -> float | None:
-    return None if m.figures is None else composite(m.figures, spec)
+    return None if m.figures is None else score(m.figures, spec)
 
 
 def _tell(study: optuna.Study, trial: Any, m: Measurement, spec: ObjectiveSpec) -> None:

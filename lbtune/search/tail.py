@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from lbtune.metrics.bootstrap import percentile_interval
 from lbtune.metrics.censor import CensoredSamples, censored_samples
-from lbtune.objective import Figures
+from lbtune.objective import Figures, ObjectiveSpec, stretch_at, stretches
 from lbtune.records.requests import RequestRecord
 
 __all__ = ["N_BOOT", "TAIL_Q", "partial_figures", "scored_figures", "tail_figures"]
@@ -53,15 +53,21 @@ def tail_figures(cs: CensoredSamples) -> Figures | None:
     )
 
 
-def scored_figures(figures: Figures, cs: CensoredSamples) -> Figures:
+def scored_figures(
+    figures: Figures, cs: CensoredSamples, spec: ObjectiveSpec | None = None
+) -> Figures:
     """A run's summary ``figures`` as a trial scores them: the P99s (with their intervals)
     and the error rate of the window's censored samples ``cs`` (every request that
-    occupied the window; the summary's are over finished requests sent in it). The one
-    place this is decided, for a live trial and a twin run alike; unchanged when the
-    window holds no sample."""
+    occupied the window; the summary's are over finished requests sent in it), and under
+    the capacity objective the SLO stretch of those samples. The one place this is
+    decided, for a live trial and a twin run alike; unchanged when the window holds no
+    sample."""
     tail = tail_figures(cs)
     if tail is None:
         return figures
+    if spec is not None and spec.kind == "capacity" and spec.slo is not None:
+        each = stretches(cs.ttft, cs.tpot, cs.e2e, cs.errors, spec.slo)
+        figures = replace(figures, slo_stretch=stretch_at(each, spec.share))
     return replace(
         figures,
         p99_e2e_s=tail.p99_e2e_s,

@@ -40,22 +40,32 @@ class GeneratorBehind(TrialFailed):
 class Samples:
     """Latencies of the requests sent in the measurement window (seconds), paired per request.
 
-    ``ttft[i]`` is NaN for a request that has no first token (not streamed).
+    ``ttft[i]`` is NaN for a request that has no first token (not streamed); ``tpot[i]``
+    (empty when not collected) NaN where the request has no time per output token.
     """
 
     ttft: np.ndarray[tuple[int], np.dtype[np.float64]]
     e2e: np.ndarray[tuple[int], np.dtype[np.float64]]
     sent: int = 0
     errors: int = 0
+    tpot: np.ndarray[tuple[int], np.dtype[np.float64]] = field(default_factory=lambda: np.empty(0))
 
     @classmethod
-    def of(cls, ttft: object, e2e: object, sent: int = 0, errors: int = 0) -> Samples:
+    def of(
+        cls, ttft: object, e2e: object, sent: int = 0, errors: int = 0, tpot: object = ()
+    ) -> Samples:
         return cls(
             np.asarray(ttft, dtype=np.float64).ravel(),
             np.asarray(e2e, dtype=np.float64).ravel(),
             sent,
             errors,
+            np.asarray(tpot, dtype=np.float64).ravel(),
         )
+
+    def pick(self, idx: np.ndarray[tuple[int], np.dtype[np.intp]]) -> Samples:
+        """The requests at ``idx`` (a bootstrap draw), every per-request array alike."""
+        tpot = self.tpot[idx] if self.tpot.size else self.tpot
+        return Samples(self.ttft[idx], self.e2e[idx], self.sent, self.errors, tpot)
 
 
 @dataclass(frozen=True, eq=False)

@@ -32,8 +32,9 @@ from lbtune.errors import ConfigError
 from lbtune.loadgen.collect import Progress
 from lbtune.loadgen.recordio import read_records
 from lbtune.metrics.censor import censored_samples
-from lbtune.objective import Figures, figures_from_summary
+from lbtune.objective import Figures, ObjectiveSpec, figures_from_summary
 from lbtune.records.requests import RequestRecord
+from lbtune.records.slo import without_tpot
 from lbtune.run.plan import plan_run
 from lbtune.run.stress import StressOptions, StressResult, run_stress
 from lbtune.run.target import resolve_target
@@ -46,6 +47,7 @@ from lbtune.targets import get_target
 from lbtune.targets.base import ParamSet
 from lbtune.targets.lkg import LkgStore
 from lbtune.targets.space import ParameterSpace
+from lbtune.tune.attained import with_attainment
 
 __all__ = ["HarnessRequest", "StressMeasure", "WindowFeed", "plan_trials", "real_harness"]
 
@@ -78,17 +80,25 @@ class HarnessRequest(Protocol):
     def reports_root(self) -> Path: ...
     @property
     def window_s(self) -> float: ...
+    @property
+    def objective(self) -> str | None: ...
+    @property
+    def rate(self) -> float | None: ...
 
 
 def plan_trials(opts: HarnessRequest) -> StressOptions:
     """The options every trial of a study runs with, their run plan made once: the one
-    read of the scenario file in a study (the objective's SLO is this plan's too)."""
+    read of the scenario file in a study (the objective's SLO is this plan's too). Under
+    the capacity objective the trials run open loop at ``opts.rate``, and the run's SLO is
+    ``--slo`` without its TPOT bound (the objective judges that)."""
     assert opts.scenario is not None
+    capacity = opts.objective == "capacity"
     sopts = StressOptions(
         scenario=opts.scenario,
         duration_s=opts.trial_duration_s,
         seed=opts.seed,
-        slo=opts.slo,
+        rate=opts.rate if capacity else None,
+        slo=without_tpot(opts.slo) if capacity else opts.slo,
         state_dir=opts.state_dir,
         cluster_config=opts.cluster_config,
         reports_root=opts.reports_root,
@@ -103,9 +113,11 @@ def real_harness(
     runs_dir: Path,
     stop: threading.Event,
     say: Callable[[str], None],
+    spec: ObjectiveSpec | None = None,
 ) -> Harness:
     """The embedded cluster (started if needed) or the running one in ``opts.state_dir``;
-    every measurement runs ``trials`` (:func:`plan_trials`: their plan made once)."""
+    every measurement runs ``trials`` (:func:`plan_trials`: their plan made once) and
+    scores it under ``spec``."""
     assert opts.target is not None and trials.plan is not None
     # Bad input is refused before anything starts: resolving the target may bring the
     # embedded cluster up, which a typo in the space or scenario file must not leave behind
@@ -140,7 +152,7 @@ def real_harness(
 
     return Harness(
         target=target,
-        measure=StressMeasure(sopts, runs_dir, window_s=opts.window_s, interrupt=stop),
+        measure=StressMeasure(sopts, runs_dir, opts.window_s, stop, spec),
         rollout_apply=rollout_apply,
         lkg_get=lkg_get,
         lkg_record=store.record,
@@ -161,6 +173,9 @@ class StressMeasure:
     window_s: float = WINDOW_S
     interrupt: threading.Event = field(default_factory=threading.Event)
     """Set by Ctrl-C: stops the running measurement."""
+    spec: ObjectiveSpec | None = None
+    """The study's objective, where a trial's figures depend on it (capacity's SLO
+    stretch and attainment)."""
 
     def __post_init__(self) -> None:
         if self.options.plan is None:
@@ -186,7 +201,7 @@ class StressMeasure:
             say=lambda msg: log.debug("%s: %s", label, msg),
         )
         stopped = stop.is_set() or res.load.stopped_early
-        m = _measurement(res, stopped, time.monotonic() - t_start)
+        m = _measurement(res, stopped, time.monotonic() - t_start, self.spec)
         m.extra["timing"] = _timing(res, wall, time.time())
         return m
 
@@ -240,12 +255,15 @@ def _timing(res: StressResult, called: float, returned: float) -> dict[str, floa
     }
 
 
-def _measurement(res: StressResult, stopped: bool, seconds: float) -> Measurement:
+def _measurement(
+    res: StressResult, stopped: bool, seconds: float, spec: ObjectiveSpec | None = None
+) -> Measurement:
     """A trial's measurement from its run: the summary's figures with the censored
     samples' P99s (the one estimator) and the paired samples for the bootstrap."""
     summary = res.summary
     start, end = res.plan.measured()  # the window the run recorded (the summary's too)
-    cs = censored_samples(read_records(res.records_path), start=start, end=end)
+    records = read_records(res.records_path)
+    cs = censored_samples(records, start=start, end=end)
     figures: Figures | None
     try:
         figures = figures_from_summary(summary)
@@ -254,11 +272,16 @@ def _measurement(res: StressResult, stopped: bool, seconds: float) -> Measuremen
             raise
         figures = None
     if figures is not None:
-        figures = scored_figures(figures, cs)  # the one rule and the one estimator
+        figures = scored_figures(figures, cs, spec)  # the one rule and the one estimator
+        figures = with_attainment(figures, records, (start, end), spec)
     # Paired per request (the bootstrap resamples requests); a non-streamed request
     # has no TTFT: NaN, left out of the TTFT percentile. Nothing streamed: E2E stands in.
     samples = Samples.of(
-        cs.ttft if cs.streamed_ttft else cs.e2e, cs.e2e, sent=cs.sent, errors=cs.errors
+        cs.ttft if cs.streamed_ttft else cs.e2e,
+        cs.e2e,
+        sent=cs.sent,
+        errors=cs.errors,
+        tpot=cs.tpot,
     )
     return Measurement(
         figures=figures,

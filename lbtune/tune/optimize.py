@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +31,14 @@ from lbtune.errors import BalancerDown
 from lbtune.history import add_entry, db_path
 from lbtune.history.index import study_entry
 from lbtune.objective import ObjectiveSpec, pareto_front, pareto_values, pick
+from lbtune.records.slo import parse_slo
 from lbtune.report.study import write_study_report
 from lbtune.safety.files import inside, name_part
 from lbtune.scenario.runplan import RunPlan
 from lbtune.search.confirm import BaselineUnmeasurable
 from lbtune.search.harness import Harness
 from lbtune.search.pruning import make_pruner, pruning_line
-from lbtune.search.result import StudyResult, TrialResult
+from lbtune.search.result import CapacityAtSlo, StudyResult, TrialResult
 from lbtune.search.stored import collect
 from lbtune.search.study import (
     REFERENCE_ROLES,
@@ -54,6 +55,7 @@ from lbtune.search.trial import TrialRunner
 from lbtune.targets.base import ParamSet
 from lbtune.targets.space import ParameterSpace
 from lbtune.tune.after import AfterSearch, SearchDone, after_search, restore
+from lbtune.tune.capacity_study import trial_rate, twin_capacities
 from lbtune.tune.harness import plan_trials, real_harness
 from lbtune.tune.importance import importances
 from lbtune.tune.options import (
@@ -85,16 +87,18 @@ def run_optimize(
     fails for a baseline it could not measure: the CLI indexes the study there
     (:func:`record_study`)."""
     opts = resolve_options(opts, harness)
+    if opts.objective == "capacity" and opts.rate is None:
+        opts = replace(opts, rate=_capacity_rate(opts, say))
     assert opts.scenario and opts.target and opts.objective and opts.study and opts.budget
     stop = stop or threading.Event()
     trial_opts = plan_trials(opts)  # the study's run plan: its one read of the scenario
     assert trial_opts.plan is not None
-    spec = objective_spec(opts.objective, trial_opts.plan.slo_value(), opts.weights)
+    spec = _spec(opts, trial_opts.plan)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = opts.out_dir or inside(
         opts.reports_root, f"{stamp}-optimize-{name_part(opts.study, 'study')}", "--study"
     )
-    h = harness or real_harness(opts, trial_opts, out_dir / "runs", stop, say)
+    h = harness or real_harness(opts, trial_opts, out_dir / "runs", stop, say, spec)
     release_lease = h.lease()  # if this process dies, a guard restores the last known good
     show = _Progress(StudyProgress(study=opts.study, budget=opts.budget), on_progress, say)
     run = _Run(opts, spec, stamp, out_dir)
@@ -112,7 +116,7 @@ def run_optimize(
     show.phase(f"study {opts.study}: {opts.budget} trials of {opts.trial_duration_s:g} s")
     show.say(_pruning_line(opts, spec, trial_opts.plan, before))
     try:
-        loop = LoopOptions(opts.budget, opts.pruner != "none", stop, show.on_event, say)
+        loop = LoopOptions(opts.budget, _pruner(opts, spec) != "none", stop, show.on_event, say)
         run_loop(study, space, runner, spec, loop)
     except BalancerDown:
         release_lease()  # nothing left to guard; the study is stored and resumable
@@ -130,7 +134,10 @@ def run_optimize(
         after.notes.append(
             "interrupted (Ctrl-C or SIGTERM): the running trial was stopped; --resume continues"
         )
-    result = run.result(study, trials, after, stop.is_set())
+    capacity = _capacity(spec, screener is not None and not stop.is_set(), after, trials, show)
+    if capacity is not None and capacity.note is None:
+        capacity = twin_capacities(trial_opts, spec, h.state_dir, lkg, _winner(after, trials))
+    result = run.result(study, trials, after, stop.is_set(), capacity)
     if opts.write_report:
         write_study_report(out_dir, result)
     if on_result is not None:
@@ -142,15 +149,67 @@ def run_optimize(
     return result
 
 
+def _capacity(
+    spec: ObjectiveSpec, twin: bool, after: AfterSearch, trials: list[TrialResult], show: _Progress
+) -> CapacityAtSlo | None:
+    """A capacity study's row before the twin's figures (a note where the twin is not
+    used: no screening, or interrupted); None for another objective."""
+    if spec.kind != "capacity":
+        return None
+    assert spec.slo is not None and spec.rate is not None
+    row = CapacityAtSlo(rate=spec.rate, attainment=spec.share, slo=spec.slo)
+    if not twin:
+        return replace(row, note="no twin capacity (the twin did not screen this study)")
+    show.phase("capacity at the SLO in the twin: the live config and the winner")
+    return row
+
+
+def _winner(after: AfterSearch, trials: list[TrialResult]) -> ParamSet | None:
+    """The confirmed winner's parameters (None: none was confirmed)."""
+    number = None if after.confirmation is None else after.confirmation.winner
+    won = next((t for t in trials if t.number == number), None)
+    return None if won is None else won.params
+
+
+def _spec(opts: OptimizeOptions, plan: RunPlan) -> ObjectiveSpec:
+    """The study's objective over its plan's SLO (``--slo`` with its TPOT bound for the
+    capacity objective)."""
+    assert opts.objective is not None
+    return objective_spec(
+        opts.objective,
+        plan.slo_value(),
+        opts.weights,
+        slo_text=opts.slo,
+        attainment=opts.attainment,
+        rate=opts.rate,
+    )
+
+
+def _capacity_rate(opts: OptimizeOptions, say: Callable[[str], None]) -> float:
+    """The capacity study's trial rate placed by the twin (:func:`trial_rate`), on the
+    study's traffic and the objective's SLO."""
+    first = plan_trials(opts)  # closed loop until the rate is known: its SLO and seed
+    assert first.plan is not None
+    bounds = parse_slo(opts.slo, first.plan.slo_value(), tpot=True)
+    share = 0.99 if opts.attainment is None else opts.attainment
+    return trial_rate(first, bounds, share, opts.state_dir, say)
+
+
+def _pruner(opts: OptimizeOptions, spec: ObjectiveSpec) -> str:
+    """``--pruner``, or none under the capacity objective: its score (the SLO stretch of
+    the whole window) has no partial value to prune on."""
+    return "none" if spec.kind == "capacity" else opts.pruner
+
+
 def _pruning_line(
     opts: OptimizeOptions, spec: ObjectiveSpec, plan: RunPlan, trials: list[TrialResult]
 ) -> str:
     """What the pruner can do with this study's trial length, said once at its start."""
     refs = sum(t.role in REFERENCE_ROLES for t in trials)
     return pruning_line(
-        opts.pruner,
+        _pruner(opts, spec),
         plan.window_end_s - plan.window_start_s,
-        multi_objective=spec.kind != "composite",
+        multi_objective=not spec.single,
         window_s=opts.window_s,
         n_references=refs,
     )
@@ -179,7 +238,12 @@ class _Run:
     t_start: float = field(default_factory=time.monotonic)
 
     def result(
-        self, study: Any, trials: list[TrialResult], after: AfterSearch, interrupted: bool
+        self,
+        study: Any,
+        trials: list[TrialResult],
+        after: AfterSearch,
+        interrupted: bool,
+        capacity: CapacityAtSlo | None = None,
     ) -> StudyResult:
         o = self.opts
         assert o.study and o.target and o.scenario and o.budget
@@ -206,6 +270,7 @@ class _Run:
             notes=tuple(after.notes),
             started_at=self.stamp,
             screening=after.screening,
+            capacity=capacity,
         )
 
 
@@ -261,7 +326,7 @@ def _open(
     refs = reference_trials(space, h.target.read_live())
     sampler = make_sampler(opts.sampler, opts.seed, n_startup=len(refs) + 5)
     pruner = make_pruner(
-        opts.pruner, n_references=len(refs), multi_objective=spec.kind != "composite"
+        _pruner(opts, spec), n_references=len(refs), multi_objective=not spec.single
     )
     study = open_study(opts.study, opts.storage, spec, sampler, pruner, resume=opts.resume)
     if opts.resume:

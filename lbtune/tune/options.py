@@ -16,7 +16,7 @@ from lbtune.cluster.config import load_config
 from lbtune.errors import ConfigError
 from lbtune.objective import ObjectiveSpec, make_spec
 from lbtune.records.addresses import without_userinfo
-from lbtune.records.slo import Slo
+from lbtune.records.slo import Slo, parse_slo
 from lbtune.search.harness import Harness
 from lbtune.search.study import sqlite_dir
 
@@ -48,6 +48,8 @@ STORED = (
     "slo",
     "trial_duration_s",
     "seed",
+    "attainment",
+    "rate",
 )
 
 
@@ -86,6 +88,11 @@ class OptimizeOptions:
     screen: int | None = None
     """Virtual trials in the twin before the live ones (:mod:`lbtune.tune.screen`); None:
     its default where the twin models the cluster; 0: none."""
+    attainment: float | None = None
+    """``--objective capacity``: the share of requests that must meet the SLO (0.99)."""
+    rate: float | None = None
+    """``--objective capacity``: the offered rate (req/s) every trial runs at, open loop;
+    None: placed by the twin (:func:`lbtune.tune.capacity_study.trial_rate`)."""
 
 
 @dataclass
@@ -116,15 +123,29 @@ class StudyProgress:
         return self.best / self.baseline - 1
 
 
-def objective_spec(kind: str, slo: Slo, weights: str | None) -> ObjectiveSpec:
+def objective_spec(
+    kind: str,
+    slo: Slo,
+    weights: str | None,
+    *,
+    slo_text: str | None = None,
+    attainment: float | None = None,
+    rate: float | None = None,
+) -> ObjectiveSpec:
     """The objective of ``--objective``/``--weights`` over the study's SLO: its run plan's
-    (the scenario's, with ``--slo``; derived once, by :func:`lbtune.run.plan.plan_run`)."""
+    (the scenario's, with ``--slo``; derived once, by :func:`lbtune.run.plan.plan_run`).
+    ``capacity`` reads ``--slo`` (``slo_text``) again with its TPOT bound over that SLO,
+    and takes the share and the trials' rate."""
+    bounds = parse_slo(slo_text, slo, tpot=True) if kind == "capacity" else None
     return make_spec(
         kind,
         weights=weights,
         ttft_ref_s=slo.ttft_s,
         e2e_ref_s=slo.e2e_s,
         max_error_rate=slo.max_error_rate,
+        slo=bounds,
+        attainment=attainment,
+        rate=rate,
     )
 
 

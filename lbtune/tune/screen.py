@@ -226,7 +226,7 @@ def start_screen(
         assert req.trials.plan is not None
         seconds = req.trials.plan.load.shape_duration_s * WINDOW_FACTOR
         plan = plan_run(replace(req.trials, duration_s=seconds, plan=None))
-        if spec.kind != "composite":  # the twin ranks by the composite score
+        if spec.kind == "pareto":  # the twin ranks by one score: the composite
             spec = objective_spec("composite", plan.slo_value(), None)
         sc = Screener(tc, plan, spec, req.trials.plan)
         tc.routing(sc.twin_params(space.baseline()))  # no model: one line, before any work

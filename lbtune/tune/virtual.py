@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from lbtune.cluster.twin import TwinCluster
-from lbtune.objective import Figures, ObjectiveSpec, composite, figures_from_summary
+from lbtune.objective import Figures, ObjectiveSpec, figures_from_summary, score
 from lbtune.scenario.runplan import RunPlan
 from lbtune.search.tail import scored_figures
 from lbtune.targets.params import ParamSet
+from lbtune.tune.attained import with_attainment
 from lbtune.tune.options import objective_spec
 from lbtune.twin.options import TwinOptions
 from lbtune.twin.pool import TwinJob, TwinPool
@@ -29,11 +30,13 @@ __all__ = ["Predicted", "VirtualBench", "twin_figures"]
 
 
 def twin_figures(run: TwinRun, spec: ObjectiveSpec | None = None) -> tuple[Figures, float]:
-    """A study trial's figures of ``run`` and its composite score (under ``spec``, else the
-    default composite over the plan's SLO). ValueError when nothing in the window ended."""
-    fig = scored_figures(figures_from_summary(run.summary()), run.censored())
+    """A study trial's figures of ``run`` and its score (under ``spec``, else the default
+    composite over the plan's SLO). ValueError when nothing in the window ended."""
     spec = spec or objective_spec("composite", run.plan.slo_value(), None)
-    return fig, composite(fig, spec)
+    fig = scored_figures(figures_from_summary(run.summary()), run.censored(), spec)
+    w = run.window
+    fig = with_attainment(fig, run.records, (w.start, w.end), spec)
+    return fig, score(fig, spec)
 
 
 @dataclass(frozen=True)

@@ -96,3 +96,18 @@ def test_open_requests_need_now() -> None:
 
 def test_empty() -> None:
     assert censored_samples([], start=0.0, end=1.0) == CensoredSamples((), (), 0, 0, 0)
+
+
+def test_tpot_is_paired_with_each_sample_and_only_ended_requests_have_one() -> None:
+    """An ended request's TPOT, in the same position as its E2E; NaN for one with a single
+    token, one cut off and one still open (their figures are lower bounds)."""
+    records = [
+        rec(0, sent=10.0, ttft=0.2, e2e=2.2, output_tokens=11),  # (2.2 - 0.2) / 10
+        rec(1, sent=11.0, ttft=0.2, e2e=1.0, output_tokens=1),  # one token: no TPOT
+        rec(2, sent=12.0, ttft=0.3, e2e=5.0, outcome="cancelled"),
+        rec(3, sent=13.0, ttft=0.3, e2e=9.0),  # still open at 15
+    ]
+    got = censored_samples(records, start=10.0, end=30.0, now=15.0)
+    assert len(got.tpot) == len(got.e2e) == 4
+    assert got.tpot[0] == pytest.approx(0.2)
+    assert all(math.isnan(t) for t in got.tpot[1:])

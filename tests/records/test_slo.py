@@ -33,3 +33,13 @@ def test_meets_slo_judges_tpot_when_bounded() -> None:
     assert not meets_slo(r, Slo(ttft_s=0.2, e2e_s=2.0, tpot_s=0.099))
     one_token = rec(1, sent=0.0, ttft=0.1, e2e=1.1, output_tokens=1)
     assert meets_slo(one_token, Slo(tpot_s=0.001))  # no TPOT to judge: E2E covers it
+
+
+def test_without_tpot_leaves_the_run_slo_its_own_bounds() -> None:
+    from lbtune.records.slo import without_tpot
+
+    assert without_tpot("ttft=2s,tpot=100ms,e2e=30s") == "ttft=2s,e2e=30s"
+    assert without_tpot("tpot=100ms") is None
+    assert without_tpot(None) is None
+    with pytest.raises(ConfigError, match="--slo"):
+        without_tpot("itl=5ms")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from lbtune.errors import ApplyError, TrialFailed
-from lbtune.objective import Figures
+from lbtune.objective import Figures, ObjectiveSpec, stretch_at, stretches
 from lbtune.records.quantiles import percentile
 from lbtune.scenario.runplan import RunPlan
 from lbtune.search.harness import Harness
@@ -98,6 +98,9 @@ class FakeMeasure:
     calls: list[str] = field(default_factory=list)
     plan: RunPlan | None = None
     """The run plan each measurement says it ran (a real one runs ``run.json``'s)."""
+    spec: ObjectiveSpec | None = None
+    """Under the capacity objective, the figures carry the SLO stretch and attainment
+    (as the real measurement's do, from the same functions)."""
 
     def __call__(self, label: str, on_window: WindowHook | None = None) -> Measurement:
         self.calls.append(label)
@@ -129,6 +132,13 @@ class FakeMeasure:
             completed=self.n,
         )
         samples = Samples.of(ttft, e2e, self.n, 0)
+        if self.spec is not None and self.spec.slo is not None:
+            each = stretches(ttft, [], e2e, 0, self.spec.slo)
+            figs = replace(
+                figs,
+                slo_stretch=stretch_at(each, self.spec.share),
+                attainment=float(np.mean(each <= 1.0)),
+            )
         return Measurement(figs, samples, degraded, stopped, plan=self.plan)
 
 
