@@ -10,7 +10,7 @@ or a test's hand-made curve). The search:
    curve and the next one probed) is wider than half the ``precision``, it probes its
    middle (bisection); once narrower, it probes again at whichever end of it has fewer
    requests, where noise decides the crossing (above the highest rate when the CI is
-   open there);
+   open there, below the lowest when it reaches under it);
 3. **stops** when the capacity's CI (:func:`lbtune.capacity.fit.estimate`) is narrower
    than ``precision`` of the capacity (converged), or after ``max_probes`` probes, or when
    the generator fell behind (not converged; :attr:`SearchResult.stopped` says why).
@@ -368,8 +368,10 @@ def _whole(est: Estimate) -> Estimate:
 
 def _next_rate(est: Estimate, o: SearchOptions) -> float:
     """Bisect the bracket while it is wider than half the precision (the CI holds it) and,
-    for whole levels, a count lies inside it; then add requests at its end with fewer of
-    them, where noise decides the crossing."""
+    for whole levels, a count lies inside it; then, where replicates cross beyond the
+    levels probed (above the top, or below the lowest: runs that differ at the lowest
+    level can all miss), probe beyond them; then add requests at the bracket's end with
+    fewer of them, where noise decides the crossing."""
     rates = [r for r, _ in est.curve]
     fitted = [f for _, f in est.curve]
     i = max(j for j, f in enumerate(fitted) if f >= o.attainment)
@@ -379,4 +381,7 @@ def _next_rate(est: Estimate, o: SearchOptions) -> float:
     if est.ci is not None and est.ci[1] is None:  # replicates cross above the top level
         top = rates[-1] * (1 + o.precision / 2)
         return _level(max(_up(top), rates[-1] + 1) if o.whole else top, o, _nearest)
+    if est.ci is not None and est.ci[0] < rates[0]:  # ... or below the lowest one
+        bottom = rates[0] * (1 - o.precision / 2)
+        return _level(min(_down(bottom), rates[0] - 1) if o.whole else bottom, o, _nearest)
     return lo if est.judged[i] <= est.judged[i + 1] else hi

@@ -6,12 +6,15 @@ past it, it misses, and a config with more capacity still meets the SLO there or
 it by less, so the SLO stretch (:mod:`lbtune.objective`) tells the configs apart. Too far
 past it, every config in the space misses by a lot and their queues, not their routing,
 decide. :func:`trial_rate` puts the trials at ``RATE_FACTOR`` (1.25) times the live
-config's capacity in the twin (``--rate`` overrides it).
+config's capacity in the twin (``--rate`` overrides it), its probes as long as a trial: an
+overloaded queue grows with the window, so a 25-s trial sees a higher capacity than a
+minute-long probe, and the rate must be past the capacity the trials see.
 
 **Before and after.** The study report's "capacity at SLO" row: the twin's capacity
-search of the live config and of the winner (:func:`twin_capacities`), seconds of CPU
-each. A live figure with a CI is a capacity search away: ``lbtune capacity --compare``
-on the two param files, which the report names.
+search of the live config and of the winner (:func:`twin_capacities`) with ``lbtune
+capacity``'s own probes (a minute or more each), seconds to a minute of CPU each. A live
+figure with a CI is a capacity search away: ``lbtune capacity --compare`` on the two param
+files, which the report names.
 """
 
 from __future__ import annotations
@@ -42,11 +45,14 @@ def _twin_capacity(
     attainment: float,
     state_dir: Path | None,
     params: Mapping[str, object] | None = None,
+    *,
+    probe_s: float | None = None,
 ) -> Estimate:
     """The twin's capacity search of ``params`` (else the live config) on the study's
-    traffic (``trials``' scenario and seed, open loop at the rates the search picks)."""
+    traffic (``trials``' scenario and seed, open loop at the rates the search picks), each
+    probe ``probe_s`` long (None: ``lbtune capacity``'s own probe length)."""
     case = twin_case(state_dir, None, params)
-    base = replace(trials, rate=None, users=None, plan=None)
+    base = replace(trials, rate=None, users=None, plan=None, duration_s=probe_s)
     probes = Probes(base, ProbeShape(), "req/s")
     opts = for_twin(SearchOptions(attainment=attainment, precision=0.1))
     return search(TwinProbe(probes, slo, case), opts).estimate
@@ -64,7 +70,7 @@ def trial_rate(
     naming ``--rate``) when the twin does not model the cluster or the live config meets
     the SLO at no rate."""
     try:
-        est = _twin_capacity(trials, slo, attainment, state_dir)
+        est = _twin_capacity(trials, slo, attainment, state_dir, probe_s=trials.duration_s)
     except ConfigError as exc:
         raise ConfigError(
             f"--objective capacity: no twin to place the trials' rate ({exc}); give --rate R "
@@ -89,17 +95,20 @@ def twin_capacities(
     state_dir: Path | None,
     baseline: Mapping[str, object],
     winner: Mapping[str, object] | None,
+    probe_s: float | None = None,
 ) -> CapacityAtSlo:
     """The study report's "capacity at SLO" row: the twin's capacity of the live config
     (``baseline``) and of the ``winner`` (None: not confirmed), with the trials' rate; a
-    note instead of figures when the twin does not model the cluster."""
+    note instead of figures when the twin does not model the cluster. Probes of
+    ``probe_s`` (None: ``lbtune capacity``'s own)."""
     assert spec.slo is not None and spec.rate is not None
     row = CapacityAtSlo(rate=spec.rate, attainment=spec.share, slo=spec.slo)
     try:
-        before = _twin_capacity(trials, spec.slo, spec.share, state_dir, baseline)
+        slo, share = spec.slo, spec.share
+        before = _twin_capacity(trials, slo, share, state_dir, baseline, probe_s=probe_s)
         after = None
         if winner is not None:
-            after = _twin_capacity(trials, spec.slo, spec.share, state_dir, winner)
+            after = _twin_capacity(trials, slo, share, state_dir, winner, probe_s=probe_s)
     except ConfigError as exc:
         return replace(row, note=f"no twin capacity ({exc})")
     return replace(

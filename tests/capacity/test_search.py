@@ -126,3 +126,23 @@ def test_searches_ci_covers_the_true_capacity() -> None:
         assert est.ci is not None and est.ci[1] is not None
         hits += est.ci[0] <= truth <= est.ci[1]
     assert hits / 40 >= 0.85, hits / 40
+
+
+def test_a_ci_reaching_under_the_lowest_level_probes_below_it() -> None:
+    """Runs that differ at the lowest level probed (the twin's bracket started there):
+    some of its replicates cross below it, so the next probe goes under it rather than
+    piling more requests where the runs already disagree."""
+    from lbtune.capacity.fit import Point, estimate
+    from lbtune.capacity.search import _next_rate
+
+    points = [
+        Point(12.5, 493, 500),
+        Point(12.5, 465, 500),  # the same rate, another run: 93 %
+        Point(13.3, 440, 500),
+        Point(15.6, 400, 500),
+        Point(18.7, 450, 500),
+    ]
+    est = estimate(points, 0.95)
+    assert est.ci is not None and est.ci[0] < 12.5
+    nxt = _next_rate(est, SearchOptions(attainment=0.95, precision=0.15))
+    assert nxt < 12.5 and nxt >= 12.5 * 0.9

@@ -61,9 +61,8 @@ def test_an_slo_no_rate_meets_names_the_way_out(tmp_path: Path) -> None:
 def test_before_and_after_capacities_of_two_configs(tmp_path: Path) -> None:
     """Least-conn against round robin on hetero4 (a 6x slower L4): more capacity."""
     spec = make_spec("capacity", slo=SLO, attainment=0.95, rate=10.0)
-    row = twin_capacities(
-        TRIALS, spec, tmp_path, {"algorithm": "roundrobin"}, {"algorithm": "leastconn"}
-    )
+    rr, lc = {"algorithm": "roundrobin"}, {"algorithm": "leastconn"}
+    row = twin_capacities(TRIALS, spec, tmp_path, rr, lc, probe_s=TRIALS.duration_s)
     assert row.note is None and row.baseline is not None and row.winner is not None
     assert row.winner > row.baseline
     assert (row.rate, row.attainment, row.slo) == (10.0, 0.95, SLO)
