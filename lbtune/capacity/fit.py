@@ -222,7 +222,9 @@ def estimate(points: Sequence[Point], target: float, ci: CiOptions | None = None
     return Estimate(kind, cap, (low, high), curve, cliff, counts)
 
 
-def between_runs(points: Sequence[Point], target: float, near: float = 0.1) -> float:
+def between_runs(
+    points: Sequence[Point], target: float, near: float = 0.1, steep: float = 0.25
+) -> float:
     """The between-run variance ``tau^2`` of attainment: how much more the probes (each
     one run with its own seed, unpooled) scatter about the curve than their requests
     alone explain.
@@ -234,10 +236,14 @@ def between_runs(points: Sequence[Point], target: float, near: float = 0.1) -> f
     logistic fall is a straight line there, so the bend of a smooth curve is not taken for
     luck); only probes inside the others' range of rates have a value to compare with,
     and only where that value is within ``near`` of the target or above (far below it the
-    probes do not decide the capacity, and the curve bends most). Method of moments: the
-    mean of ``r^2 - v - u`` over those probes, ``r`` the residual, ``v`` the binomial
-    variance of the probe and ``u`` that of the interpolated value (with the requests of
-    the others' rates either side); at least 0, and 0 with none."""
+    probes do not decide the capacity, and the curve bends most). Between two rates whose
+    values differ by more than ``steep`` the curve's shape is not known (a cliff may sit
+    anywhere in that step, and a straight line through it misreads a probe on either
+    side of the drop as luck), so there only the part of the probe outside the step's
+    band counts. Method of moments: the mean of ``r^2 - v - u`` over those probes, ``r``
+    the residual, ``v`` the binomial variance of the probe and ``u`` that of the
+    interpolated value (with the requests of the others' rates either side), ``r^2`` alone
+    for a probe in a steep step; at least 0, and 0 with none."""
     runs = sorted((p for p in points if p.judged > 0), key=lambda p: p.rate)
     excess: list[float] = []
     for i, p in enumerate(runs):
@@ -253,6 +259,12 @@ def between_runs(points: Sequence[Point], target: float, near: float = 0.1) -> f
         if f < target - near:
             continue
         j = min(int(np.searchsorted(rates, p.rate)), len(rest) - 1)
+        high = float(fitted[j] if rates[j] == p.rate else fitted[max(j - 1, 0)])
+        low = float(fitted[j])
+        if high - low > steep:  # a steep step: anywhere inside it the curve may fall
+            r = max(0.0, low - p.attainment, p.attainment - high)
+            excess.append(r * r)
+            continue
         pool = judged[j] + (judged[j - 1] if j > 0 and rates[j] != p.rate else 0.0)
         var = f * (1 - f)
         excess.append((p.attainment - f) ** 2 - var / p.judged - var / pool)

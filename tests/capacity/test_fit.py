@@ -105,7 +105,7 @@ RATES = [6.0, 8.0, 9.0, 10.0, 11.0, 12.0, 14.0]
 
 def test_between_run_variance_measures_the_runs_scatter_beyond_their_requests() -> None:
     """On 60 sets of probes: with a run effect of 0.03 the estimate's root mean is near
-    0.03 (measured 0.033); with none it is small (0.008: binomial noise the method of
+    0.03 (measured 0.031); with none it is small (0.007: binomial noise the method of
     moments leaves), and far below the effect's."""
     rng = np.random.default_rng(3)
     with_effect = [between_runs(_runs_around(rng, 0.03, RATES)[0], 0.95) for _ in range(60)]
@@ -136,7 +136,7 @@ def test_fewer_than_three_probes_have_no_between_run_variance() -> None:
 def test_the_run_effect_keeps_the_ci_honest_when_runs_differ() -> None:
     """Runs that differ by more than their requests (0.03 of attainment per run): the
     block bootstrap alone covered the true crossing in ~40 % of 60 sets at 90 % nominal;
-    with the run effect, at least 80 % (measured 88 %)."""
+    with the run effect, at least 80 % (measured 83 %)."""
     rng = np.random.default_rng(3)
     hits = {"with": 0, "without": 0}
     for k in range(60):
@@ -176,3 +176,23 @@ def test_attainment_blocks_pool_by_rate() -> None:
     assert ps == [Point(2.0, 14, 20, ((9, 10), (5, 10)), runs=2)]
     mixed = pooled([Point(2.0, 9, 10, ((9, 10),)), Point(2.0, 5, 10)])
     assert mixed[0].blocks == ()  # one without blocks: drawn request by request
+
+
+def test_a_probe_past_a_cliff_is_not_taken_for_luck() -> None:
+    """A live search of a tuned config on mixed (2026-12-06): 97 % at 42.15 req/s, 71 %
+    at 44.15 and 70 % at 48.17. Read without 44.15, a straight line from 42.15 to 48.17
+    puts it near 90 %, but a cliff may sit anywhere in that step: 44.15 is inside the
+    step's band, so no run effect, and the CI stays at the bracket instead of reaching 0."""
+    points = [
+        Point(25.41, 1150, 1161),
+        Point(27.48, 1131, 1151),
+        Point(29.7, 1272, 1283),
+        Point(32.11, 1413, 1441),
+        Point(40.14, 1627, 1685),
+        Point(42.15, 1873, 1924),
+        Point(44.15, 1429, 2020),
+        Point(48.17, 1506, 2144),
+    ]
+    assert between_runs(points, 0.95) < 0.01**2
+    est = estimate(points, 0.95)
+    assert est.ci is not None and est.ci[0] >= 40.0
