@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lbtune.cli.optimize import format_progress as study_line
 from lbtune.cli.stress import format_progress as stress_line
+from lbtune.cli.study_view import format_progress as study_line
 from lbtune.cli.ticker import EVERY_S, plain, ticking
 from lbtune.loadgen.collect import Progress
 from lbtune.tune.options import StudyProgress
