@@ -274,6 +274,12 @@ class CapacityAtSlo:
     note: str | None = None
     """Why there is no twin figure."""
 
+    @classmethod
+    def of(cls, spec: ObjectiveSpec) -> CapacityAtSlo:
+        """A capacity objective's rate, share and SLO, before any twin figure."""
+        assert spec.slo is not None and spec.rate is not None
+        return cls(rate=spec.rate, attainment=spec.share, slo=spec.slo)
+
 
 @dataclass(frozen=True)
 class StudyResult:

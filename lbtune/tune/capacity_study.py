@@ -101,8 +101,8 @@ def twin_capacities(
     (``baseline``) and of the ``winner`` (None: not confirmed), with the trials' rate; a
     note instead of figures when the twin does not model the cluster. Probes of
     ``probe_s`` (None: ``lbtune capacity``'s own)."""
-    assert spec.slo is not None and spec.rate is not None
-    row = CapacityAtSlo(rate=spec.rate, attainment=spec.share, slo=spec.slo)
+    assert spec.slo is not None
+    row = CapacityAtSlo.of(spec)
     try:
         slo, share = spec.slo, spec.share
         before = _twin_capacity(trials, slo, share, state_dir, baseline, probe_s=probe_s)

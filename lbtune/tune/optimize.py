@@ -156,8 +156,7 @@ def _capacity(
     used: no screening, or interrupted); None for another objective."""
     if spec.kind != "capacity":
         return None
-    assert spec.slo is not None and spec.rate is not None
-    row = CapacityAtSlo(rate=spec.rate, attainment=spec.share, slo=spec.slo)
+    row = CapacityAtSlo.of(spec)
     if not twin:
         return replace(row, note="no twin capacity (the twin did not screen this study)")
     show.phase("capacity at the SLO in the twin: the live config and the winner")
