@@ -22,7 +22,14 @@ from lbtune.targets.space import ParameterSpace
 from lbtune.tune import screen as screen_mod
 from lbtune.tune.optimize import run_optimize
 from lbtune.tune.options import objective_spec
-from lbtune.tune.screen import Screener, ScreenRequest, pick_diverse, spearman, start_screen
+from lbtune.tune.screen import (
+    Screener,
+    ScreenRequest,
+    live_picks,
+    pick_diverse,
+    spearman,
+    start_screen,
+)
 from lbtune.tune.virtual import Predicted, VirtualBench
 from tests.search.fakes import FakeMeasure, FakeTarget, harness, study_options
 
@@ -64,21 +71,46 @@ def test_picks_are_feasible_new_and_the_best_of_each_algorithm_first() -> None:
     ranked = [
         _pred("leastconn", 0.1, 1),
         _pred("leastconn", 0.2, 2),
-        _pred("leastconn", 0.25, 3),
-        _pred("random", 0.3),
+        _pred("leastconn", 0.21, 3),
+        _pred("random", 0.22),
         _pred("hash", None),
-        _pred("roundrobin", 0.5),
+        _pred("roundrobin", 0.24),
     ]
     known: list[ParamSet] = [{"algorithm": "leastconn", "x": 1}]
     picked = pick_diverse(ranked, spec, known, 3)
     assert [(p.params["algorithm"], p.score) for p in picked] == [
         ("leastconn", 0.2),
-        ("random", 0.3),
-        ("roundrobin", 0.5),
+        ("random", 0.22),
+        ("roundrobin", 0.24),
     ]
     picked = pick_diverse(ranked[:4], spec, known, 3)  # fewer algorithms: the next best
-    assert [p.score for p in picked] == [0.2, 0.25, 0.3]
+    assert [p.score for p in picked] == [0.2, 0.21, 0.22]
     assert pick_diverse(ranked, spec, known, 0) == []
+
+
+def test_an_algorithm_the_twin_puts_far_behind_does_not_jump_the_queue() -> None:
+    so = _trials()
+    spec = objective_spec("composite", so.plan.slo_value(), None)  # type: ignore[union-attr]
+    ranked = [
+        _pred("leastconn", 0.40, 1),
+        _pred("leastconn", 0.42, 2),
+        _pred("random", 0.48),  # within 1.25x of the best: its algorithm's head goes live
+        _pred("leastconn", 0.49, 3),
+        _pred("hash", 0.70),  # 1.75x the best: only after every closer config
+        _pred("roundrobin", 0.95),
+    ]
+    picked = pick_diverse(ranked, spec, [], 4)
+    assert [(p.params["algorithm"], p.score) for p in picked] == [
+        ("leastconn", 0.40),
+        ("leastconn", 0.42),
+        ("random", 0.48),
+        ("leastconn", 0.49),
+    ]
+
+
+def test_most_of_a_small_live_budget_goes_to_the_twins_picks() -> None:
+    # budget 10 less two references: five screened, three of Optuna's own
+    assert [live_picks(r) for r in (-1, 0, 2, 3, 6, 8, 48)] == [0, 0, 2, 3, 4, 5, 29]
 
 
 def test_spearman() -> None:
@@ -98,7 +130,7 @@ def test_screening_is_deterministic_and_off_without_a_twin(tmp_path: Path) -> No
     first, note = start_screen(req, space, [space.baseline()], spec, said.append)
     again, _ = start_screen(req, space, [space.baseline()], spec, said.append)
     assert note is None and first is not None and again is not None
-    assert first.screened == 4 and 1 <= len(first.picked) <= 3
+    assert first.screened == 4 and 1 <= len(first.picked) <= live_picks(req.live_room)
     assert first.plan.load.duration_s == pytest.approx(2.0 * screen_mod.WINDOW_FACTOR)
     assert [p.params for p in first.picked] == [p.params for p in again.picked]
     assert [p.score for p in first.picked] == [p.score for p in again.picked]
