@@ -67,6 +67,12 @@ class SearchFrame:
     unit: Unit = "req/s"
     """What the levels (``rate``), the capacity and its CI are in: req/s, or closed-loop
     users (``--users``); a file written before the field is req/s."""
+    spread: float | None = None
+    """How much runs differ: the SD of a run's load as a share of the rate (the CI holds
+    it; :func:`lbtune.capacity.fit.between_runs`); None when not bracketed or in a file
+    written before the field."""
+    spread_probes: int = 0
+    """Probes near the capacity that measured :attr:`spread`."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,8 @@ def frame(result: SearchResult, source: str, wall_s: float) -> SearchFrame:
         rows,
         round(wall_s, 3),
         result.options.unit,
+        None if est.kind != "bracketed" else round(est.spread.sd, 4),
+        est.spread.probes,
     )
 
 

@@ -64,7 +64,13 @@ def describe_capacity(f: SearchFrame, confidence: float) -> str:
             f"({confidence:.0%} CI {f.ci[0]:.4g}–{hi})"
         )
     state = "converged" if f.converged else "not converged"
-    return f"{head}; {state}, {len(f.probes)} {f.source} probes in {f.wall_s:.0f} s"
+    spread = ""
+    if f.spread is not None and f.spread_probes:
+        spread = (
+            f"; runs differ by ±{f.spread:.0%} of load ({f.spread_probes} probe"
+            f"{'s' if f.spread_probes > 1 else ''} near it)"
+        )
+    return f"{head}{spread}; {state}, {len(f.probes)} {f.source} probes in {f.wall_s:.0f} s"
 
 
 def describe(report: CapacityReport) -> list[str]:

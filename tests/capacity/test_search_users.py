@@ -43,9 +43,10 @@ def test_users_probe_whole_counts_and_converge_on_a_whole_capacity() -> None:
     probe = CurveProbe(curve, n=5000)
     result = search(probe, over_users(0.99, precision=0.1, start=3))
     est = result.estimate
-    # bracket by doubling from 3, then bisect: the middle of 6 and 9 is 7.5, probed as 8
-    assert probe.rates == [3.0, 6.0, 12.0, 9.0, 8.0, 7.0]
-    assert _whole(probe.rates) and len(set(probe.rates)) == len(probe.rates)
+    # bracket by doubling from 3, then bisect: the middle of 6 and 9 is 7.5, probed as 8;
+    # then 7 and 8 again: one run near the capacity cannot tell how much runs differ
+    assert probe.rates == [3.0, 6.0, 12.0, 9.0, 8.0, 7.0, 7.0, 8.0]
+    assert _whole(probe.rates) and result.estimate.spread.probes >= 2
     assert est.kind == "bracketed" and est.capacity == 7.0
     assert est.ci == (7.0, 8.0)
     # one user is 14 % of 7, wider than the 10 % asked, yet no narrower whole CI exists

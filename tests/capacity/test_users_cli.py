@@ -93,12 +93,12 @@ def test_a_search_over_users_reports_a_whole_capacity_in_users(
     live = out["live"]
     assert live["unit"] == "users" and live["kind"] == "bracketed" and live["converged"]
     assert live["capacity"] == 7 and live["ci"] == [7, 8]
-    assert [p["rate"] for p in live["probes"]] == [3, 6, 12, 9, 8, 7]
-    assert [o.users for o in ran] == [3, 6, 12, 9, 8, 7]
+    assert [p["rate"] for p in live["probes"]] == [3, 6, 12, 9, 8, 7, 7, 8]
+    assert [o.users for o in ran] == [3, 6, 12, 9, 8, 7, 7, 8]
     assert all(o.rate is None for o in ran)
     assert _main(monkeypatch, *args, "--out", str(tmp_path)) == 0
     captured = capsys.readouterr()
-    assert "capacity: 7 users (90% CI 7–8); converged" in captured.out
+    assert "capacity: 7 users (90% CI 7–8); runs differ by ±0% of load (2 probes near it); converged" in captured.out
     assert "req/s" not in captured.out
     assert "live probe 12 users: " in captured.err
 
