@@ -65,6 +65,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _sigterm import exit_on_sigterm
+
 from lbtune.capacity.attainment import attainment
 from lbtune.capacity.fit import wilson
 from lbtune.cluster import api
@@ -593,14 +595,9 @@ def measure(setup: Setup, rates: list[float], t_start: float) -> list[dict[str, 
     return rows
 
 
-def interrupted(signum: int, frame: object) -> None:
-    """SIGTERM as Ctrl-C: the ``finally`` blocks stop what was started."""
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, interrupted)
+    exit_on_sigterm()
     t_start = time.monotonic()
     vllm_setup.require_installed()
     slo = parse_slo(args.slo, Slo(), tpot=True)

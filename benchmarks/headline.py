@@ -78,6 +78,7 @@ from typing import Any
 import numpy as np
 import yaml
 from _paired import CONFIGS, KEYS, LABELS, Run, analyse, render, rounds_table, shares
+from _sigterm import exit_on_sigterm
 
 from lbtune.cluster import api
 from lbtune.cluster.config import PortsConfig, available_presets, load_config
@@ -516,6 +517,7 @@ def report(o: Outcome, args: argparse.Namespace, out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    exit_on_sigterm()  # the cluster comes down however the run is stopped
     args = parse_args(argv)
     if args.columns or args.column:
         from _columns import render_columns, run_columns, run_studies, write_results

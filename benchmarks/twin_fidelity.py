@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from _sigterm import exit_on_sigterm
 
 from lbtune.cluster.twin import space_path, twin_cluster, twin_params
 from lbtune.records.quantiles import percentile
@@ -253,18 +254,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _exit_on_sigterm() -> None:
-    """SIGTERM (``timeout``) raises SystemExit, so the cluster is still brought down."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise SystemExit(f"terminated by signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    _exit_on_sigterm()
+    exit_on_sigterm()
     t0 = time.monotonic()
     if args.source is not None:
         prev = json.loads((args.source / "results.json").read_text())
