@@ -285,8 +285,11 @@ def between_runs(
         a = p.attainment
         if max(f, a) < target - near or min(f, a) > plateau:
             continue
-        first = _first_at_or_below(rates, fitted, odds, a, steep)  # the curve comes down to a
-        last = _last_at_or_above(rates, fitted, odds, a, steep)  # ... and leaves it
+        # A step that ends at the probe's own rate was measured there by another run: its
+        # drop is the runs' difference, not a cliff of unknown place (no step exemption).
+        step = steep if p.rate not in set(rates.tolist()) else math.inf
+        first = _first_at_or_below(rates, fitted, odds, a, step)  # the curve comes down to a
+        last = _last_at_or_above(rates, fitted, odds, a, step)  # ... and leaves it
         if p.rate < first:
             shifts.append(first / p.rate - 1)
         elif p.rate > last:

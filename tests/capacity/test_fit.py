@@ -201,3 +201,26 @@ def test_a_probe_past_a_cliff_is_not_taken_for_luck() -> None:
     est = estimate(points, 0.95)
     assert est.ci is not None and est.ci[1] is not None
     assert 30.0 < est.ci[0] < 37.3 and 41.9 < est.ci[1] < 48.17
+
+
+def test_two_runs_at_one_rate_differ_by_luck_whatever_the_step() -> None:
+    """The same config's search re-probed 41.83 req/s (2026-12-07): 95.9 % then 70.9 %.
+    Each against the other's curve sits in a steep step, but at a rate another run
+    measured: the difference is the runs', and the spread says so (it read 0 when the
+    step's ends bounded it). The estimate falls below 41.83, its CI holds the bracket."""
+    points = [
+        Point(27.89, 1214, 1226),
+        Point(41.83, 1768, 1843),
+        Point(83.66, 288, 3750),
+        Point(62.75, 338, 2792),
+        Point(52.29, 750, 2268),
+        Point(47.06, 712, 2127),
+        Point(44.45, 1155, 2035),
+        Point(41.83, 1383, 1951),
+    ]
+    spread = between_runs(points, 0.95)
+    assert spread.probes == 2 and spread.sd > 0.05
+    assert between_runs(points[:-1], 0.95).var == 0.0  # one run at 41.83: a cliff may be it
+    est = estimate(points, 0.95)
+    assert est.capacity is not None and 27.89 < est.capacity < 41.83
+    assert est.ci is not None and est.ci[0] <= 27.89 and est.ci[1] == 41.83
