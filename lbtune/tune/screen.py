@@ -45,9 +45,9 @@ __all__ = [
     "SCREEN_SHARE",
     "SCREEN_TOP",
     "WINDOW_FACTOR",
-    "live_picks",
     "ScreenRequest",
     "Screener",
+    "live_picks",
     "spearman",
     "start_screen",
 ]
