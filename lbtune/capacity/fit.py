@@ -238,8 +238,7 @@ def estimate(points: Sequence[Point], target: float, ci: CiOptions | None = None
     if kind != "bracketed" or cap is None:
         return Estimate(kind, cap, None, curve, cliff, counts)
     spread = between_runs(points, target)
-    runs = [p for p in points if p.judged > 0] if spread.var > 0 else ps
-    low, high = bootstrap_interval(runs, target, ci, spread.var)
+    low, high = bootstrap_interval(points, target, ci, spread.var)
     i = int(np.nonzero(fitted >= target)[0][-1])
     low = min(low, float(rates[i]))
     high = None if high is None else max(high, float(rates[i + 1]))
@@ -291,9 +290,8 @@ def between_runs(
             continue
         # A step that ends at the probe's own rate was measured there by another run: its
         # drop is the runs' difference, not a cliff of unknown place (no step exemption).
-        step = steep if p.rate not in set(rates.tolist()) else math.inf
-        first = _first_at_or_below(rates, fitted, odds, a, step)  # the curve comes down to a
-        last = _last_at_or_above(rates, fitted, odds, a, step)  # ... and leaves it
+        step = math.inf if bool(np.any(rates == p.rate)) else steep
+        first, last = _level_band(rates, fitted, odds, a, step)
         if p.rate < first:
             shifts.append(first / p.rate - 1)
         elif p.rate > last:
@@ -314,48 +312,48 @@ def _expit(x: float) -> float:
     return float(1 / (1 + math.exp(-x)))
 
 
-def _first_at_or_below(
+def _level_band(
     rates: FloatArray, fitted: FloatArray, odds: FloatArray, level: float, steep: float
+) -> tuple[float, float]:
+    """Where a non-increasing curve has ``level``: the lowest rate at which it is at or
+    below it and the highest at which it is at or above it (the range's far end when it
+    never is), its log-odds interpolated linearly between probed rates (a logistic fall is
+    a straight line there); in a step steeper than ``steep``, the step's near end."""
+    below = np.nonzero(fitted <= level)[0]
+    above = np.nonzero(fitted >= level)[0]
+    if below.size == 0:
+        first = float(rates[-1])
+    else:
+        j = int(below[0])
+        first = float(rates[0]) if j == 0 else _meet(rates, fitted, odds, j, level, steep, j - 1)
+    if above.size == 0:
+        last = float(rates[0])
+    else:
+        j = int(above[-1]) + 1
+        last = (
+            float(rates[-1]) if j == rates.size else _meet(rates, fitted, odds, j, level, steep, j)
+        )
+    return first, last
+
+
+def _meet(
+    rates: FloatArray,
+    fitted: FloatArray,
+    odds: FloatArray,
+    j: int,
+    level: float,
+    steep: float,
+    step_end: int,
 ) -> float:
-    """The lowest rate where a non-increasing curve is at or below ``level``, its log-odds
-    interpolated linearly (a logistic fall is a straight line there; the highest rate when
-    it never is); in a step steeper than ``steep``, the step's start."""
-    if fitted[0] <= level:
-        return float(rates[0])
-    for j in range(1, rates.size):
-        if fitted[j] <= level:
-            if fitted[j - 1] - fitted[j] > steep:
-                return float(rates[j - 1])
-            return _at(rates, odds, j, level)
-    return float(rates[-1])
-
-
-def _last_at_or_above(
-    rates: FloatArray, fitted: FloatArray, odds: FloatArray, level: float, steep: float
-) -> float:
-    """The highest rate where a non-increasing curve is at or above ``level`` (log-odds
-    interpolated; the lowest rate when it never is); in a steep step, the step's end."""
-    if fitted[-1] >= level:
-        return float(rates[-1])
-    for j in range(rates.size - 1, 0, -1):
-        if fitted[j - 1] >= level:
-            if fitted[j - 1] - fitted[j] > steep:
-                return float(rates[j])
-            return _at(rates, odds, j, level)
-    return float(rates[0])
-
-
-def _at(rates: FloatArray, odds: FloatArray, j: int, level: float) -> float:
     """The rate between ``rates[j - 1]`` and ``rates[j]`` where the log-odds line meets
-    ``level`` (clipped to the two)."""
+    ``level`` (clipped to the two); ``rates[step_end]`` when the segment is a steep step."""
+    if fitted[j - 1] - fitted[j] > steep:
+        return float(rates[step_end])
     o0, o1 = float(odds[j - 1]), float(odds[j])
     r0, r1 = float(rates[j - 1]), float(rates[j])
     if o0 <= o1:
         return r0
-    if 0 < level < 1:
-        x = float(np.log(level / (1 - level)))
-    else:
-        x = math.inf if level >= 1 else -math.inf
+    x = float(_logit(np.asarray([level]), 1e-12)[0])
     t = min(1.0, max(0.0, (o0 - x) / (o0 - o1)))
     return r0 + t * (r1 - r0)
 
