@@ -8,7 +8,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -74,9 +74,6 @@ def tell(result: StudyResult, junit: Path | None, err: Console) -> None:
 @contextlib.contextmanager
 def _sigint(stop: threading.Event) -> Iterator[None]:
     """First Ctrl-C sets ``stop`` (graceful); the second one raises KeyboardInterrupt."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set():
@@ -84,11 +81,8 @@ def _sigint(stop: threading.Event) -> Iterator[None]:
             raise KeyboardInterrupt
         stop.set()
 
-    old = signal.signal(signal.SIGINT, handler)
-    try:
+    with _handled(signal.SIGINT, handler):
         yield
-    finally:
-        signal.signal(signal.SIGINT, old)
 
 
 @contextlib.contextmanager
@@ -97,19 +91,29 @@ def _sigterm(stop: threading.Event, term: threading.Event) -> Iterator[None]:
     the running trial ends, the last known good is restored, the report is written. It
     only sets flags, so a SIGTERM during the restore or the final write interrupts
     neither; later ones change nothing (SIGKILL remains, and the lease guard restores)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def handler(signum: int, frame: FrameType | None) -> None:
         term.set()
         stop.set()
 
-    old = signal.signal(signal.SIGTERM, handler)
+    with _handled(signal.SIGTERM, handler):
+        yield
+
+
+@contextlib.contextmanager
+def _handled(
+    sig: signal.Signals, handler: Callable[[int, FrameType | None], None]
+) -> Iterator[None]:
+    """``handler`` for ``sig`` while inside, the old one back after; only in the main
+    thread (Python delivers signals there, and only it may set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(sig, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        signal.signal(sig, old)
 
 
 class _View:
