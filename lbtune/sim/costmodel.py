@@ -296,3 +296,43 @@ def ttft_batch1(gpu: GpuProfile, model: ModelProfile, prompt_tokens: int) -> flo
 def prefill_ms_per_token(gpu: GpuProfile, model: ModelProfile, prompt_tokens: int) -> float:
     """TTFT per prompt token at batch 1, in milliseconds (how public tables quote it)."""
     return 1000.0 * ttft_batch1(gpu, model, prompt_tokens) / prompt_tokens
+
+
+@dataclass(frozen=True)
+class EngineRates:
+    """A replica's engine in four numbers (model seconds, time scale 1): what a scheduler
+    needs to predict a request's time to first token and time per output token there."""
+
+    prefill_tokens_per_s: float
+    """Prompt tokens prefilled per second in full chunks (no cache hit)."""
+    step_s: float
+    """One decode step of a lone request."""
+    step_per_seq_s: float
+    """What each further running request adds to a decode step."""
+    request_overhead_s: float
+    """Fixed front-end time per request (:func:`request_overhead_s`)."""
+
+
+RATE_CONTEXT_TOKENS = 1024
+"""The context the decode rates are taken at (a typical chat request's prompt + output)."""
+RATE_BATCH = 32
+"""The batch whose decode step sets the per-request slope."""
+
+
+def engine_rates(
+    gpu: GpuProfile,
+    model: ModelProfile,
+    chunk_tokens: int = 2048,
+    context_tokens: int = RATE_CONTEXT_TOKENS,
+) -> EngineRates:
+    """:class:`EngineRates` of ``model`` on ``gpu``: prefill at one ``chunk_tokens`` chunk a
+    step, decode steps at ``context_tokens`` of context, alone and at :data:`RATE_BATCH`
+    (the line through both; the step grows about linearly with the batch's KV reads)."""
+    one = decode_step_time(gpu, model, context_tokens, 1)
+    many = decode_step_time(gpu, model, context_tokens, RATE_BATCH)
+    return EngineRates(
+        prefill_tokens_per_s=chunk_tokens / prefill_step_time(gpu, model, chunk_tokens),
+        step_s=one,
+        step_per_seq_s=(many - one) / (RATE_BATCH - 1),
+        request_overhead_s=request_overhead_s(gpu, model),
+    )

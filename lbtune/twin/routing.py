@@ -170,6 +170,9 @@ class ClusterView:
     """Every replica, by name, in the cluster's order."""
 
     replicas: Mapping[str, ReplicaView]
+    time_scale: float = 1.0
+    """The simulated replicas run this many times faster than real time (what a
+    balancer that knows the GPUs' rates divides them by)."""
 
 
 class RoutingModel(ABC):

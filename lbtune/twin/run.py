@@ -117,7 +117,7 @@ class _Simulation:
         self.replicas = {
             r.name: ReplicaSim(r, opts.time_scale, opts.step_extra_s) for r in replicas
         }
-        self.view = ClusterView(self.replicas)
+        self.view = ClusterView(self.replicas, opts.time_scale)
         self.heap: list[tuple[float, int, Handler, Any]] = []
         self.seq = 0
         self.events = 0

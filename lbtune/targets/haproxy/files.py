@@ -91,6 +91,9 @@ class Site:
     port: int
     stats_port: int
     replicas: tuple[ReplicaAddress, ...]
+    time_scale: float = 1.0
+    """The simulated replicas' time scale (1 for real replicas): the LLM scheduler's
+    engine rates are in GPU seconds, its SLOs in wall seconds."""
 
     @property
     def models(self) -> list[str]:
@@ -98,7 +101,10 @@ class Site:
 
     @classmethod
     def from_spec(cls, spec: LaunchSpec) -> Site:
-        return cls(str(spec.state_dir), spec.host, spec.port, spec.metrics_port, spec.replicas)
+        return cls(
+            str(spec.state_dir), spec.host, spec.port, spec.metrics_port, spec.replicas,
+            spec.time_scale,
+        )  # fmt: skip
 
     @classmethod
     def from_endpoints(cls, ep: Endpoints) -> Site:
@@ -109,6 +115,7 @@ class Site:
             port=url.port or 80,
             stats_port=urlsplit(ep.stats_url).port or 80,
             replicas=ep.replica_addresses(),
+            time_scale=ep.time_scale,
         )
 
     def context(self) -> dict[str, object]:

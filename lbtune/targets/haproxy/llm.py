@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lbtune.errors import ApplyError
+from lbtune.sim.costmodel import engine_rates
 from lbtune.sim.profiles import GPU_PROFILES, MODEL_PROFILES
 from lbtune.targets.base import ParamValue, pool_names
 from lbtune.targets.haproxy.files import ALL_BACKEND, Site
@@ -36,6 +37,7 @@ __all__ = [
     "lua_source",
     "map_text",
     "prepare",
+    "rate_facts",
     "read_live",
     "set_live",
     "template_context",
@@ -50,7 +52,7 @@ GPU_MEMORY_UTILIZATION = 0.90
 """vLLM's default share of GPU memory for weights + KV (what the simulator uses too)."""
 
 # Map keys the Lua reads beside the knobs (never knobs themselves).
-_FACT_PREFIXES = ("kvcap.", "kvbpt.", "long.", "ctx.")
+_FACT_PREFIXES = ("kvcap.", "kvbpt.", "long.", "ctx.", "tps.", "step.", "stepk.", "ovh.")
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,14 @@ def _text(v: ParamValue) -> str:
 def facts(site: Site, long_servers: list[str]) -> dict[str, str]:
     """Per-replica facts from the simulator's GPU and model profiles (where known): KV
     capacity in bytes per server, KV bytes per token and context length (tokens) per
-    model backend, long-context servers. Unknown GPUs or models leave the key out; the Lua
-    then filters on KV usage alone."""
-    out: dict[str, str] = {"all_backend": ALL_BACKEND, "fault": "none"}
+    model backend, long-context servers, and for ``mode predict`` each server's engine
+    rates per backend (:func:`rate_facts`). Unknown GPUs or models leave the key out; the
+    Lua then filters on KV usage alone and predicts with its default rates."""
+    out: dict[str, str] = {
+        "all_backend": ALL_BACKEND,
+        "fault": "none",
+        "time_scale": repr(float(site.time_scale)),
+    }
     backends = pool_names(site.models)
     for model, be in backends.items():
         if model in MODEL_PROFILES:
@@ -115,6 +122,32 @@ def facts(site: Site, long_servers: list[str]) -> dict[str, str]:
             if kv > 0:
                 out[f"kvcap.{r.name}"] = str(kv)
         out[f"long.{r.name}"] = "1" if r.name in long_servers else "0"
+    out |= rate_facts(site)
+    return out
+
+
+def rate_facts(site: Site) -> dict[str, str]:
+    """What ``mode predict`` reads per server ``s`` and model backend ``b`` (and its
+    ``long_b``), in GPU seconds: ``tps.b.s`` prompt tokens prefilled a second, ``step.b.s``
+    a lone decode step, ``stepk.b.s`` what each further running request adds to it,
+    ``ovh.s`` the per-request front-end time; from the simulator's cost model where the
+    GPU and model profiles are known (:func:`lbtune.sim.costmodel.engine_rates`)."""
+    out: dict[str, str] = {}
+    backends = pool_names(site.models)
+    for r in site.replicas:
+        gpu = GPU_PROFILES.get(r.gpu or "")
+        if gpu is None:
+            continue
+        out[f"ovh.{r.name}"] = repr(gpu.request_overhead_s)
+        for model in r.models:
+            profile = MODEL_PROFILES.get(model)
+            if profile is None:
+                continue
+            rates = engine_rates(gpu, profile)
+            for be in (backends[model], "long_" + backends[model]):
+                out[f"tps.{be}.{r.name}"] = f"{rates.prefill_tokens_per_s:.6g}"
+                out[f"step.{be}.{r.name}"] = f"{rates.step_s:.6g}"
+                out[f"stepk.{be}.{r.name}"] = f"{rates.step_per_seq_s:.6g}"
     return out
 
 
@@ -165,7 +198,7 @@ def read_live(runtime: HaproxyRuntime, files: LlmFiles) -> dict[str, str]:
 
 
 def is_fact(key: str) -> bool:
-    return key in ("all_backend", "fault") or key.startswith(_FACT_PREFIXES)
+    return key in ("all_backend", "fault", "time_scale") or key.startswith(_FACT_PREFIXES)
 
 
 def prepare(

@@ -9,7 +9,7 @@
 --   knob NAME VALUE | fact NAME VALUE the map's entries
 --   backend NAME SERVER...            a backend and its servers (`all` holds every one)
 --   time MS                           the clock
---   metrics SERVER WAITING KV TTFT_SUM TTFT_COUNT
+--   metrics SERVER WAITING KV TTFT_SUM TTFT_COUNT [RUNNING]
 --   scrape                            one round of the scrape task
 --   pick ID BACKEND SESSION|- NBYTES  then the body: prints "ID SERVER|reject|fallback"
 --   release ID                        the response headers of pick ID passed
@@ -122,6 +122,10 @@ for line in lines do
             .. "vllm:time_to_first_token_seconds_sum{model_name=\"m\"} %s\n"
             .. "vllm:time_to_first_token_seconds_count{model_name=\"m\"} %s\n",
             words[3], words[4], words[5], words[6])
+        if words[7] ~= nil then
+            METRICS[words[2] .. ":1"] = METRICS[words[2] .. ":1"]
+                .. "vllm:num_requests_running{model_name=\"m\"} " .. words[7] .. "\n"
+        end
     elseif cmd == "scrape" then
         local ok, err = coroutine.resume(task)
         if not ok then error(err) end

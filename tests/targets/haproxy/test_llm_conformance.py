@@ -4,7 +4,9 @@ model of it (:class:`lbtune.targets.haproxy.twin.llm.LlmScheduler`) get the same
 facts, replica states (scraped ``/metrics``), requests and releases, over generated cases,
 and must make the same decision for every request: the same server, a refusal, or the
 fallback. Ties and ``p2c`` take the first choice on both sides (their random sequences
-differ by design)."""
+differ by design). A third of the cases run ``mode predict`` (v2) with engine-rate facts
+present or missing; their holds are left to the live tests (``queue_timeout_ms 0``: the
+harness cannot sleep inside a pick)."""
 
 from __future__ import annotations
 
@@ -104,6 +106,17 @@ def _knobs(rng: random.Random) -> dict[str, str]:
         "queue_ceiling": rng.choice(["4", "16"]),
         "ttft_ceiling_s": rng.choice(["0.5", "1"]),
     }
+    if rng.random() < 1 / 3:
+        k |= {
+            "mode": "predict",
+            "queue_timeout_ms": "0",
+            "ttft_slo_ms": rng.choice(["20", "100", "1000"]),
+            "tpot_slo_ms": rng.choice(["8", "30", "150"]),
+            "w_decode": rng.choice(["0", "0.5", "1"]),
+            "out_tokens": rng.choice(["16", "256"]),
+            "prefill_tps": rng.choice(["400", "4000"]),
+            "step_ms": rng.choice(["5", "30"]),
+        }
     return k
 
 
@@ -119,13 +132,27 @@ def _facts(rng: random.Random) -> dict[str, str]:
             f[f"kvbpt.{be}"] = str(rng.choice([4, 16, 64]))
         if rng.random() < 0.3:
             f[f"ctx.{be}"] = str(rng.choice([100, 400]))
+        for s in BACKENDS[be]:  # engine rates (mode predict), each maybe missing
+            if rng.random() < 0.7:
+                f[f"tps.{be}.{s}"] = str(rng.choice([500, 3000, 20000]))
+            if rng.random() < 0.7:
+                f[f"step.{be}.{s}"] = str(rng.choice([0.004, 0.012, 0.06]))
+            if rng.random() < 0.7:
+                f[f"stepk.{be}.{s}"] = str(rng.choice([0.0001, 0.001]))
+    for s in SERVERS:
+        if rng.random() < 0.7:
+            f[f"ovh.{s}"] = str(rng.choice([0.007, 0.02]))
+    if rng.random() < 0.5:
+        f["time_scale"] = rng.choice(["1", "4"])
     return f
 
 
 def _body(rng: random.Random, prefixes: Sequence[str]) -> bytes:
     tail = "".join(rng.choice("xyz ") for _ in range(rng.randrange(0, 400)))
     text = rng.choice(prefixes) + tail
-    return ('{"model":"m","messages":[{"role":"user","content":"' + text + '"}]}').encode()
+    out = f'"max_tokens":{rng.randrange(1, 600)},' if rng.random() < 0.7 else ""
+    head = '{"model":"m",' + out
+    return (head + '"messages":[{"role":"user","content":"' + text + '"}]}').encode()
 
 
 def make_case(seed: int) -> Case:
@@ -150,8 +177,12 @@ def make_case(seed: int) -> Case:
                 n += rng.randrange(0, 3)
                 total = round(total + rng.random() * 0.8 * n, 4)
                 ttft[s] = (total, n)
-                rep = Rep(s, rng.randrange(0, 20), round(rng.random(), 4), total, n)
-                case.lines.append(f"metrics {s} {rep.num_waiting} {rep.kv_usage} {total} {n}")
+                waiting = rng.choice([0, rng.randrange(0, 20)])
+                running = rng.choice([0, rng.randrange(0, 40)])
+                rep = Rep(s, waiting, round(rng.random(), 4), total, n, num_running=running)
+                case.lines.append(
+                    f"metrics {s} {rep.num_waiting} {rep.kv_usage} {total} {n} {running}"
+                )
                 case.events.append(Event("metrics", rep=rep))
             case.lines.append("scrape")
             case.events.append(Event("scrape"))
@@ -206,10 +237,16 @@ def test_the_lua_and_the_twin_make_the_same_decisions(tmp_path: Path) -> None:
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     lua_out = p.stdout.splitlines()
-    twin_out = [d for c in cases for d in twin_decisions(c)]
+    per_case = [twin_decisions(c) for c in cases]
+    twin_out = [d for ds in per_case for d in ds]
     assert len(lua_out) == len(twin_out) > CASES * 20
     kinds = {d.split()[1] for d in lua_out}
     assert {"a", "b", "c", "d", "reject"} <= kinds  # the cases reach every outcome
+    predicted = {
+        d.split()[1] for c, ds in zip(cases, per_case, strict=True) for d in ds
+        if c.knobs.get("mode") == "predict"
+    }  # fmt: skip
+    assert {"a", "b", "c", "d"} <= predicted
     first = next(
         (i for i, (a, b) in enumerate(zip(lua_out, twin_out, strict=True)) if a != b), None
     )

@@ -16,6 +16,7 @@ class FakeReplica:
         self.name = name
         self.model = model
         self.waiting = 0.0
+        self.running = 0.0
         self.kv = 0.0
         self.metrics_ok = True
         self.hits = 0
@@ -50,6 +51,7 @@ class FakeReplica:
                         "# TYPE vllm:num_requests_waiting gauge\n"
                         f'vllm:num_requests_waiting{{model_name="{outer.model}"}} {outer.waiting}\n'
                         f'vllm:kv_cache_usage_perc{{model_name="{outer.model}"}} {outer.kv}\n'
+                        f'vllm:num_requests_running{{model_name="{outer.model}"}} {outer.running}\n'
                     )
                     self._send(200, text.encode(), "text/plain")
                 else:

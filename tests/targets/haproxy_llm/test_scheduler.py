@@ -25,6 +25,7 @@ pytestmark = [
 HEADER = "X-Lbtune-Replica"
 # Only the filters and the named scorer decide: every other weight is 0.
 QUIET = {
+    "llm.mode": "score",
     "llm.w_queue": 0.0,
     "llm.w_kv": 0.0,
     "llm.w_load": 0.0,
@@ -54,7 +55,7 @@ def words(n: int) -> str:
 def llm_on(cluster: Cluster) -> Iterator[Cluster]:
     """The scheduler with QUIET knobs, every replica empty and its metrics fresh."""
     for r in cluster.replicas.values():
-        r.metrics_ok, r.kv, r.waiting, r.delay_s = True, 0.0, 0.0, 0.0
+        r.metrics_ok, r.kv, r.waiting, r.running, r.delay_s = True, 0.0, 0.0, 0.0, 0.0
     cluster.target.apply({"algorithm": "llm", **QUIET})
     cluster.set_kv({n: 0.0 for n in cluster.replicas})
     yield cluster

@@ -4,11 +4,25 @@
 -- Per request, in a model backend (the backend already holds only the replicas that
 -- serve the request's model), `http-request lua.llm_pick`:
 --   filter  replicas that are UP and whose free KV holds the request's estimated tokens;
+--   admit   when no replica has room: route anyway, 429 + Retry-After, or hold and retry;
+-- then, in `mode score` (v1):
 --   score   weighted, 0..1 scorers: queue, KV headroom, own in-flight tokens, recent TTFT,
 --           prefix affinity (block hashes vs a bounded per-replica LRU), session affinity,
 --           plus a length-class bias;
 --   pick    highest score (random tie-break) or power of two choices;
---   admit   when no replica has room: route anyway, 429 + Retry-After, or hold and retry.
+-- or in `mode predict` (v2):
+--   predict each replica's time to first token: its front-end time, the prefill work already
+--           routed there and not yet done (a per-replica backlog in GPU seconds that drains
+--           at one GPU second a second), then the step that prefills this prompt's uncached
+--           tokens (prompt minus the prefix blocks that replica holds): their time at its
+--           prefill rate and a decode step of its running batch on a smooth roofline; and
+--           its time per output token: a decode step at its running batch plus this one;
+--   cap     keep the replicas that meet both SLOs (ttft_slo_ms, tpot_slo_ms); when none
+--           does, hold the request in the balancer (re-predicting every refresh_ms / 2) up
+--           to queue_timeout_ms, then route it anyway: never a 429 for latency;
+--   pick    the lowest predicted TTFT + w_decode x its output tokens (max_tokens) x TPOT.
+-- Rates (tps.<backend>.<server> tokens/s, step.<backend>.<server> and stepk.<...> seconds,
+-- ovh.<server> seconds, all GPU seconds; time_scale divides them) are facts of the map.
 -- The choice goes to txn.llm_srv (the backend's `use-server` lines read it). Anything that
 -- goes wrong leaves txn.llm_srv unset: the backend's own `balance leastconn` places the
 -- request, and lbtune_llm_fallback_total{reason} counts it.
@@ -31,6 +45,8 @@ local DEFAULTS = {
     admission = "route", kv_headroom = 0.05, queue_timeout_ms = 5000, retry_after_s = 1,
     queue_ceiling = 16, ttft_ceiling_s = 1.0, bytes_per_token = 4,
     all_backend = "all", session_header = "x-session-id", fault = "",
+    mode = "score", ttft_slo_ms = 1000, tpot_slo_ms = 150, w_decode = 1.0,
+    out_tokens = 256, prefill_tps = 4000, step_ms = 30,
 }
 
 local function knob(name)
@@ -65,7 +81,8 @@ local replicas = {}   -- server name -> {waiting, kv, ttft, t, inflight, lru_new
 local pending = {}    -- request id -> {srv, tokens, t}
 local sessions_new, sessions_old, n_sessions = {}, {}, 0
 local counters = {
-    fallback = {}, picks = {}, rejected = 0, held = 0, scrapes = 0, scrape_errors = 0,
+    fallback = {}, picks = {}, rejected = 0, held = 0, hold_expired = 0,
+    scrapes = 0, scrape_errors = 0,
     truncated = 0, cost_us_sum = 0, cost_n = 0, cost_us_max = 0,
 }
 local next_id = 0
@@ -82,7 +99,8 @@ local function replica(name)
     local r = replicas[name]
     if r == nil then
         r = { waiting = 0, kv = 0, ttft = 0, t = nil, inflight = 0,
-              lru_new = {}, lru_old = {}, n_new = 0, up = true, since = 0 }
+              lru_new = {}, lru_old = {}, n_new = 0, up = true, since = 0,
+              running = 0, since_n = 0, backlog = 0, bt = nil }
         replicas[name] = r
     end
     return r
@@ -252,6 +270,95 @@ local function pick(cands, scores)
     return ties[math.random(#ties)]
 end
 
+-- ---------------------------------------------------------------------------------------
+-- mode predict (v2)
+
+local function time_scale()
+    local v = fact("time_scale")
+    if type(v) == "number" and v > 0 then return v end
+    return 1
+end
+
+-- A per-(backend, server) rate of the map, or the default.
+local function rate(kind, be, name, default)
+    local v = fact(kind .. "." .. be .. "." .. name)
+    if type(v) == "number" and v > 0 then return v end
+    return default
+end
+
+-- The server's prefill backlog (GPU seconds) at t: it drains at time_scale GPU seconds
+-- a wall second since its last update.
+local function backlog_at(r, t, scale)
+    if r.bt ~= nil then
+        r.backlog = math.max(0, r.backlog - (t - r.bt) / 1000 * scale)
+    end
+    r.bt = t
+    return r.backlog
+end
+
+-- Leading blocks of the request that `r` was sent before.
+local function matched(r, hashes)
+    local m = 0
+    for i = 1, #hashes do
+        if lru_has(r, hashes[i]) then m = i else break end
+    end
+    return m
+end
+
+-- {ttft, tpot, work}: predicted TTFT and time per output token (GPU seconds) of the
+-- request on candidate c, and the prefill work it adds there.
+local function predict(c, ctx, be, t, scale)
+    local r = c.r
+    local tps = rate("tps", be, c.name, knob("prefill_tps"))
+    local step = rate("step", be, c.name, knob("step_ms") / 1000)
+    local stepk = fact("stepk." .. be .. "." .. c.name)
+    if type(stepk) ~= "number" then stepk = 0 end
+    local ovh = fact("ovh." .. c.name)
+    if type(ovh) ~= "number" then ovh = 0 end
+    local cached = math.min(ctx.tokens - 1, matched(r, ctx.hashes) * ctx.block)
+    local work = (ctx.tokens - cached) / tps
+    local n = r.running + r.waiting + r.since_n
+    local busy = step + stepk * n
+    -- its own prefill step: the decode batch's weights and KV read, or the chunk's FLOPs,
+    -- on a smooth roofline (as the simulator's cost model), after the backlog
+    local ttft = ovh + backlog_at(r, t, scale) + math.sqrt(busy * busy + work * work)
+    return { ttft = ttft, tpot = step + stepk * (n + 1), work = work }
+end
+
+-- The v2 pick: a server, or nil and "slo_hold" (no server meets the SLOs, hold on).
+local function predict_pick(cands, ctx, be, t, expired)
+    local scale = time_scale()
+    local ttft_slo = knob("ttft_slo_ms") / 1000 * scale
+    local tpot_slo = knob("tpot_slo_ms") / 1000 * scale
+    local wd = knob("w_decode") * ctx.out
+    local preds, best, ties, any_ok = {}, math.huge, {}, false
+    for _, c in ipairs(cands) do
+        local p = predict(c, ctx, be, t, scale)
+        p.ok = p.ttft <= ttft_slo and p.tpot <= tpot_slo
+        p.cost = p.ttft + wd * p.tpot
+        preds[c.name] = p
+        any_ok = any_ok or p.ok
+    end
+    if not any_ok and not expired and knob("queue_timeout_ms") > 0 then
+        return nil, "slo_hold"
+    end
+    for _, c in ipairs(cands) do
+        local p = preds[c.name]
+        if p.ok or not any_ok then
+            if p.cost < best - 1e-12 then
+                best, ties = p.cost, { c.name }
+            elseif p.cost <= best + 1e-12 then
+                ties[#ties + 1] = c.name
+            end
+        end
+    end
+    local srv = ties[math.random(#ties)]
+    local r = replica(srv)
+    r.backlog = r.backlog + preds[srv].work
+    r.since_n = r.since_n + 1
+    return srv
+end
+
 local function length_class(tokens)
     if tokens < knob("short_tokens") then return "short" end
     if tokens >= knob("long_tokens") then return "long" end
@@ -261,7 +368,7 @@ end
 -- ---------------------------------------------------------------------------------------
 -- the action
 
-local function decide(txn)
+local function decide(txn, expired)
     if knob("fault") == "error" then
         error("fault injected (map key `fault`)")
     end
@@ -284,7 +391,9 @@ local function decide(txn)
     local hashes = block_hashes(txn, text, bt * knob("bytes_per_token"), knob("max_blocks"))
     local sid = txn.http:req_get_headers()[knob("session_header")]
     if sid ~= nil then sid = sid[0] end
-    local ctx = { hashes = hashes, class = length_class(tokens), session_srv = nil }
+    local ctx = { hashes = hashes, class = length_class(tokens), session_srv = nil,
+                  tokens = tokens, block = bt,
+                  out = tonumber(body:match('"max_tokens"%s*:%s*(%d+)')) or knob("out_tokens") }
     if sid ~= nil then ctx.session_srv = session_get(sid) end
 
     local t = now_ms()
@@ -314,8 +423,14 @@ local function decide(txn)
         cands = up  -- route: the best of the replicas that are up, KV or not
     end
     table.sort(cands, function(a, b) return a.name < b.name end)
-    local scores = score_all(cands, ctx)
-    local srv = pick(cands, scores)
+    local srv
+    if knob("mode") == "predict" then
+        local why
+        srv, why = predict_pick(cands, ctx, be, t, expired)
+        if srv == nil then return nil, why end
+    else
+        srv = pick(cands, score_all(cands, ctx))
+    end
     lru_add(replica(srv), hashes, knob("lru_size"))
     if sid ~= nil then session_put(sid, srv, knob("lru_size")) end
     return srv, tokens
@@ -335,8 +450,9 @@ end
 local function llm_pick(txn)
     local c0 = os.clock()  -- process CPU seconds: core.now() only moves once per poll loop
     local deadline = nil
+    local expired = false
     while true do
-        local ok, srv, info = pcall(decide, txn)
+        local ok, srv, info = pcall(decide, txn, expired)
         if not ok then
             count_fallback("lua_error")
             core.Warning("lbtune llm_pick: " .. tostring(srv))
@@ -361,6 +477,18 @@ local function llm_pick(txn)
                 break
             end
             core.msleep(math.max(10, math.floor(knob("refresh_ms") / 2)))
+        elseif info == "slo_hold" then
+            -- no replica meets the SLOs: wait for one, then route anyway (never a 429)
+            if deadline == nil then
+                counters.held = counters.held + 1
+                deadline = now_ms() + knob("queue_timeout_ms")
+            end
+            if now_ms() >= deadline then
+                counters.hold_expired = counters.hold_expired + 1
+                expired = true
+            else
+                core.msleep(math.max(10, math.floor(knob("refresh_ms") / 2)))
+            end
         else
             count_fallback(info)
             break
@@ -457,6 +585,11 @@ local function scrape(name, addr, last)
     end
     local r = replica(name)
     r.waiting, r.kv = waiting, kv
+    r.running = sum_metric(body, "vllm:num_requests_running") or 0
+    r.since_n = 0
+    if waiting == 0 and r.running == 0 then
+        r.backlog = 0  -- idle: nothing of what was routed there is still to prefill
+    end
     local s = sum_metric(body, "vllm:time_to_first_token_seconds_sum")
     local n = sum_metric(body, "vllm:time_to_first_token_seconds_count")
     if s ~= nil and n ~= nil then
@@ -524,8 +657,12 @@ local function exposition()
     end
     add("# TYPE lbtune_llm_rejected_total counter")
     add(string.format("lbtune_llm_rejected_total %d", counters.rejected))
+    add("# HELP lbtune_llm_held_total Requests held in the balancer (no KV room, or no replica within the SLOs).")
     add("# TYPE lbtune_llm_held_total counter")
     add(string.format("lbtune_llm_held_total %d", counters.held))
+    add("# HELP lbtune_llm_hold_expired_total Held requests routed after queue_timeout_ms with no replica within the SLOs.")
+    add("# TYPE lbtune_llm_hold_expired_total counter")
+    add(string.format("lbtune_llm_hold_expired_total %d", counters.hold_expired))
     add("# TYPE lbtune_llm_truncated_bodies_total counter")
     add(string.format("lbtune_llm_truncated_bodies_total %d", counters.truncated))
     add("# TYPE lbtune_llm_scrape_errors_total counter")
@@ -570,6 +707,14 @@ local function exposition()
     add("# TYPE lbtune_llm_waiting gauge")
     for _, n in ipairs(names) do
         add(string.format('lbtune_llm_waiting{server="%s"} %g', n, replicas[n].waiting))
+    end
+    add("# HELP lbtune_llm_backlog_seconds Predicted prefill work routed to a server and not yet done (GPU seconds).")
+    add("# TYPE lbtune_llm_backlog_seconds gauge")
+    for _, n in ipairs(names) do
+        local r = replicas[n]
+        local b = r.backlog
+        if r.bt ~= nil then b = math.max(0, b - (t - r.bt) / 1000 * time_scale()) end
+        add(string.format('lbtune_llm_backlog_seconds{server="%s"} %.4f', n, b))
     end
     add("# TYPE lbtune_llm_ttft_seconds gauge")
     for _, n in ipairs(names) do

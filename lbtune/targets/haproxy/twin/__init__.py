@@ -133,6 +133,7 @@ class HaproxyModel(RoutingModel):
             be = long_be
         forced: str | None = None
         if self.llm is not None:
+            self.llm.set_time_scale(cluster.time_scale)
             choice = self.llm.decide(req, be.name, list(be.servers), now)
             if not isinstance(choice, str) and choice is not None:
                 return choice
@@ -166,4 +167,5 @@ class HaproxyModel(RoutingModel):
 
     def tick(self, now: float, cluster: ClusterView) -> None:
         if self.llm is not None:
+            self.llm.set_time_scale(cluster.time_scale)
             self.llm.scrape(now, cluster)

@@ -10,7 +10,17 @@ candidates, and when nothing fits *route* anyway, *reject* (429) or *hold* (retr
 ``refresh_ms / 2`` up to ``queue_timeout_ms``, then 429). A request's tokens count as
 in flight from its pick until its response headers pass (``http-response
 lua.llm_release``). A timer scrapes every replica every ``refresh_ms`` (plus the scrapes'
-own time): waiting requests, KV usage and the mean TTFT since the previous scrape.
+own time): waiting and running requests, KV usage and the mean TTFT since the previous
+scrape.
+
+Under ``mode predict`` (v2) the score and pick are replaced by a prediction per candidate
+(:meth:`LlmScheduler._predict_pick`, the Lua's ``predict_pick``): its TTFT (front-end time
++ the prefill backlog routed there and not yet drained + the step that prefills this
+prompt's uncached tokens: their time at its prefill rate and its running batch's decode
+step on a smooth roofline) and its time per output token (a decode step at its running
+batch plus one), the candidates within both SLOs kept (none: hold, re-predicting,
+up to ``queue_timeout_ms``, then route anyway), the lowest ``TTFT + w_decode x max_tokens x
+TPOT`` picked.
 
 Defaults of the knobs not in the params, and of the Lua's fixed settings
 (``max_blocks``, ``bytes_per_token``, ``retry_after_s``), are read from the Lua's own
@@ -39,6 +49,7 @@ SCRAPE_S = 0.002
 PENDING_MAX_S = 120.0
 """The Lua's ``PENDING_MAX_MS``: unreleased tokens are dropped after this long."""
 _ENTRY = re.compile(r'(\w+)\s*=\s*("[^"]*"|[-\d.]+)')
+_MAX_TOKENS = re.compile(rb'"max_tokens"\s*:\s*(\d+)')
 
 
 @cache
@@ -65,6 +76,20 @@ class _Replica:
     lru_old: set[bytes] = field(default_factory=set)
     last_sum: float | None = None
     last_n: int | None = None
+    running: float = 0.0
+    since_n: int = 0
+    """Requests routed there since the last scrape (``mode predict``)."""
+    backlog: float = 0.0
+    """Prefill work routed there and not yet done, GPU seconds (``mode predict``)."""
+    bt: float | None = None
+    """When ``backlog`` was last brought up to date (ms)."""
+
+    def backlog_at(self, t: float, scale: float) -> float:
+        """The backlog at ``t`` (ms): it drains ``scale`` GPU seconds a wall second."""
+        if self.bt is not None:
+            self.backlog = max(0.0, self.backlog - (t - self.bt) / 1000 * scale)
+        self.bt = t
+        return self.backlog
 
     def has(self, h: bytes) -> bool:
         return h in self.lru_new or h in self.lru_old
@@ -83,6 +108,25 @@ class _Pick:
     srv: str
     tokens: float
     t: float
+
+
+@dataclass(frozen=True)
+class _Prediction:
+    ttft: float
+    tpot: float
+    work: float
+    ok: bool
+    cost: float
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What ``mode predict`` reads of a request."""
+
+    hashes: Sequence[bytes]
+    tokens: float
+    block: float
+    out: float
 
 
 class LlmScheduler:
@@ -138,8 +182,22 @@ class LlmScheduler:
                 return Retry(max(10, math.floor(self.num("refresh_ms") / 2)) / 1000.0)
             cands = up
         cands = sorted(cands)
-        scores = self._scores(cands, hashes, req, tokens, t)
-        srv = self._pick(cands, scores)
+        if self.k["mode"] == "predict":
+            m = _MAX_TOKENS.search(req.body)
+            ask = _Ask(
+                hashes, tokens, max(1.0, self.num("block_tokens")),
+                float(m.group(1)) if m else self.num("out_tokens"),
+            )  # fmt: skip
+            srv_or_none = self._predict_pick(cands, ask, backend, t, expired=False)
+            if srv_or_none is None:
+                deadline = self.holds.setdefault(req.index, t + self.num("queue_timeout_ms"))
+                if t < deadline:
+                    return Retry(max(10, math.floor(self.num("refresh_ms") / 2)) / 1000.0)
+                srv_or_none = self._predict_pick(cands, ask, backend, t, expired=True)
+                assert srv_or_none is not None
+            srv = srv_or_none
+        else:
+            srv = self._pick(cands, self._scores(cands, hashes, req, tokens, t))
         self.state[srv].add(hashes, int(self.num("lru_size")))
         if req.session_id:
             self._session_put(req.session_id, srv)
@@ -233,6 +291,73 @@ class LlmScheduler:
             scores[c] = s
         return scores
 
+    # -- mode predict (v2) ------------------------------------------------------------
+
+    def set_time_scale(self, scale: float) -> None:
+        """The cluster's time scale, as the map's ``time_scale`` fact tells the Lua (the
+        twin learns it from the run, not from a site)."""
+        self.facts["time_scale"] = float(scale)
+
+    def time_scale(self) -> float:
+        v = self._fact("time_scale")
+        return v if v is not None and v > 0 else 1.0
+
+    def _rate(self, kind: str, backend: str, name: str, default: float) -> float:
+        v = self._fact(f"{kind}.{backend}.{name}")
+        return v if v is not None and v > 0 else default
+
+    def predict(self, name: str, ask: _Ask, backend: str, t: float) -> tuple[float, float, float]:
+        """``(ttft, tpot, work)`` of the request on ``name``, GPU seconds (the Lua's
+        ``predict``; it brings that server's backlog up to ``t``)."""
+        r = self.state[name]
+        tps = self._rate("tps", backend, name, self.num("prefill_tps"))
+        step = self._rate("step", backend, name, self.num("step_ms") / 1000)
+        stepk = self._fact(f"stepk.{backend}.{name}")
+        stepk = 0.0 if stepk is None else stepk
+        ovh = self._fact(f"ovh.{name}")
+        ovh = 0.0 if ovh is None else ovh
+        m = 0
+        for i, h in enumerate(ask.hashes):
+            if not r.has(h):
+                break
+            m = i + 1
+        cached = min(ask.tokens - 1, m * ask.block)
+        work = (ask.tokens - cached) / tps
+        n = r.running + r.waiting + r.since_n
+        busy = step + stepk * n
+        ttft = ovh + r.backlog_at(t, self.time_scale()) + math.sqrt(busy * busy + work * work)
+        return ttft, step + stepk * (n + 1), work
+
+    def _predict_pick(
+        self, cands: Sequence[str], ask: _Ask, backend: str, t: float, *, expired: bool
+    ) -> str | None:
+        """The Lua's ``predict_pick``: the server, or ``None`` to hold the request."""
+        scale = self.time_scale()
+        ttft_slo = self.num("ttft_slo_ms") / 1000 * scale
+        tpot_slo = self.num("tpot_slo_ms") / 1000 * scale
+        wd = self.num("w_decode") * ask.out
+        preds: dict[str, _Prediction] = {}
+        for c in cands:
+            ttft, tpot, work = self.predict(c, ask, backend, t)
+            ok = ttft <= ttft_slo and tpot <= tpot_slo
+            preds[c] = _Prediction(ttft, tpot, work, ok, ttft + wd * tpot)
+        any_ok = any(p.ok for p in preds.values())
+        if not any_ok and not expired and self.num("queue_timeout_ms") > 0:
+            return None
+        best, ties = math.inf, []
+        for c in cands:
+            p = preds[c]
+            if p.ok or not any_ok:
+                if p.cost < best - 1e-12:
+                    best, ties = p.cost, [c]
+                elif p.cost <= best + 1e-12:
+                    ties.append(c)
+        srv = ties[self.rng.randrange(len(ties))]
+        r = self.state[srv]
+        r.backlog += preds[srv].work
+        r.since_n += 1
+        return srv
+
     def _pick(self, cands: Sequence[str], scores: Mapping[str, float]) -> str:
         if self.k["picker"] == "p2c" and len(cands) > 2:
             a = self.rng.randrange(len(cands))
@@ -270,6 +395,10 @@ class LlmScheduler:
                 continue
             r = self.state[name]
             r.waiting, r.kv = float(rep.num_waiting), rep.kv_usage
+            r.running = float(rep.num_running)
+            r.since_n = 0
+            if r.waiting == 0 and r.running == 0:
+                r.backlog = 0.0
             s, n = rep.ttft_sum_s, rep.ttft_count
             if r.last_n is not None and r.last_sum is not None and n > r.last_n:
                 r.ttft = (s - r.last_sum) / (n - r.last_n)
