@@ -35,6 +35,7 @@ class Flight:
         "eid",
         "ended",
         "headers_at",
+        "last_token_at",
         "output_tokens",
         "queued",
         "replica",
@@ -61,6 +62,7 @@ class Flight:
         self.headers_at: float | None = None
         self.chunks: list[float] = []
         self.output_tokens = 0
+        self.last_token_at = 0.0
         self.ended = False
 
 

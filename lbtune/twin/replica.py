@@ -69,6 +69,8 @@ class ReplicaSim:
     in_flight: int = 0
     ttft_sum_s: float = 0.0
     ttft_count: int = 0
+    itl_sum_s: float = 0.0
+    itl_count: int = 0
     steps: int = 0
     busy_s: float = 0.0
     _factor: float = field(init=False)
@@ -156,6 +158,12 @@ class ReplicaSim:
         """A request's first token, ``seconds`` after it reached this replica."""
         self.ttft_sum_s += seconds
         self.ttft_count += 1
+
+    def observe_itl(self, seconds: float) -> None:
+        """A request's next token, ``seconds`` after its previous one
+        (``vllm:inter_token_latency_seconds``)."""
+        self.itl_sum_s += seconds
+        self.itl_count += 1
 
 
 def check_models(replicas: Sequence[TwinReplica]) -> None:

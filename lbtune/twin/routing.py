@@ -164,6 +164,13 @@ class ReplicaView(Protocol):
     @property
     def ttft_count(self) -> int: ...
 
+    @property
+    def itl_sum_s(self) -> float:
+        """``vllm:inter_token_latency_seconds_sum``."""
+
+    @property
+    def itl_count(self) -> int: ...
+
 
 @dataclass(frozen=True)
 class ClusterView:

@@ -338,7 +338,10 @@ class _Simulation:
             fl = entry[0]
             if fl.output_tokens == 0:
                 rs.observe_ttft(t - fl.arrived_at)
+            else:
+                rs.observe_itl(t - fl.last_token_at)
             fl.output_tokens += 1
+            fl.last_token_at = t
             if fl.req.stream and (keep or not fl.chunks or eid in res.finished):
                 fl.chunks.append(back)
         for eid in res.finished:

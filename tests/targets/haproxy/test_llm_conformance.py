@@ -61,6 +61,8 @@ class Rep:
     num_running: int = 0
     kv_capacity_bytes: int = 0
     in_flight: int = 0
+    itl_sum_s: float = 0.0
+    itl_count: int = 0
 
 
 class First:
@@ -164,7 +166,7 @@ def make_case(seed: int) -> Case:
     case.lines += [f"fact {k} {v}" for k, v in case.facts.items()]
     case.lines += [f"backend {be} {' '.join(s)}" for be, s in BACKENDS.items()]
     case.lines.append(f"backend all {' '.join(SERVERS)}")
-    ms, ttft = 0, dict.fromkeys(SERVERS, (0.0, 0))
+    ms, ttft, itl = 0, dict.fromkeys(SERVERS, (0.0, 0)), dict.fromkeys(SERVERS, (0.0, 0))
     picked: list[int] = []
     for i in range(40):
         ms += 125 * rng.randrange(0, 5)  # multiples of 1/8 s: exact on both sides
@@ -179,9 +181,17 @@ def make_case(seed: int) -> Case:
                 ttft[s] = (total, n)
                 waiting = rng.choice([0, rng.randrange(0, 20)])
                 running = rng.choice([0, rng.randrange(0, 40)])
-                rep = Rep(s, waiting, round(rng.random(), 4), total, n, num_running=running)
+                isum, icount = itl[s]
+                tokens = rng.choice([0, rng.randrange(0, 200)])
+                isum, icount = round(isum + rng.choice([0.004, 0.03, 0.09]) * tokens, 4), icount + tokens
+                itl[s] = (isum, icount)
+                rep = Rep(
+                    s, waiting, round(rng.random(), 4), total, n, num_running=running,
+                    itl_sum_s=isum, itl_count=icount,
+                )  # fmt: skip
                 case.lines.append(
                     f"metrics {s} {rep.num_waiting} {rep.kv_usage} {total} {n} {running}"
+                    f" {isum} {icount}"
                 )
                 case.events.append(Event("metrics", rep=rep))
             case.lines.append("scrape")

@@ -190,6 +190,8 @@ class Rep:
     models: tuple[str, ...] = (M8,)
     kv_capacity_bytes: int = 0
     in_flight: int = 0
+    itl_sum_s: float = 0.0
+    itl_count: int = 0
 
 
 def _llm(**knobs: float | str) -> tuple[HaproxyModel, ClusterView, dict[str, Rep]]:

@@ -16,10 +16,12 @@
 --           at one GPU second a second), then the step that prefills this prompt's uncached
 --           tokens (prompt minus the prefix blocks that replica holds): their time at its
 --           prefill rate and a decode step of its running batch on a smooth roofline; and
---           its time per output token: a decode step at its running batch plus this one;
+--           its time per output token: a decode step at its running batch plus this one, or
+--           the mean inter-token latency it showed since the last scrape if longer;
 --   cap     keep the replicas that meet both SLOs (ttft_slo_ms, tpot_slo_ms); when none
---           does, hold the request in the balancer (re-predicting every refresh_ms / 2) up
---           to queue_timeout_ms, then route it anyway: never a 429 for latency;
+--           does but one would with its queue drained, hold the request in the balancer
+--           (re-predicting every refresh_ms / 2) up to queue_timeout_ms, then route it
+--           anyway: never a 429 for latency;
 --   pick    the lowest predicted TTFT + w_decode x its output tokens (max_tokens) x TPOT.
 -- Rates (tps.<backend>.<server> tokens/s, step.<backend>.<server> and stepk.<...> seconds,
 -- ovh.<server> seconds, all GPU seconds; time_scale divides them) are facts of the map.
@@ -100,7 +102,7 @@ local function replica(name)
     if r == nil then
         r = { waiting = 0, kv = 0, ttft = 0, t = nil, inflight = 0,
               lru_new = {}, lru_old = {}, n_new = 0, up = true, since = 0,
-              running = 0, since_n = 0, backlog = 0, bt = nil }
+              running = 0, since_n = 0, backlog = 0, bt = nil, itl = 0 }
         replicas[name] = r
     end
     return r
@@ -318,11 +320,17 @@ local function predict(c, ctx, be, t, scale)
     local cached = math.min(ctx.tokens - 1, matched(r, ctx.hashes) * ctx.block)
     local work = (ctx.tokens - cached) / tps
     local n = r.running + r.waiting + r.since_n
-    local busy = step + stepk * n
+    -- the decode step its batch takes, or what its tokens took since the last scrape
+    -- (other models on the GPU, prefill chunks between decodes), whichever is longer
+    local seen = r.itl * scale
+    local busy = math.max(step + stepk * n, seen)
     -- its own prefill step: the decode batch's weights and KV read, or the chunk's FLOPs,
     -- on a smooth roofline (as the simulator's cost model), after the backlog
     local ttft = ovh + backlog_at(r, t, scale) + math.sqrt(busy * busy + work * work)
-    return { ttft = ttft, tpot = step + stepk * (n + 1), work = work }
+    local tpot = math.max(step + stepk * (n + 1), seen + stepk)
+    -- what it would take there alone: within the SLOs, waiting for that replica can help
+    local alone = ovh + math.sqrt(step * step + work * work)
+    return { ttft = ttft, tpot = tpot, work = work, alone = alone, alone_tpot = step + stepk }
 end
 
 -- The v2 pick: a server, or nil and "slo_hold" (no server meets the SLOs, hold on).
@@ -331,15 +339,18 @@ local function predict_pick(cands, ctx, be, t, expired)
     local ttft_slo = knob("ttft_slo_ms") / 1000 * scale
     local tpot_slo = knob("tpot_slo_ms") / 1000 * scale
     local wd = knob("w_decode") * ctx.out
-    local preds, best, ties, any_ok = {}, math.huge, {}, false
+    local preds, best, ties, any_ok, can_wait = {}, math.huge, {}, false, false
     for _, c in ipairs(cands) do
         local p = predict(c, ctx, be, t, scale)
         p.ok = p.ttft <= ttft_slo and p.tpot <= tpot_slo
         p.cost = p.ttft + wd * p.tpot
         preds[c.name] = p
         any_ok = any_ok or p.ok
+        can_wait = can_wait or (p.alone <= ttft_slo and p.alone_tpot <= tpot_slo)
     end
-    if not any_ok and not expired and knob("queue_timeout_ms") > 0 then
+    -- hold only a request that some replica would serve within the SLOs once its queue
+    -- drains (one whose own prefill exceeds the SLO everywhere gains nothing by waiting)
+    if not any_ok and can_wait and not expired and knob("queue_timeout_ms") > 0 then
         return nil, "slo_hold"
     end
     for _, c in ipairs(cands) do
@@ -597,6 +608,18 @@ local function scrape(name, addr, last)
             r.ttft = (s - last.s) / (n - last.n)
         end
         last.s, last.n = s, n
+    end
+    local is = sum_metric(body, "vllm:inter_token_latency_seconds_sum")
+        or sum_metric(body, "vllm:time_per_output_token_seconds_sum")
+    local ic = sum_metric(body, "vllm:inter_token_latency_seconds_count")
+        or sum_metric(body, "vllm:time_per_output_token_seconds_count")
+    if is ~= nil and ic ~= nil then
+        if last.ic ~= nil and ic > last.ic then
+            r.itl = (is - last.is) / (ic - last.ic)
+        elseif r.running == 0 then
+            r.itl = 0  -- nothing decoding: the engine rates alone
+        end
+        last.is, last.ic = is, ic
     end
     r.t = now_ms()
     r.since = 0

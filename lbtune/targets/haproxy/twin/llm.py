@@ -17,10 +17,12 @@ Under ``mode predict`` (v2) the score and pick are replaced by a prediction per 
 (:meth:`LlmScheduler._predict_pick`, the Lua's ``predict_pick``): its TTFT (front-end time
 + the prefill backlog routed there and not yet drained + the step that prefills this
 prompt's uncached tokens: their time at its prefill rate and its running batch's decode
-step on a smooth roofline) and its time per output token (a decode step at its running
-batch plus one), the candidates within both SLOs kept (none: hold, re-predicting,
+step, or its inter-token latency since the last scrape if longer, on a smooth roofline)
+and its time per output token (a decode step at its running batch plus one, or that
+inter-token latency if longer), the candidates within both SLOs kept (none: hold, re-predicting,
 up to ``queue_timeout_ms``, then route anyway), the lowest ``TTFT + w_decode x max_tokens x
-TPOT`` picked.
+TPOT`` picked. A request no replica could serve within the SLOs even with its queue
+drained is not held.
 
 Defaults of the knobs not in the params, and of the Lua's fixed settings
 (``max_blocks``, ``bytes_per_token``, ``retry_after_s``), are read from the Lua's own
@@ -83,6 +85,10 @@ class _Replica:
     """Prefill work routed there and not yet done, GPU seconds (``mode predict``)."""
     bt: float | None = None
     """When ``backlog`` was last brought up to date (ms)."""
+    itl: float = 0.0
+    """Mean inter-token latency between the last two scrapes (wall seconds; 0: none)."""
+    last_isum: float | None = None
+    last_icount: int | None = None
 
     def backlog_at(self, t: float, scale: float) -> float:
         """The backlog at ``t`` (ms): it drains ``scale`` GPU seconds a wall second."""
@@ -115,8 +121,10 @@ class _Prediction:
     ttft: float
     tpot: float
     work: float
-    ok: bool
-    cost: float
+    """Prefill GPU seconds the request adds to the replica's backlog."""
+    alone: float
+    """Its TTFT there with nothing queued and no batch."""
+    alone_tpot: float
 
 
 @dataclass(frozen=True)
@@ -306,9 +314,9 @@ class LlmScheduler:
         v = self._fact(f"{kind}.{backend}.{name}")
         return v if v is not None and v > 0 else default
 
-    def predict(self, name: str, ask: _Ask, backend: str, t: float) -> tuple[float, float, float]:
-        """``(ttft, tpot, work)`` of the request on ``name``, GPU seconds (the Lua's
-        ``predict``; it brings that server's backlog up to ``t``)."""
+    def predict(self, name: str, ask: _Ask, backend: str, t: float) -> _Prediction:
+        """The request on ``name``, GPU seconds (the Lua's ``predict``; it brings that
+        server's backlog up to ``t``); ``ok`` and ``cost`` left for the pick."""
         r = self.state[name]
         tps = self._rate("tps", backend, name, self.num("prefill_tps"))
         step = self._rate("step", backend, name, self.num("step_ms") / 1000)
@@ -324,9 +332,12 @@ class LlmScheduler:
         cached = min(ask.tokens - 1, m * ask.block)
         work = (ask.tokens - cached) / tps
         n = r.running + r.waiting + r.since_n
-        busy = step + stepk * n
+        seen = r.itl * self.time_scale()
+        busy = max(step + stepk * n, seen)
         ttft = ovh + r.backlog_at(t, self.time_scale()) + math.sqrt(busy * busy + work * work)
-        return ttft, step + stepk * (n + 1), work
+        tpot = max(step + stepk * (n + 1), seen + stepk)
+        alone = ovh + math.sqrt(step * step + work * work)
+        return _Prediction(ttft, tpot, work, alone, step + stepk)
 
     def _predict_pick(
         self, cands: Sequence[str], ask: _Ask, backend: str, t: float, *, expired: bool
@@ -336,25 +347,26 @@ class LlmScheduler:
         ttft_slo = self.num("ttft_slo_ms") / 1000 * scale
         tpot_slo = self.num("tpot_slo_ms") / 1000 * scale
         wd = self.num("w_decode") * ask.out
-        preds: dict[str, _Prediction] = {}
+        preds: dict[str, tuple[_Prediction, bool, float]] = {}
+        can_wait = False
         for c in cands:
-            ttft, tpot, work = self.predict(c, ask, backend, t)
-            ok = ttft <= ttft_slo and tpot <= tpot_slo
-            preds[c] = _Prediction(ttft, tpot, work, ok, ttft + wd * tpot)
-        any_ok = any(p.ok for p in preds.values())
-        if not any_ok and not expired and self.num("queue_timeout_ms") > 0:
+            p = self.predict(c, ask, backend, t)
+            preds[c] = (p, p.ttft <= ttft_slo and p.tpot <= tpot_slo, p.ttft + wd * p.tpot)
+            can_wait = can_wait or (p.alone <= ttft_slo and p.alone_tpot <= tpot_slo)
+        any_ok = any(ok for _, ok, _ in preds.values())
+        if not any_ok and can_wait and not expired and self.num("queue_timeout_ms") > 0:
             return None
         best, ties = math.inf, []
         for c in cands:
-            p = preds[c]
-            if p.ok or not any_ok:
-                if p.cost < best - 1e-12:
-                    best, ties = p.cost, [c]
-                elif p.cost <= best + 1e-12:
+            _, ok, cost = preds[c]
+            if ok or not any_ok:
+                if cost < best - 1e-12:
+                    best, ties = cost, [c]
+                elif cost <= best + 1e-12:
                     ties.append(c)
         srv = ties[self.rng.randrange(len(ties))]
         r = self.state[srv]
-        r.backlog += preds[srv].work
+        r.backlog += preds[srv][0].work
         r.since_n += 1
         return srv
 
@@ -403,6 +415,12 @@ class LlmScheduler:
             if r.last_n is not None and r.last_sum is not None and n > r.last_n:
                 r.ttft = (s - r.last_sum) / (n - r.last_n)
             r.last_sum, r.last_n = s, n
+            isum, icount = rep.itl_sum_s, rep.itl_count
+            if r.last_icount is not None and r.last_isum is not None and icount > r.last_icount:
+                r.itl = (isum - r.last_isum) / (icount - r.last_icount)
+            elif r.running == 0:
+                r.itl = 0.0
+            r.last_isum, r.last_icount = isum, icount
             r.t = t
             r.since = 0.0
         for index, p in list(self.pending.items()):
