@@ -183,7 +183,8 @@ def make_case(seed: int) -> Case:
                 running = rng.choice([0, rng.randrange(0, 40)])
                 isum, icount = itl[s]
                 tokens = rng.choice([0, rng.randrange(0, 200)])
-                isum, icount = round(isum + rng.choice([0.004, 0.03, 0.09]) * tokens, 4), icount + tokens
+                isum = round(isum + rng.choice([0.004, 0.03, 0.09]) * tokens, 4)
+                icount += tokens
                 itl[s] = (isum, icount)
                 rep = Rep(
                     s, waiting, round(rng.random(), 4), total, n, num_running=running,
