@@ -444,11 +444,14 @@ def render_columns(
             lo, hi = a.spread(c, key)
             cells.append(f"{a.value(c, key) / lv:.1f}× [{lo / lv:.1f}, {hi / lv:.1f}]")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    pairs = [(x, y) for x, y in (("LLM", "STOCK"), ("LLM", "CA")) if x in names and y in names]
+    asked = [tuple(p.split("/", 1)) for p in (getattr(args, "pair", None) or [])]
+    pairs = [
+        (x, y) for x, y in (asked or [("LLM", "STOCK"), ("LLM", "CA")]) if x in names and y in names
+    ]
     if pairs:
         lines += [
             "",
-            "| paired: LLM vs the others | " + " | ".join(f"{x} / {y}" for x, y in pairs) + " |",
+            "| paired | " + " | ".join(f"{x} / {y}" for x, y in pairs) + " |",
             "|---|" + "---|" * len(pairs),
         ]
         for key, label, _unit, _scale in ROWS:
@@ -518,6 +521,31 @@ def render_columns(
         "paired_rounds": [i + 1 for i in a.rounds],
     }
     return lines, summary
+
+
+def load_columns(out: Path) -> dict[str, Any]:
+    """A columns run's doc read back from its output dir (``results.json`` and every
+    run's records), for :func:`render_columns` (``headline.py --from``)."""
+    from lbtune.loadgen.recordio import read_records
+
+    doc: dict[str, Any] = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    doc["runs"] = [
+        Run(
+            config=r["config"],
+            repeat=r["repeat"],
+            window=(r["window"][0], r["window"][1]),
+            records=list(
+                read_records(out / "runs" / f"{r['repeat'] + 1}-{r['config']}" / "requests.parquet")
+            ),
+            gpu_sd=r["gpu_sd"],
+            kv_sd=r["kv_sd"],
+            degraded=tuple(r["degraded"]),
+            seconds=r["seconds"],
+            hit=r.get("hit"),
+        )
+        for r in doc["runs"]
+    ]
+    return doc
 
 
 def write_results(

@@ -285,6 +285,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--time-scale", type=float, help="Override the clusters' time scale (--columns only)."
     )
     ap.add_argument(
+        "--pair",
+        action="append",
+        metavar="X/Y",
+        help="Columns to compare paired, X over Y (repeatable; default LLM/STOCK, LLM/CA).",
+    )
+    ap.add_argument(
         "--from",
         dest="from_dir",
         type=Path,
@@ -522,8 +528,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.columns or args.column:
         from _columns import render_columns, run_columns, run_studies, write_results
 
-        if args.from_dir is not None:
-            raise SystemExit("--from re-analyses the RR LC W comparison only")
+        if args.from_dir is not None:  # re-analyse: the saved runs, these --pair/--bootstrap
+            from _columns import load_columns
+
+            doc = load_columns(args.from_dir)
+            for key in ("scenario", "duration", "seed"):
+                setattr(args, key, doc["args"].get(key, getattr(args, key)))
+            lines, _ = render_columns(doc, args)
+            print("\n".join(lines))
+            return
         args.out.mkdir(parents=True, exist_ok=True)
         if args.studies_only:
             run_studies(args, args.out, say)

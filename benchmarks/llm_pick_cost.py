@@ -4,7 +4,8 @@ Three fake replicas are frontends of a second HAProxy (`/metrics` answers fixed 
 everything else a small JSON 200), so the replicas cost next to nothing. The balancer is the
 HAProxy target's own config and apply path. An asyncio client sends chat requests (~2 KB
 prompts, 20 shared prefixes) open-loop at ``--rate`` req/s over ``--conns`` keep-alive
-connections for ``--duration`` s, first under ``leastconn``, then under ``llm``.
+connections for ``--duration`` s, first under ``leastconn``, then under ``llm`` with
+``llm.mode: score`` (v1, ``pick``) and with ``llm.mode: predict`` (v2, ``pick_predict``).
 
 Reported: the scheduler's pick time from its own histogram (``lbtune_llm_pick_microseconds``:
 process CPU time around ``llm_pick``; P50/P99 are the upper edges of the buckets that hold
@@ -191,17 +192,27 @@ def main() -> None:
                 sys.exit("HAProxy did not come up: " + (state / "logs" / "haproxy.log").read_text())
             time.sleep(0.05)
         result: dict[str, object] = {"rate": args.rate, "duration_s": args.duration}
-        for algo in ("leastconn", "llm"):
-            target.apply({"algorithm": algo})
+        runs = {
+            "leastconn": {"algorithm": "leastconn"},
+            "llm": {"algorithm": "llm", "llm.mode": "score"},
+            "llm_predict": {"algorithm": "llm", "llm.mode": "predict"},
+        }
+        for name, params in runs.items():
+            # switching to llm reloads: the scheduler's counters start at 0 for each mode
+            target.apply({"algorithm": "leastconn"})
+            target.apply(params)
             lat = asyncio.run(load(lb, args.rate, args.duration, args.conns))
             want = int(args.rate * args.duration)
-            result[algo] = {
+            result[name] = {
                 "ok": len(lat),
                 "sent": want,
                 "client_p50_ms": percentile(lat, 50) * 1000,
                 "client_p99_ms": percentile(lat, 99) * 1000,
             }
-        result["pick"] = pick_cost(f"http://127.0.0.1:{stats}")
+            if params["algorithm"] == "llm":
+                result["pick" if name == "llm" else f"pick_{name[4:]}"] = pick_cost(
+                    f"http://127.0.0.1:{stats}"
+                )
         print(json.dumps(result, indent=2))
     finally:
         for p in procs:

@@ -22,7 +22,11 @@ from its record (the final figures):
 * still **open** at ``now`` (an ``open_requests`` entry, or a record that ends after
   ``now``) — E2E ``now - sent_at``; TTFT its TTFT if known, else ``now - sent_at``;
 * an error (``http_error``, ``broken_stream``, ``timeout``, ``connect_error``) — no
-  latency sample; counted in ``errors``.
+  latency sample; counted in ``errors``. What is *scored* (:meth:`CensoredSamples.
+  scored`) counts each error as a request never answered: open until the window closes
+  (``end - sent_at``, as of ``now`` at a checkpoint) and at least as slow as the window's
+  slowest, so that a configuration cannot better its tail by refusing requests (a 429 in
+  1 ms is not a fast answer).
 
 A request that was not streamed has no TTFT: its ``ttft`` entry is NaN, so that the
 tuples stay paired per request (the bootstrap resamples requests). ``tpot`` is paired the
@@ -68,6 +72,25 @@ class CensoredSamples:
         """The TTFT samples without the NaNs of non-streamed requests."""
         return tuple(t for t in self.ttft if not math.isnan(t))
 
+    failed_open_s: tuple[float, ...] = ()
+    """Per error, from its send to the window's close (or ``now``): how long it stayed
+    unanswered within the window."""
+
+    def scored(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """``(ttft, e2e)`` as scored: every sample, then one pair per error, each at the
+        longer of its :attr:`failed_open_s` and the window's slowest (NaN TTFT when
+        nothing was streamed); the samples alone when there is no error or no sample."""
+        if not self.errors or not self.e2e:
+            return self.ttft, self.e2e
+        streamed = self.streamed_ttft
+        worst_ttft = max(streamed) if streamed else math.nan
+        worst_e2e = max(self.e2e)
+        opens = self.failed_open_s or (0.0,) * self.errors
+        return (
+            self.ttft + tuple(math.nan if not streamed else max(worst_ttft, o) for o in opens),
+            self.e2e + tuple(max(worst_e2e, o) for o in opens),
+        )
+
     @property
     def finished(self) -> int:
         """Samples of requests that ended (not lower bounds)."""
@@ -103,6 +126,8 @@ def censored_samples(
     e2e: list[float] = []
     tpot: list[float] = []
     sent = errors = censored = carried = 0
+    failed_open: list[float] = []
+    close = end if now is None else min(end, now)
 
     def add(t: float | None, e: float, stream: bool, *, lower_bound: bool) -> None:
         nonlocal censored
@@ -132,6 +157,7 @@ def censored_samples(
             add(r.ttft, r.e2e, r.stream, lower_bound=True)
         elif r.outcome in ERROR_OUTCOMES:
             errors += 1
+            failed_open.append(max(0.0, close - r.sent_at))
     pending = list(open_requests)
     if pending and now is None:
         raise ValueError("open requests need the time they were open at (now)")
@@ -149,4 +175,5 @@ def censored_samples(
         censored=censored,
         carried=carried,
         tpot=tuple(tpot),
+        failed_open_s=tuple(failed_open),
     )

@@ -17,6 +17,7 @@ requests unfinished, nor by parking users on them from the warm-up — and the P
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from lbtune.metrics.bootstrap import percentile_interval
@@ -33,15 +34,17 @@ N_BOOT = 400
 
 
 def tail_figures(cs: CensoredSamples) -> Figures | None:
-    """P99 E2E and P99 TTFT of censored samples with their 95 % bootstrap intervals.
+    """P99 E2E and P99 TTFT of censored samples with their 95 % bootstrap intervals, each
+    error counted as slow as the window's slowest request (:meth:`CensoredSamples.scored`).
 
     TTFT over the streamed requests; when nothing was streamed, E2E stands in (the
     whole response is the first token). ``None`` when there is no sample.
     """
     if not cs.e2e:
         return None
-    e2e, e_lo, e_hi = percentile_interval(cs.e2e, TAIL_Q, n_boot=N_BOOT)
-    streamed = cs.streamed_ttft or cs.e2e
+    ttfts, e2es = cs.scored()  # an error counts as slow as the window's slowest
+    e2e, e_lo, e_hi = percentile_interval(e2es, TAIL_Q, n_boot=N_BOOT)
+    streamed = tuple(t for t in ttfts if not math.isnan(t)) or e2es
     ttft, t_lo, t_hi = percentile_interval(streamed, TAIL_Q, n_boot=N_BOOT, seed=1)
     return Figures(
         p99_e2e_s=e2e,

@@ -18,6 +18,7 @@ window is the plan's (:meth:`~lbtune.scenario.runplan.RunPlan.window_at`), as fo
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -276,12 +277,14 @@ def _measurement(
         figures = with_attainment(figures, records, (start, end), spec)
     # Paired per request (the bootstrap resamples requests); a non-streamed request
     # has no TTFT: NaN, left out of the TTFT percentile. Nothing streamed: E2E stands in.
+    # An error is a request as slow as the slowest (no config wins by refusing).
+    ttfts, e2es = cs.scored()
     samples = Samples.of(
-        cs.ttft if cs.streamed_ttft else cs.e2e,
-        cs.e2e,
+        ttfts if cs.streamed_ttft else e2es,
+        e2es,
         sent=cs.sent,
         errors=cs.errors,
-        tpot=cs.tpot,
+        tpot=cs.tpot + (math.nan,) * (len(e2es) - len(cs.e2e)) if cs.tpot else cs.tpot,
     )
     return Measurement(
         figures=figures,

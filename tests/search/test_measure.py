@@ -89,3 +89,29 @@ def test_nothing_streamed_e2e_stands_in_for_ttft() -> None:
 
 def test_no_sample_no_figures() -> None:
     assert partial_figures([rec(0, "timeout", 0.0, 1.0, None)], 0.0, 5.0, now=2.0) is None
+
+
+def test_refusing_the_slowest_requests_does_not_lower_the_tail() -> None:
+    """A config that answers its 2 % slowest requests with a 429 (in 1 ms) instead of
+    serving them in 10 s: each refusal counts as unanswered until the window closes (and
+    no faster than the slowest served), so its P99s are worse than serving them, where
+    with no sample for an error they were 10x better."""
+    served = [rec(i, "ok", float(i), float(i) + 1.0 + (9.0 if i % 50 == 0 else 0.0),
+                  float(i) + (0.9 if i % 50 == 0 else 0.1)) for i in range(200)]  # fmt: skip
+    refused = [
+        rec(r.index, "http_error", r.sent_at, r.sent_at + 0.001, None) if r.index % 50 == 0 else r
+        for r in served
+    ]
+    honest = tail_figures(censored_samples(served, start=0.0, end=300.0))
+    shed_cs = censored_samples(refused, start=0.0, end=300.0)
+    shed = tail_figures(shed_cs)
+    assert honest is not None and shed is not None
+    assert shed_cs.errors == 4 and shed_cs.failed_open_s == (300.0, 250.0, 200.0, 150.0)
+    assert percentile(shed_cs.e2e, 99) == pytest.approx(1.0)  # the served ones alone
+    assert shed.p99_e2e_s > honest.p99_e2e_s and shed.p99_ttft_s > honest.p99_ttft_s
+    ttfts, e2es = shed_cs.scored()
+    assert len(e2es) == len(ttfts) == len(shed_cs.e2e) + 4
+    assert e2es[-4:] == (300.0, 250.0, 200.0, 150.0)
+    # at a checkpoint, an error has been unanswered until `now` (never negative)
+    early = censored_samples(refused, start=0.0, end=300.0, now=120.0)
+    assert early.failed_open_s == (120.0, 70.0, 20.0)

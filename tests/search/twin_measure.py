@@ -51,8 +51,9 @@ class TwinMeasure:
         stopped = on_window is not None and self._stopped_at_a_checkpoint(run, on_window)
         cs = run.censored()
         figures = scored_figures(figures_from_summary(run.summary()), cs)
+        ttfts, e2es = cs.scored()
         samples = Samples.of(
-            cs.ttft if cs.streamed_ttft else cs.e2e, cs.e2e, sent=cs.sent, errors=cs.errors
+            ttfts if cs.streamed_ttft else e2es, e2es, sent=cs.sent, errors=cs.errors
         )
         return Measurement(figures, samples, stopped=stopped, plan=self.plan)
 

@@ -71,23 +71,28 @@ def test_a_busy_replica_loses_to_a_slower_idle_one_by_predicted_latency(
     assert ask(predict_on, words(1500), 100).headers[HEADER] == "h100-0"
 
 
-def test_no_replica_within_the_ttft_slo_holds_then_routes_with_a_200(
-    predict_on: Cluster,
-) -> None:
-    # ~8k prompt tokens: ~0.2 s of prefill even on the H100, against a 50 ms SLO
-    predict_on.target.apply({"llm.ttft_slo_ms": 50})
+def test_no_replica_within_the_slos_holds_then_routes_with_a_200(predict_on: Cluster) -> None:
+    # TPOT SLO 10 ms: only an H100 decodes that fast (~6.4 ms a step alone), and h100-0's
+    # batch of 300 makes its step ~25 ms. Nobody is within the SLOs now, h100-0 would be
+    # once its batch drains: the request waits in the balancer, then is routed anyway.
+    predict_on.target.apply({"llm.tpot_slo_ms": 10})
+    predict_on.replicas["h100-0"].running = 300
+    predict_on.set_kv({"h100-0": 0.01})  # the scrape that shows the batch has happened
     before = predict_on.metrics()
     t0 = time.monotonic()
-    r = ask(predict_on, words(3000), 16)
+    r = ask(predict_on, words(20), 16)
     waited = time.monotonic() - t0
-    assert r.status_code == 200 and r.headers[HEADER] == "h100-0"
+    assert r.status_code == 200
     assert waited >= 0.3  # queue_timeout_ms
     after = predict_on.metrics()
     assert after["lbtune_llm_held_total"] == before["lbtune_llm_held_total"] + 1
     assert after["lbtune_llm_hold_expired_total"] == before["lbtune_llm_hold_expired_total"] + 1
     assert after["lbtune_llm_rejected_total"] == before["lbtune_llm_rejected_total"]
-    # a short prompt meets the SLO on the H100 at once: no hold
+    # its batch gone, h100-0 meets both SLOs: routed there at once, no hold
+    predict_on.replicas["h100-0"].running = 0
+    predict_on.set_kv({"h100-0": 0.02})
     t0 = time.monotonic()
-    assert ask(predict_on, words(20), 16).status_code == 200
+    r = ask(predict_on, words(20), 16)
+    assert r.status_code == 200 and r.headers[HEADER] == "h100-0"
     assert time.monotonic() - t0 < 0.3
     assert predict_on.metrics()["lbtune_llm_held_total"] == after["lbtune_llm_held_total"]
