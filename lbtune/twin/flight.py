@@ -29,6 +29,7 @@ class Flight:
 
     __slots__ = (
         "admitted",
+        "admitted_at",
         "arrived",
         "arrived_at",
         "chunks",
@@ -57,6 +58,7 @@ class Flight:
         self.arrived = False
         self.arrived_at = 0.0
         self.admitted = False
+        self.admitted_at = 0.0
         self.eid = ""
         self.queued = False
         self.headers_at: float | None = None

@@ -71,6 +71,8 @@ class ReplicaSim:
     ttft_count: int = 0
     itl_sum_s: float = 0.0
     itl_count: int = 0
+    prompt_tokens_total: int = 0
+    queue_sum_s: float = 0.0
     steps: int = 0
     busy_s: float = 0.0
     _factor: float = field(init=False)
@@ -154,10 +156,16 @@ class ReplicaSim:
         self.busy = True
         return now + wall, res
 
-    def observe_ttft(self, seconds: float) -> None:
-        """A request's first token, ``seconds`` after it reached this replica."""
+    def observe_ttft(self, seconds: float, prompt_tokens: int = 0) -> None:
+        """A request's first token, ``seconds`` after it reached this replica (its prompt
+        counted in ``prompt_tokens_total`` then, as vLLM v1 does)."""
         self.ttft_sum_s += seconds
         self.ttft_count += 1
+        self.prompt_tokens_total += prompt_tokens
+
+    def observe_queue(self, seconds: float) -> None:
+        """A request scheduled for the first time, ``seconds`` after its admission."""
+        self.queue_sum_s += seconds
 
     def observe_itl(self, seconds: float) -> None:
         """A request's next token, ``seconds`` after its previous one

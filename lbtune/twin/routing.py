@@ -171,6 +171,14 @@ class ReplicaView(Protocol):
     @property
     def itl_count(self) -> int: ...
 
+    @property
+    def prompt_tokens_total(self) -> int:
+        """``vllm:prompt_tokens_total`` (counted at a request's first token)."""
+
+    @property
+    def queue_sum_s(self) -> float:
+        """``vllm:request_queue_time_seconds_sum`` (admission to first scheduling)."""
+
 
 @dataclass(frozen=True)
 class ClusterView:

@@ -309,6 +309,7 @@ class _Simulation:
             self._replica_error(t, fl, rs, err)
             return
         fl.admitted = True
+        fl.admitted_at = t
         self.by_eid[fl.eid] = (fl, rs)
         if fl.req.stream:
             fl.headers_at = t + self.opts.to_client_s
@@ -322,6 +323,10 @@ class _Simulation:
             rs.busy = False
             return
         end, res = started
+        for eid in res.scheduled_first:
+            entry = self.by_eid.get(eid)
+            if entry is not None:
+                rs.observe_queue(max(0.0, t - entry[0].admitted_at))
         self.results[rs.name] = res
         self.at(end, self._step_end, rs)
 
@@ -337,7 +342,7 @@ class _Simulation:
                 continue
             fl = entry[0]
             if fl.output_tokens == 0:
-                rs.observe_ttft(t - fl.arrived_at)
+                rs.observe_ttft(t - fl.arrived_at, fl.req.prompt_tokens)
             else:
                 rs.observe_itl(t - fl.last_token_at)
             fl.output_tokens += 1

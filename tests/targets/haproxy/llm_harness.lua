@@ -9,7 +9,8 @@
 --   knob NAME VALUE | fact NAME VALUE the map's entries
 --   backend NAME SERVER...            a backend and its servers (`all` holds every one)
 --   time MS                           the clock
---   metrics SERVER WAITING KV TTFT_SUM TTFT_COUNT [RUNNING [ITL_SUM ITL_COUNT]]
+--   metrics SERVER WAITING KV TTFT_SUM TTFT_COUNT [RUNNING [ITL_SUM ITL_COUNT
+--           [PROMPT_TOKENS QUEUE_SUM]]]
 --   scrape                            one round of the scrape task
 --   pick ID BACKEND SESSION|- NBYTES  then the body: prints "ID SERVER|reject|fallback"
 --   release ID                        the response headers of pick ID passed
@@ -130,6 +131,11 @@ for line in lines do
             METRICS[words[2] .. ":1"] = METRICS[words[2] .. ":1"]
                 .. "vllm:inter_token_latency_seconds_sum{model_name=\"m\"} " .. words[8] .. "\n"
                 .. "vllm:inter_token_latency_seconds_count{model_name=\"m\"} " .. words[9] .. "\n"
+        end
+        if words[11] ~= nil then
+            METRICS[words[2] .. ":1"] = METRICS[words[2] .. ":1"]
+                .. "vllm:prompt_tokens_total{model_name=\"m\"} " .. words[10] .. "\n"
+                .. "vllm:request_queue_time_seconds_sum{model_name=\"m\"} " .. words[11] .. "\n"
         end
     elseif cmd == "scrape" then
         local ok, err = coroutine.resume(task)

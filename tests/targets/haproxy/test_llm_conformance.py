@@ -63,6 +63,8 @@ class Rep:
     in_flight: int = 0
     itl_sum_s: float = 0.0
     itl_count: int = 0
+    prompt_tokens_total: int = 0
+    queue_sum_s: float = 0.0
 
 
 class First:
@@ -167,6 +169,7 @@ def make_case(seed: int) -> Case:
     case.lines += [f"backend {be} {' '.join(s)}" for be, s in BACKENDS.items()]
     case.lines.append(f"backend all {' '.join(SERVERS)}")
     ms, ttft, itl = 0, dict.fromkeys(SERVERS, (0.0, 0)), dict.fromkeys(SERVERS, (0.0, 0))
+    prompt = dict.fromkeys(SERVERS, (0, 0.0))  # prompt tokens, queue seconds: cumulative
     picked: list[int] = []
     for i in range(40):
         ms += 125 * rng.randrange(0, 5)  # multiples of 1/8 s: exact on both sides
@@ -186,13 +189,17 @@ def make_case(seed: int) -> Case:
                 isum = round(isum + rng.choice([0.004, 0.03, 0.09]) * tokens, 4)
                 icount += tokens
                 itl[s] = (isum, icount)
+                ptok, qsum = prompt[s]
+                ptok += rng.randrange(0, 3000)
+                qsum = round(qsum + rng.choice([0.0, 0.05, 2.0]) * rng.random(), 4)
+                prompt[s] = (ptok, qsum)
                 rep = Rep(
                     s, waiting, round(rng.random(), 4), total, n, num_running=running,
-                    itl_sum_s=isum, itl_count=icount,
+                    itl_sum_s=isum, itl_count=icount, prompt_tokens_total=ptok, queue_sum_s=qsum,
                 )  # fmt: skip
                 case.lines.append(
                     f"metrics {s} {rep.num_waiting} {rep.kv_usage} {total} {n} {running}"
-                    f" {isum} {icount}"
+                    f" {isum} {icount} {ptok} {qsum}"
                 )
                 case.events.append(Event("metrics", rep=rep))
             case.lines.append("scrape")

@@ -146,3 +146,36 @@ def test_a_replica_holding_the_prefix_is_predicted_faster() -> None:
     # blocks of 64 tokens) still makes h100-0 the faster start
     again = model.route(Req(1, body=prefix + b' two"}]}'), 0.0, view)  # type: ignore[attr-defined]
     assert again == Send("h100-0")
+
+
+def test_a_replica_without_rates_is_predicted_from_what_its_metrics_showed() -> None:
+    """No ``tps``/``step`` facts (a GPU lbtune has no profile of): the scheduler reads the
+    replica's prefill rate (prompt tokens over the time between queue and first token)
+    and its decode step (its last inter-token latency) from its /metrics, and keeps the
+    step while the replica is idle; a fact, where there is one, still wins."""
+    sched = LlmScheduler({"mode": "predict"}, {"time_scale": "2"}, ["s"])
+    ask = _Ask([], 2000.0, 64.0, 16.0)
+    default = sched.predict("s", ask, BE, 0.0)
+    assert default.work == pytest.approx(2000 / 4000)  # prefill_tps 4000
+    rep = Rep("s", ttft_sum_s=1.0, ttft_count=10, prompt_tokens_total=5000, queue_sum_s=0.5,
+              itl_sum_s=2.0, itl_count=100, num_running=3)  # fmt: skip
+    view = ClusterView({"s": rep})  # type: ignore[dict-item]
+    sched.scrape(0.0, view)
+    # four more first tokens: 4000 prompt tokens in 0.4 s of TTFT, 0.1 s of it queued;
+    # 50 more tokens decoded in 0.5 s
+    rep.ttft_sum_s, rep.ttft_count, rep.prompt_tokens_total, rep.queue_sum_s = 1.4, 14, 9000, 0.6
+    rep.itl_sum_s, rep.itl_count = 2.5, 150
+    sched.scrape(0.3, view)
+    r = sched.state["s"]
+    assert r.tps_seen == pytest.approx(4000 / 0.3) and r.itl_last == pytest.approx(0.01)
+    seen = sched.predict("s", ask, BE, 300.0)
+    assert seen.work == pytest.approx(2000 / (4000 / 0.3 / 2))  # wall rate, in GPU seconds
+    assert seen.alone_tpot == pytest.approx(0.01 * 2)  # the step it showed, GPU seconds
+    # idle now: the inter-token latency of the next scrape is gone, the step it showed stays
+    rep.num_running = 0
+    sched.scrape(0.6, view)
+    assert r.itl == 0.0 and sched.predict("s", ask, BE, 600.0).alone_tpot == pytest.approx(0.02)
+    # the map's facts win over what was seen
+    sched.facts |= {f"tps.{BE}.s": 20000.0, f"step.{BE}.s": 0.005}
+    fact = sched.predict("s", ask, BE, 600.0)
+    assert fact.work == pytest.approx(0.1) and fact.alone_tpot == pytest.approx(0.005)

@@ -192,6 +192,8 @@ class Rep:
     in_flight: int = 0
     itl_sum_s: float = 0.0
     itl_count: int = 0
+    prompt_tokens_total: int = 0
+    queue_sum_s: float = 0.0
 
 
 def _llm(**knobs: float | str) -> tuple[HaproxyModel, ClusterView, dict[str, Rep]]:

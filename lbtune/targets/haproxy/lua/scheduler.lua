@@ -24,7 +24,9 @@
 --           anyway: never a 429 for latency;
 --   pick    the lowest predicted TTFT + w_decode x its output tokens (max_tokens) x TPOT.
 -- Rates (tps.<backend>.<server> tokens/s, step.<backend>.<server> and stepk.<...> seconds,
--- ovh.<server> seconds, all GPU seconds; time_scale divides them) are facts of the map.
+-- ovh.<server> seconds, all GPU seconds; time_scale divides them) are facts of the map; a
+-- replica without them is predicted with what its /metrics showed (its prefill tokens a
+-- second between queue and first token, its last inter-token latency), else defaults.
 -- The choice goes to txn.llm_srv (the backend's `use-server` lines read it). Anything that
 -- goes wrong leaves txn.llm_srv unset: the backend's own `balance leastconn` places the
 -- request, and lbtune_llm_fallback_total{reason} counts it.
@@ -102,7 +104,8 @@ local function replica(name)
     if r == nil then
         r = { waiting = 0, kv = 0, ttft = 0, t = nil, inflight = 0,
               lru_new = {}, lru_old = {}, n_new = 0, up = true, since = 0,
-              running = 0, since_n = 0, backlog = 0, bt = nil, itl = 0 }
+              running = 0, since_n = 0, backlog = 0, bt = nil, itl = 0,
+              itl_last = 0, tps_seen = 0 }
         replicas[name] = r
     end
     return r
@@ -311,8 +314,13 @@ end
 -- request on candidate c, and the prefill work it adds there.
 local function predict(c, ctx, be, t, scale)
     local r = c.r
-    local tps = rate("tps", be, c.name, knob("prefill_tps"))
-    local step = rate("step", be, c.name, knob("step_ms") / 1000)
+    -- the map's rates; for a replica it has none of, what the replica showed (wall
+    -- seconds, in GPU seconds), else the defaults
+    local tps_default, step_default = knob("prefill_tps"), knob("step_ms") / 1000
+    if r.tps_seen > 0 then tps_default = r.tps_seen / scale end
+    if r.itl_last > 0 then step_default = r.itl_last * scale end
+    local tps = rate("tps", be, c.name, tps_default)
+    local step = rate("step", be, c.name, step_default)
     local stepk = fact("stepk." .. be .. "." .. c.name)
     if type(stepk) ~= "number" then stepk = 0 end
     local ovh = fact("ovh." .. c.name)
@@ -603,12 +611,24 @@ local function scrape(name, addr, last)
     end
     local s = sum_metric(body, "vllm:time_to_first_token_seconds_sum")
     local n = sum_metric(body, "vllm:time_to_first_token_seconds_count")
+    local pt = sum_metric(body, "vllm:prompt_tokens_total")
+    local qs = sum_metric(body, "vllm:request_queue_time_seconds_sum")
     if s ~= nil and n ~= nil then
         if last.n ~= nil and n > last.n then
             r.ttft = (s - last.s) / (n - last.n)
+            -- a replica's own prefill rate, for mode predict where the map has none: the
+            -- prompt tokens that got their first token since the last scrape over the time
+            -- those requests spent between leaving the queue and their first token
+            if pt ~= nil and qs ~= nil and last.pt ~= nil and last.qs ~= nil then
+                local busy = (s - last.s) - (qs - last.qs)
+                if busy > 0 and pt > last.pt then
+                    r.tps_seen = (pt - last.pt) / busy
+                end
+            end
         end
         last.s, last.n = s, n
     end
+    last.pt, last.qs = pt, qs
     local is = sum_metric(body, "vllm:inter_token_latency_seconds_sum")
         or sum_metric(body, "vllm:time_per_output_token_seconds_sum")
     local ic = sum_metric(body, "vllm:inter_token_latency_seconds_count")
@@ -616,6 +636,7 @@ local function scrape(name, addr, last)
     if is ~= nil and ic ~= nil then
         if last.ic ~= nil and ic > last.ic then
             r.itl = (is - last.is) / (ic - last.ic)
+            r.itl_last = r.itl
         elseif r.running == 0 then
             r.itl = 0  -- nothing decoding: the engine rates alone
         end

@@ -22,7 +22,10 @@ and its time per output token (a decode step at its running batch plus one, or t
 inter-token latency if longer), the candidates within both SLOs kept (none: hold, re-predicting,
 up to ``queue_timeout_ms``, then route anyway), the lowest ``TTFT + w_decode x max_tokens x
 TPOT`` picked. A request no replica could serve within the SLOs even with its queue
-drained is not held.
+drained is not held. A replica without rates in the map is predicted with what its
+``/metrics`` showed: prompt tokens a second between leaving the queue and the first token
+(``vllm:prompt_tokens_total`` over ``time_to_first_token`` minus ``request_queue_time``
+sums) and its last inter-token latency; else the Lua's defaults.
 
 Defaults of the knobs not in the params, and of the Lua's fixed settings
 (``max_blocks``, ``bytes_per_token``, ``retry_after_s``), are read from the Lua's own
@@ -89,6 +92,12 @@ class _Replica:
     """Mean inter-token latency between the last two scrapes (wall seconds; 0: none)."""
     last_isum: float | None = None
     last_icount: int | None = None
+    itl_last: float = 0.0
+    """The last inter-token latency seen (wall seconds; kept while idle)."""
+    tps_seen: float = 0.0
+    """Prompt tokens a wall second between queue and first token, last seen (0: none)."""
+    last_pt: float | None = None
+    last_qs: float | None = None
 
     def backlog_at(self, t: float, scale: float) -> float:
         """The backlog at ``t`` (ms): it drains ``scale`` GPU seconds a wall second."""
@@ -318,8 +327,14 @@ class LlmScheduler:
         """The request on ``name``, GPU seconds (the Lua's ``predict``; it brings that
         server's backlog up to ``t``); ``ok`` and ``cost`` left for the pick."""
         r = self.state[name]
-        tps = self._rate("tps", backend, name, self.num("prefill_tps"))
-        step = self._rate("step", backend, name, self.num("step_ms") / 1000)
+        scale = self.time_scale()
+        tps_default, step_default = self.num("prefill_tps"), self.num("step_ms") / 1000
+        if r.tps_seen > 0:
+            tps_default = r.tps_seen / scale
+        if r.itl_last > 0:
+            step_default = r.itl_last * scale
+        tps = self._rate("tps", backend, name, tps_default)
+        step = self._rate("step", backend, name, step_default)
         stepk = self._fact(f"stepk.{backend}.{name}")
         stepk = 0.0 if stepk is None else stepk
         ovh = self._fact(f"ovh.{name}")
@@ -412,12 +427,19 @@ class LlmScheduler:
             if r.waiting == 0 and r.running == 0:
                 r.backlog = 0.0
             s, n = rep.ttft_sum_s, rep.ttft_count
+            pt, qs = float(rep.prompt_tokens_total), rep.queue_sum_s
             if r.last_n is not None and r.last_sum is not None and n > r.last_n:
                 r.ttft = (s - r.last_sum) / (n - r.last_n)
+                if r.last_pt is not None and r.last_qs is not None:
+                    busy = (s - r.last_sum) - (qs - r.last_qs)
+                    if busy > 0 and pt > r.last_pt:
+                        r.tps_seen = (pt - r.last_pt) / busy
             r.last_sum, r.last_n = s, n
+            r.last_pt, r.last_qs = pt, qs
             isum, icount = rep.itl_sum_s, rep.itl_count
             if r.last_icount is not None and r.last_isum is not None and icount > r.last_icount:
                 r.itl = (isum - r.last_isum) / (icount - r.last_icount)
+                r.itl_last = r.itl
             elif r.running == 0:
                 r.itl = 0.0
             r.last_isum, r.last_icount = isum, icount
