@@ -159,7 +159,7 @@ def test_a_replica_without_rates_is_predicted_from_what_its_metrics_showed() -> 
     assert default.work == pytest.approx(2000 / 4000)  # prefill_tps 4000
     rep = Rep("s", ttft_sum_s=1.0, ttft_count=10, prompt_tokens_total=5000, queue_sum_s=0.5,
               itl_sum_s=2.0, itl_count=100, num_running=3)  # fmt: skip
-    view = ClusterView({"s": rep})  # type: ignore[dict-item]
+    view = ClusterView({"s": rep})
     sched.scrape(0.0, view)
     # four more first tokens: 4000 prompt tokens in 0.4 s of TTFT, 0.1 s of it queued;
     # 50 more tokens decoded in 0.5 s
