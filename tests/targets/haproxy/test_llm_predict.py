@@ -15,7 +15,8 @@ from lbtune.targets.base import pool_names
 from lbtune.targets.haproxy import llm as lua
 from lbtune.targets.haproxy.files import Site
 from lbtune.targets.haproxy.twin import routing_model
-from lbtune.targets.haproxy.twin.llm import LlmScheduler, _Ask
+from lbtune.targets.haproxy.twin.llm import LlmScheduler
+from lbtune.targets.haproxy.twin.predict import Ask
 from lbtune.twin.replica import TwinReplica
 from lbtune.twin.routing import ClusterView, Retry, Send
 from tests.targets.haproxy.test_twin import Rep
@@ -53,12 +54,11 @@ def test_predictions_match_the_simulators_engine(
     for _ in range(running // 2 + 3):  # their prefill done: a decoding batch
         eng.step()
     assert eng.num_running == running and eng.num_waiting == 0
-    st = sched.state["s"]
-    st.running, st.waiting = float(eng.num_running), 0.0
+    sched.predictor.rates["s"].running, sched.state["s"].waiting = float(eng.num_running), 0.0
     for j in range(ahead):  # routed by the scheduler: its backlog
-        sched._predict_pick(["s"], _Ask([], 2048.0, 64.0, 100.0), BE, 0.0, expired=True)
+        sched.predictor.pick(["s"], Ask([], 2048.0, 64.0, 100.0), BE, 0.0, expired=True)
         eng.add_request(_req(f"a{j}", 2048, 100))
-    pred = sched.predict("s", _Ask([], float(prompt), 64.0, 50.0), BE, 0.0)
+    pred = sched.predictor.predict("s", Ask([], float(prompt), 64.0, 50.0), BE, 0.0)
 
     eng.add_request(_req("x", prompt, 50))
     t, first = GPU_PROFILES[gpu].request_overhead_s, None
@@ -154,8 +154,9 @@ def test_a_replica_without_rates_is_predicted_from_what_its_metrics_showed() -> 
     and its decode step (its last inter-token latency) from its /metrics, and keeps the
     step while the replica is idle; a fact, where there is one, still wins."""
     sched = LlmScheduler({"mode": "predict"}, {"time_scale": "2"}, ["s"])
-    ask = _Ask([], 2000.0, 64.0, 16.0)
-    default = sched.predict("s", ask, BE, 0.0)
+    predict = sched.predictor.predict
+    ask = Ask([], 2000.0, 64.0, 16.0)
+    default = predict("s", ask, BE, 0.0)
     assert default.work == pytest.approx(2000 / 4000)  # prefill_tps 4000
     rep = Rep("s", ttft_sum_s=1.0, ttft_count=10, prompt_tokens_total=5000, queue_sum_s=0.5,
               itl_sum_s=2.0, itl_count=100, num_running=3)  # fmt: skip
@@ -166,16 +167,16 @@ def test_a_replica_without_rates_is_predicted_from_what_its_metrics_showed() -> 
     rep.ttft_sum_s, rep.ttft_count, rep.prompt_tokens_total, rep.queue_sum_s = 1.4, 14, 9000, 0.6
     rep.itl_sum_s, rep.itl_count = 2.5, 150
     sched.scrape(0.3, view)
-    r = sched.state["s"]
+    r = sched.predictor.rates["s"]
     assert r.tps_seen == pytest.approx(4000 / 0.3) and r.itl_last == pytest.approx(0.01)
-    seen = sched.predict("s", ask, BE, 300.0)
+    seen = predict("s", ask, BE, 300.0)
     assert seen.work == pytest.approx(2000 / (4000 / 0.3 / 2))  # wall rate, in GPU seconds
     assert seen.alone_tpot == pytest.approx(0.01 * 2)  # the step it showed, GPU seconds
     # idle now: the inter-token latency of the next scrape is gone, the step it showed stays
     rep.num_running = 0
     sched.scrape(0.6, view)
-    assert r.itl == 0.0 and sched.predict("s", ask, BE, 600.0).alone_tpot == pytest.approx(0.02)
+    assert r.itl == 0.0 and predict("s", ask, BE, 600.0).alone_tpot == pytest.approx(0.02)
     # the map's facts win over what was seen
     sched.facts |= {f"tps.{BE}.s": 20000.0, f"step.{BE}.s": 0.005}
-    fact = sched.predict("s", ask, BE, 600.0)
+    fact = predict("s", ask, BE, 600.0)
     assert fact.work == pytest.approx(0.1) and fact.alone_tpot == pytest.approx(0.005)

@@ -14,18 +14,8 @@ own time): waiting and running requests, KV usage and the mean TTFT since the pr
 scrape.
 
 Under ``mode predict`` (v2) the score and pick are replaced by a prediction per candidate
-(:meth:`LlmScheduler._predict_pick`, the Lua's ``predict_pick``): its TTFT (front-end time
-+ the prefill backlog routed there and not yet drained + the step that prefills this
-prompt's uncached tokens: their time at its prefill rate and its running batch's decode
-step, or its inter-token latency since the last scrape if longer, on a smooth roofline)
-and its time per output token (a decode step at its running batch plus one, or that
-inter-token latency if longer), the candidates within both SLOs kept (none: hold, re-predicting,
-up to ``queue_timeout_ms``, then route anyway), the lowest ``TTFT + w_decode x max_tokens x
-TPOT`` picked. A request no replica could serve within the SLOs even with its queue
-drained is not held. A replica without rates in the map is predicted with what its
-``/metrics`` showed: prompt tokens a second between leaving the queue and the first token
-(``vllm:prompt_tokens_total`` over ``time_to_first_token`` minus ``request_queue_time``
-sums) and its last inter-token latency; else the Lua's defaults.
+(:mod:`.predict`, the Lua's ``predict_pick``); :meth:`LlmScheduler.decide` dispatches on
+``mode``, and holds a request the prediction holds.
 
 Defaults of the knobs not in the params, and of the Lua's fixed settings
 (``max_blocks``, ``bytes_per_token``, ``retry_after_s``), are read from the Lua's own
@@ -45,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from lbtune.targets.haproxy import llm as lua
+from lbtune.targets.haproxy.twin.predict import Ask, Predictor
 from lbtune.twin.routing import ClusterView, Decision, Refuse, RequestView, Retry
 
 __all__ = ["LlmScheduler", "lua_defaults"]
@@ -81,33 +72,18 @@ class _Replica:
     lru_old: set[bytes] = field(default_factory=set)
     last_sum: float | None = None
     last_n: int | None = None
-    running: float = 0.0
-    since_n: int = 0
-    """Requests routed there since the last scrape (``mode predict``)."""
-    backlog: float = 0.0
-    """Prefill work routed there and not yet done, GPU seconds (``mode predict``)."""
-    bt: float | None = None
-    """When ``backlog`` was last brought up to date (ms)."""
-    itl: float = 0.0
-    """Mean inter-token latency between the last two scrapes (wall seconds; 0: none)."""
-    last_isum: float | None = None
-    last_icount: int | None = None
-    itl_last: float = 0.0
-    """The last inter-token latency seen (wall seconds; kept while idle)."""
-    tps_seen: float = 0.0
-    """Prompt tokens a wall second between queue and first token, last seen (0: none)."""
-    last_pt: float | None = None
-    last_qs: float | None = None
-
-    def backlog_at(self, t: float, scale: float) -> float:
-        """The backlog at ``t`` (ms): it drains ``scale`` GPU seconds a wall second."""
-        if self.bt is not None:
-            self.backlog = max(0.0, self.backlog - (t - self.bt) / 1000 * scale)
-        self.bt = t
-        return self.backlog
 
     def has(self, h: bytes) -> bool:
         return h in self.lru_new or h in self.lru_old
+
+    def matched(self, hashes: Sequence[bytes]) -> int:
+        """Leading blocks of ``hashes`` the replica was sent before (the Lua's ``matched``)."""
+        m = 0
+        for i, h in enumerate(hashes):
+            if not self.has(h):
+                break
+            m = i + 1
+        return m
 
     def add(self, hashes: Sequence[bytes], lru_size: int) -> None:
         cap = max(1, lru_size // 2)
@@ -123,27 +99,6 @@ class _Pick:
     srv: str
     tokens: float
     t: float
-
-
-@dataclass(frozen=True)
-class _Prediction:
-    ttft: float
-    tpot: float
-    work: float
-    """Prefill GPU seconds the request adds to the replica's backlog."""
-    alone: float
-    """Its TTFT there with nothing queued and no batch."""
-    alone_tpot: float
-
-
-@dataclass(frozen=True)
-class _Ask:
-    """What ``mode predict`` reads of a request."""
-
-    hashes: Sequence[bytes]
-    tokens: float
-    block: float
-    out: float
 
 
 class LlmScheduler:
@@ -166,6 +121,8 @@ class LlmScheduler:
         self.sessions_old: dict[str, str] = {}
         self.rng = random.Random(0)
         self.next_scrape = 0.0
+        self.predictor = Predictor(self, self.names)
+        """``mode predict``: the replicas' backlogs and rates, the predictions and the pick."""
 
     def num(self, key: str) -> float:
         v = self.k[key]
@@ -201,16 +158,16 @@ class LlmScheduler:
         cands = sorted(cands)
         if self.k["mode"] == "predict":
             m = _MAX_TOKENS.search(req.body)
-            ask = _Ask(
+            ask = Ask(
                 hashes, tokens, max(1.0, self.num("block_tokens")),
                 float(m.group(1)) if m else self.num("out_tokens"),
             )  # fmt: skip
-            srv_or_none = self._predict_pick(cands, ask, backend, t, expired=False)
+            srv_or_none = self.predictor.pick(cands, ask, backend, t, expired=False)
             if srv_or_none is None:
                 deadline = self.holds.setdefault(req.index, t + self.num("queue_timeout_ms"))
                 if t < deadline:
                     return Retry(max(10, math.floor(self.num("refresh_ms") / 2)) / 1000.0)
-                srv_or_none = self._predict_pick(cands, ask, backend, t, expired=True)
+                srv_or_none = self.predictor.pick(cands, ask, backend, t, expired=True)
                 assert srv_or_none is not None
             srv = srv_or_none
         else:
@@ -237,7 +194,7 @@ class LlmScheduler:
         self.holds.pop(req.index, None)
         return Refuse(429, "No replica has KV cache room for this request; retry later")
 
-    def _fact(self, key: str) -> float | None:
+    def fact(self, key: str) -> float | None:
         """A numeric fact of the map (``None`` when absent or not a number)."""
         v = self.facts.get(key)
         return v if isinstance(v, float) else None
@@ -247,10 +204,10 @@ class LlmScheduler:
 
     def _fits(self, name: str, tokens: float, backend: str, t: float) -> bool:
         r = self.state[name]
-        cap_bytes = self._fact(f"kvcap.{name}")
-        bpt = self._fact(f"kvbpt.{backend}")
+        cap_bytes = self.fact(f"kvcap.{name}")
+        bpt = self.fact(f"kvbpt.{backend}")
         cap = cap_bytes / bpt if cap_bytes is not None and bpt else None
-        ctx = self._fact(f"ctx.{backend}")
+        ctx = self.fact(f"ctx.{backend}")
         if ctx is not None and tokens > ctx:
             return False
         headroom = self.num("kv_headroom")
@@ -286,12 +243,7 @@ class LlmScheduler:
                 queue = 1 - _clamp01(r.waiting / k("queue_ceiling"))
                 kv = 1 - _clamp01(r.kv)
                 ttft = 1 - _clamp01(r.ttft / k("ttft_ceiling_s"))
-            m = 0
-            for i, h in enumerate(hashes):
-                if not r.has(h):
-                    break
-                m = i + 1
-            prefix = m / len(hashes) if hashes else 0.0
+            prefix = r.matched(hashes) / len(hashes) if hashes else 0.0
             s = (
                 k("w_queue") * queue
                 + k("w_kv") * kv
@@ -300,90 +252,13 @@ class LlmScheduler:
                 + k("w_prefix") * prefix
                 + k("w_session") * (1.0 if session == c else 0.0)
             )
-            long_srv = self._fact(f"long.{c}") == 1
+            long_srv = self.fact(f"long.{c}") == 1
             if cls == "long" and long_srv:
                 s += k("long_bias")
             if cls == "short" and not long_srv:
                 s += k("short_bias")
             scores[c] = s
         return scores
-
-    # -- mode predict (v2) ------------------------------------------------------------
-
-    def set_time_scale(self, scale: float) -> None:
-        """The cluster's time scale, as the map's ``time_scale`` fact tells the Lua (the
-        twin learns it from the run, not from a site)."""
-        self.facts["time_scale"] = float(scale)
-
-    def time_scale(self) -> float:
-        v = self._fact("time_scale")
-        return v if v is not None and v > 0 else 1.0
-
-    def _rate(self, kind: str, backend: str, name: str, default: float) -> float:
-        v = self._fact(f"{kind}.{backend}.{name}")
-        return v if v is not None and v > 0 else default
-
-    def predict(self, name: str, ask: _Ask, backend: str, t: float) -> _Prediction:
-        """The request on ``name``, GPU seconds (the Lua's ``predict``; it brings that
-        server's backlog up to ``t``); ``ok`` and ``cost`` left for the pick."""
-        r = self.state[name]
-        scale = self.time_scale()
-        tps_default, step_default = self.num("prefill_tps"), self.num("step_ms") / 1000
-        if r.tps_seen > 0:
-            tps_default = r.tps_seen / scale
-        if r.itl_last > 0:
-            step_default = r.itl_last * scale
-        tps = self._rate("tps", backend, name, tps_default)
-        step = self._rate("step", backend, name, step_default)
-        stepk = self._fact(f"stepk.{backend}.{name}")
-        stepk = 0.0 if stepk is None else stepk
-        ovh = self._fact(f"ovh.{name}")
-        ovh = 0.0 if ovh is None else ovh
-        m = 0
-        for i, h in enumerate(ask.hashes):
-            if not r.has(h):
-                break
-            m = i + 1
-        cached = min(ask.tokens - 1, m * ask.block)
-        work = (ask.tokens - cached) / tps
-        n = r.running + r.waiting + r.since_n
-        seen = r.itl * self.time_scale()
-        busy = max(step + stepk * n, seen)
-        ttft = ovh + r.backlog_at(t, self.time_scale()) + math.sqrt(busy * busy + work * work)
-        tpot = max(step + stepk * (n + 1), seen + stepk)
-        alone = ovh + math.sqrt(step * step + work * work)
-        return _Prediction(ttft, tpot, work, alone, step + stepk)
-
-    def _predict_pick(
-        self, cands: Sequence[str], ask: _Ask, backend: str, t: float, *, expired: bool
-    ) -> str | None:
-        """The Lua's ``predict_pick``: the server, or ``None`` to hold the request."""
-        scale = self.time_scale()
-        ttft_slo = self.num("ttft_slo_ms") / 1000 * scale
-        tpot_slo = self.num("tpot_slo_ms") / 1000 * scale
-        wd = self.num("w_decode") * ask.out
-        preds: dict[str, tuple[_Prediction, bool, float]] = {}
-        can_wait = False
-        for c in cands:
-            p = self.predict(c, ask, backend, t)
-            preds[c] = (p, p.ttft <= ttft_slo and p.tpot <= tpot_slo, p.ttft + wd * p.tpot)
-            can_wait = can_wait or (p.alone <= ttft_slo and p.alone_tpot <= tpot_slo)
-        any_ok = any(ok for _, ok, _ in preds.values())
-        if not any_ok and can_wait and not expired and self.num("queue_timeout_ms") > 0:
-            return None
-        best, ties = math.inf, []
-        for c in cands:
-            _, ok, cost = preds[c]
-            if ok or not any_ok:
-                if cost < best - 1e-12:
-                    best, ties = cost, [c]
-                elif cost <= best + 1e-12:
-                    ties.append(c)
-        srv = ties[self.rng.randrange(len(ties))]
-        r = self.state[srv]
-        r.backlog += preds[srv][0].work
-        r.since_n += 1
-        return srv
 
     def _pick(self, cands: Sequence[str], scores: Mapping[str, float]) -> str:
         if self.k["picker"] == "p2c" and len(cands) > 2:
@@ -400,6 +275,11 @@ class LlmScheduler:
             elif s >= best - 1e-9:
                 ties.append(c)
         return ties[self.rng.randrange(len(ties))]
+
+    def set_time_scale(self, scale: float) -> None:
+        """The cluster's time scale, as the map's ``time_scale`` fact tells the Lua (the
+        twin learns it from the run, not from a site)."""
+        self.facts["time_scale"] = float(scale)
 
     def release(self, req: RequestView) -> None:
         """``http-response lua.llm_release``: its tokens leave the in-flight load."""
@@ -422,27 +302,13 @@ class LlmScheduler:
                 continue
             r = self.state[name]
             r.waiting, r.kv = float(rep.num_waiting), rep.kv_usage
-            r.running = float(rep.num_running)
-            r.since_n = 0
-            if r.waiting == 0 and r.running == 0:
-                r.backlog = 0.0
             s, n = rep.ttft_sum_s, rep.ttft_count
-            pt, qs = float(rep.prompt_tokens_total), rep.queue_sum_s
+            spent = None
             if r.last_n is not None and r.last_sum is not None and n > r.last_n:
-                r.ttft = (s - r.last_sum) / (n - r.last_n)
-                if r.last_pt is not None and r.last_qs is not None:
-                    busy = (s - r.last_sum) - (qs - r.last_qs)
-                    if busy > 0 and pt > r.last_pt:
-                        r.tps_seen = (pt - r.last_pt) / busy
+                spent = s - r.last_sum
+                r.ttft = spent / (n - r.last_n)
             r.last_sum, r.last_n = s, n
-            r.last_pt, r.last_qs = pt, qs
-            isum, icount = rep.itl_sum_s, rep.itl_count
-            if r.last_icount is not None and r.last_isum is not None and icount > r.last_icount:
-                r.itl = (isum - r.last_isum) / (icount - r.last_icount)
-                r.itl_last = r.itl
-            elif r.running == 0:
-                r.itl = 0.0
-            r.last_isum, r.last_icount = isum, icount
+            self.predictor.scrape(name, rep, spent)
             r.t = t
             r.since = 0.0
         for index, p in list(self.pending.items()):
