@@ -1,11 +1,12 @@
 """The LLM scheduler's own cost per request, measured in HAProxy (algorithm: llm).
 
-Three fake replicas are frontends of a second HAProxy (`/metrics` answers fixed vLLM gauges,
-everything else a small JSON 200), so the replicas cost next to nothing. The balancer is the
-HAProxy target's own config and apply path. An asyncio client sends chat requests (~2 KB
-prompts, 20 shared prefixes) open-loop at ``--rate`` req/s over ``--conns`` keep-alive
-connections for ``--duration`` s, first under ``leastconn``, then under ``llm`` with
-``llm.mode: score`` (v1, ``pick``) and with ``llm.mode: predict`` (v2, ``pick_predict``).
+The rig of ``_llmrig.py``: three fake replicas are frontends of a second HAProxy
+(`/metrics` answers fixed vLLM gauges, everything else a small JSON 200), so the replicas
+cost next to nothing. The balancer is the HAProxy target's own config and apply path. An
+asyncio client sends chat requests (~2 KB prompts, 20 shared prefixes) open-loop at
+``--rate`` req/s over ``--conns`` keep-alive connections for ``--duration`` s, first under
+``leastconn``, then under ``llm`` with ``llm.mode: score`` (v1, ``pick``) and with
+``llm.mode: predict`` (v2, ``pick_predict``).
 
 Reported: the scheduler's pick time from its own histogram (``lbtune_llm_pick_microseconds``:
 process CPU time around ``llm_pick``; P50/P99 are the upper edges of the buckets that hold
@@ -20,86 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import requests
+from _llmrig import bodies, llm_rig
 
-from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
 from lbtune.records.quantiles import percentile
-from lbtune.targets.haproxy import config
-from lbtune.targets.haproxy.balancer import servers_missing
-from lbtune.targets.haproxy.files import HaproxyFiles, Site
-from lbtune.targets.haproxy.target import HaproxyTarget
-
-M8 = "llama-3.1-8b-instruct"
-GPUS = [("h100-0", "h100-80g"), ("a100-0", "a100-80g"), ("l4-0", "l4-24g")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def replicas_cfg(ports: list[int]) -> str:
-    metrics = (
-        'vllm:num_requests_waiting{model_name=\\"m\\"} 1\\n'
-        'vllm:kv_cache_usage_perc{model_name=\\"m\\"} 0.2\\n'
-    )
-    lines = ["defaults", "    mode http", "    timeout client 10s", "    timeout connect 1s"]
-    for i, p in enumerate(ports):
-        lines += [
-            f"frontend r{i}",
-            f"    bind 127.0.0.1:{p}",
-            f'    http-request return status 200 content-type text/plain string "{metrics}" '
-            "if { path /metrics }",
-            "    http-request return status 200 content-type application/json string '{\"ok\":1}'",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def endpoints(state: Path, ports: list[int], lb: int, stats: int) -> Endpoints:
-    return Endpoints(
-        config_name="bench",
-        config_path="-",
-        state_dir=str(state),
-        balancer="haproxy",
-        balancer_url=f"http://127.0.0.1:{lb}",
-        stats_url=f"http://127.0.0.1:{stats}/stats",
-        balancer_metrics_url="-",
-        balancer_components=["haproxy"],
-        balancer_jobs=["haproxy"],
-        balancer_details=HaproxyFiles.in_dir(state).details(),
-        replica_header="X-Lbtune-Replica",
-        prometheus_url="http://127.0.0.1:1",
-        exporter_port=1,
-        exporter_url="-",
-        prometheus_yml="-",
-        replicas=[
-            ReplicaEndpoint(name=n, url=f"http://127.0.0.1:{p}", models=[M8], gpu=g)
-            for (n, g), p in zip(GPUS, ports, strict=True)
-        ],
-        time_scale=1.0,
-        ground_truth_path=None,
-    )
-
-
-def bodies(n: int, seed: int = 1) -> list[bytes]:
-    rng = random.Random(seed)
-    prefixes = [" ".join(f"p{k}w{i}" for i in range(250)) for k in range(20)]
-    out = []
-    for i in range(n):
-        content = rng.choice(prefixes) + f" question {i} " + "x" * rng.randint(0, 400)
-        doc = {"model": M8, "max_tokens": 16, "messages": [{"role": "user", "content": content}]}
-        out.append(json.dumps(doc).encode())
-    return out
 
 
 async def load(port: int, rate: float, duration: float, conns: int) -> list[float]:
@@ -166,31 +93,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--conns", type=int, default=32)
     args = ap.parse_args()
-    binary = shutil.which("haproxy")
-    if binary is None:
-        sys.exit("haproxy is needed")
-    state = Path(tempfile.mkdtemp(prefix="lbt-cost-", dir="/tmp"))
-    (state / "logs").mkdir()
-    ports = [free_port() for _ in GPUS]
-    (state / "replicas.cfg").write_text(replicas_cfg(ports))
-    lb, stats = free_port(), free_port()
-    ep = endpoints(state, ports, lb, stats)
-    files = HaproxyFiles.in_dir(state)
-    files.cfg.write_text(config.render_untuned(Site.from_endpoints(ep)))
-    log = (state / "logs" / "haproxy.log").open("w")
-    procs = [
-        subprocess.Popen([binary, "-f", str(state / "replicas.cfg")], stdout=log, stderr=log),
-        subprocess.Popen(
-            [binary, "-W", "-S", files.master_socket, "-f", str(files.cfg)], stdout=log, stderr=log
-        ),
-    ]
-    try:
-        target = HaproxyTarget(ep)
-        deadline = time.monotonic() + 20
-        while servers_missing(target.runtime, [n for n, _ in GPUS], ep.balancer_url):
-            if time.monotonic() > deadline:
-                sys.exit("HAProxy did not come up: " + (state / "logs" / "haproxy.log").read_text())
-            time.sleep(0.05)
+    with llm_rig("lbt-cost-") as rig:
         result: dict[str, object] = {"rate": args.rate, "duration_s": args.duration}
         runs = {
             "leastconn": {"algorithm": "leastconn"},
@@ -199,9 +102,9 @@ def main() -> None:
         }
         for name, params in runs.items():
             # switching to llm reloads: the scheduler's counters start at 0 for each mode
-            target.apply({"algorithm": "leastconn"})
-            target.apply(params)
-            lat = asyncio.run(load(lb, args.rate, args.duration, args.conns))
+            rig.target.apply({"algorithm": "leastconn"})
+            rig.target.apply(params)
+            lat = asyncio.run(load(rig.lb, args.rate, args.duration, args.conns))
             want = int(args.rate * args.duration)
             result[name] = {
                 "ok": len(lat),
@@ -211,15 +114,9 @@ def main() -> None:
             }
             if params["algorithm"] == "llm":
                 result["pick" if name == "llm" else f"pick_{name[4:]}"] = pick_cost(
-                    f"http://127.0.0.1:{stats}"
+                    f"http://127.0.0.1:{rig.stats}"
                 )
         print(json.dumps(result, indent=2))
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(timeout=10)
-        log.close()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":

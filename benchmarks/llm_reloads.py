@@ -1,8 +1,8 @@
 """The LLM scheduler under reloads: does HAProxy survive ``--reloads`` hitless reloads while
 ``algorithm: llm`` serves a steady load?
 
-The same rig as ``llm_pick_cost.py`` (three fake replicas served by a second HAProxy, the
-balancer through the HAProxy target's own config and apply path). ``llm.mode`` is set
+The rig of ``_llmrig.py``, as ``llm_pick_cost.py`` (three fake replicas served by a second
+HAProxy, the balancer through the HAProxy target's own config and apply path). ``llm.mode`` is set
 (``predict`` by default, v2), a client sends chat requests open loop at ``--rate`` req/s
 over ``--conns`` keep-alive connections (reconnecting after a reset), and the benchmark
 alternates ``queue_timeout_s`` between two values: a structural knob, so every apply
@@ -24,21 +24,13 @@ import argparse
 import asyncio
 import json
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
-from llm_pick_cost import GPUS, bodies, endpoints, free_port, replicas_cfg
+from _llmrig import bodies, llm_rig
 
 from lbtune.records.quantiles import percentile
-from lbtune.targets.haproxy import config
-from lbtune.targets.haproxy.balancer import servers_missing
-from lbtune.targets.haproxy.files import HaproxyFiles, Site
-from lbtune.targets.haproxy.target import HaproxyTarget
 
 NEW_WORKER = re.compile(r"New worker \(?\d+\)? forked")
 CRASH = re.compile(r"exited with code (139|134|136)\b")
@@ -117,85 +109,58 @@ def main() -> None:
     ap.add_argument("--conns", type=int, default=16)
     ap.add_argument("--mode", choices=["score", "predict"], default="predict")
     args = ap.parse_args()
-    binary = shutil.which("haproxy")
-    if binary is None:
-        sys.exit("haproxy is needed")
-    state = Path(tempfile.mkdtemp(prefix="lbt-reloads-", dir="/tmp"))
-    (state / "logs").mkdir()
-    ports = [free_port() for _ in GPUS]
-    (state / "replicas.cfg").write_text(replicas_cfg(ports))
-    lb, stats = free_port(), free_port()
-    ep = endpoints(state, ports, lb, stats)
-    files = HaproxyFiles.in_dir(state)
-    files.cfg.write_text(config.render_untuned(Site.from_endpoints(ep)))
-    log_path = state / "logs" / "haproxy.log"
-    log = log_path.open("w")
-    procs = [
-        subprocess.Popen([binary, "-f", str(state / "replicas.cfg")], stdout=log, stderr=log),
-        subprocess.Popen(
-            [binary, "-W", "-S", files.master_socket, "-f", str(files.cfg)], stdout=log, stderr=log
-        ),
-    ]
     stop = threading.Event()
     tally = Tally()
-    try:
-        target = HaproxyTarget(ep)
-        deadline = time.monotonic() + 20
-        while servers_missing(target.runtime, [n for n, _ in GPUS], ep.balancer_url):
-            if time.monotonic() > deadline:
-                sys.exit("HAProxy did not come up: " + log_path.read_text())
-            time.sleep(0.05)
-        target.apply({"algorithm": "llm", "llm.mode": args.mode, "queue_timeout_s": 60})
-        first = target.reload_count()
-        client = threading.Thread(
-            target=lambda: asyncio.run(load(lb, args.rate, stop, args.conns, tally)), daemon=True
-        )
-        client.start()
-        times: list[float] = []
-        for i in range(args.reloads):
-            t = time.perf_counter()
-            target.apply({"queue_timeout_s": 61 if i % 2 == 0 else 60})
-            times.append(time.perf_counter() - t)
-            if procs[1].poll() is not None:
-                break
-        stop.set()
-        client.join(timeout=30)
-        reloads = target.reload_count() - first if procs[1].poll() is None else -1
-        text = log_path.read_text(errors="replace")
-        result = {
-            "mode": args.mode,
-            "reloads_asked": args.reloads,
-            "reloads_done": reloads,
-            "master_alive": procs[1].poll() is None,
-            "worker_starts_in_log": len(NEW_WORKER.findall(text)),
-            "worker_crashes": len(CRASH.findall(text)),
-            "stopping_workers_ended_by_a_signal": len(
-                [c for c in SIGNALLED.findall(text) if c not in ("139", "134", "136")]
-            ),
-            "requests_200": tally.ok,
-            "requests_other": tally.other,
-            "connection_errors": tally.conn_errors,
-            "errors_on_a_new_connection": tally.fresh_errors,
-            "apply_s_p50": percentile(times, 50) if times else None,
-            "apply_s_max": max(times) if times else None,
-        }
-        result["passed"] = bool(
-            result["master_alive"]
-            and result["worker_crashes"] == 0
-            and result["requests_other"] == 0
-            and reloads == args.reloads
-        )
-        print(json.dumps(result, indent=2))
-        if not result["passed"]:
-            print(text[-3000:], file=sys.stderr)
-            sys.exit(1)
-    finally:
-        stop.set()
-        for p in procs:
-            p.terminate()
-            p.wait(timeout=10)
-        log.close()
-        shutil.rmtree(state, ignore_errors=True)
+    with llm_rig("lbt-reloads-") as rig:
+        target, master = rig.target, rig.balancer
+        try:
+            target.apply({"algorithm": "llm", "llm.mode": args.mode, "queue_timeout_s": 60})
+            first = target.reload_count()
+            client = threading.Thread(
+                target=lambda: asyncio.run(load(rig.lb, args.rate, stop, args.conns, tally)),
+                daemon=True,
+            )
+            client.start()
+            times: list[float] = []
+            for i in range(args.reloads):
+                t = time.perf_counter()
+                target.apply({"queue_timeout_s": 61 if i % 2 == 0 else 60})
+                times.append(time.perf_counter() - t)
+                if master.poll() is not None:
+                    break
+            stop.set()
+            client.join(timeout=30)
+            reloads = target.reload_count() - first if master.poll() is None else -1
+            text = rig.log_path.read_text(errors="replace")
+            result = {
+                "mode": args.mode,
+                "reloads_asked": args.reloads,
+                "reloads_done": reloads,
+                "master_alive": master.poll() is None,
+                "worker_starts_in_log": len(NEW_WORKER.findall(text)),
+                "worker_crashes": len(CRASH.findall(text)),
+                "stopping_workers_ended_by_a_signal": len(
+                    [c for c in SIGNALLED.findall(text) if c not in ("139", "134", "136")]
+                ),
+                "requests_200": tally.ok,
+                "requests_other": tally.other,
+                "connection_errors": tally.conn_errors,
+                "errors_on_a_new_connection": tally.fresh_errors,
+                "apply_s_p50": percentile(times, 50) if times else None,
+                "apply_s_max": max(times) if times else None,
+            }
+            result["passed"] = bool(
+                result["master_alive"]
+                and result["worker_crashes"] == 0
+                and result["requests_other"] == 0
+                and reloads == args.reloads
+            )
+            print(json.dumps(result, indent=2))
+            if not result["passed"]:
+                print(text[-3000:], file=sys.stderr)
+                sys.exit(1)
+        finally:
+            stop.set()
 
 
 if __name__ == "__main__":
