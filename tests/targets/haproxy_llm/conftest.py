@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +90,14 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{key} never satisfied the condition: {m.get(key)}")
             time.sleep(0.05)
+
+    def start_llm(self, knobs: Mapping[str, object]) -> None:
+        """The scheduler applied with ``knobs``, every replica empty and its metrics fresh
+        (the scrape that shows them empty has happened)."""
+        for r in self.replicas.values():
+            r.metrics_ok, r.kv, r.waiting, r.running, r.delay_s = True, 0.0, 0.0, 0.0, 0.0
+        self.target.apply({"algorithm": "llm", **knobs})
+        self.set_kv({n: 0.0 for n in self.replicas})
 
     def set_kv(self, usage: dict[str, float]) -> None:
         for name, kv in usage.items():

@@ -37,10 +37,7 @@ PREDICT = {
 
 @pytest.fixture
 def predict_on(cluster: Cluster) -> Iterator[Cluster]:
-    for r in cluster.replicas.values():
-        r.metrics_ok, r.kv, r.waiting, r.running, r.delay_s = True, 0.0, 0.0, 0.0, 0.0
-    cluster.target.apply({"algorithm": "llm", **PREDICT})
-    cluster.set_kv({n: 0.0 for n in cluster.replicas})
+    cluster.start_llm(PREDICT)
     yield cluster
 
 

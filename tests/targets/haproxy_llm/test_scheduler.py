@@ -54,10 +54,7 @@ def words(n: int) -> str:
 @pytest.fixture
 def llm_on(cluster: Cluster) -> Iterator[Cluster]:
     """The scheduler with QUIET knobs, every replica empty and its metrics fresh."""
-    for r in cluster.replicas.values():
-        r.metrics_ok, r.kv, r.waiting, r.running, r.delay_s = True, 0.0, 0.0, 0.0, 0.0
-    cluster.target.apply({"algorithm": "llm", **QUIET})
-    cluster.set_kv({n: 0.0 for n in cluster.replicas})
+    cluster.start_llm(QUIET)
     yield cluster
     cluster.target.runtime.execute([f"set map {_map(cluster)} fault none"])
 
