@@ -729,41 +729,33 @@ local function exposition()
     for name, _ in pairs(replicas) do names[#names + 1] = name end
     table.sort(names)
     local t = now_ms()
-    add("# TYPE lbtune_llm_picks_total counter")
-    for _, n in ipairs(names) do
-        add(string.format('lbtune_llm_picks_total{server="%s"} %d', n, counters.picks[n] or 0))
+    -- one gauge or counter, a sample per server in name order: `fmt` formats value(name)
+    local function per_server(metric, kind, fmt, value, help)
+        if help ~= nil then add("# HELP " .. metric .. " " .. help) end
+        add("# TYPE " .. metric .. " " .. kind)
+        for _, n in ipairs(names) do
+            add(string.format('%s{server="%s"} ' .. fmt, metric, n, value(n)))
+        end
     end
-    add("# TYPE lbtune_llm_inflight_tokens gauge")
-    for _, n in ipairs(names) do
-        add(string.format('lbtune_llm_inflight_tokens{server="%s"} %d', n, math.floor(replicas[n].inflight)))
-    end
-    add("# TYPE lbtune_llm_state_age_seconds gauge")
-    for _, n in ipairs(names) do
+    per_server("lbtune_llm_picks_total", "counter", "%d", function(n)
+        return counters.picks[n] or 0
+    end)
+    per_server("lbtune_llm_inflight_tokens", "gauge", "%d", function(n)
+        return math.floor(replicas[n].inflight)
+    end)
+    per_server("lbtune_llm_state_age_seconds", "gauge", "%.3f", function(n)
         local r = replicas[n]
-        local age = -1
-        if r.t ~= nil then age = (t - r.t) / 1000 end
-        add(string.format('lbtune_llm_state_age_seconds{server="%s"} %.3f', n, age))
-    end
-    add("# TYPE lbtune_llm_kv_usage gauge")
-    for _, n in ipairs(names) do
-        add(string.format('lbtune_llm_kv_usage{server="%s"} %.4f', n, replicas[n].kv))
-    end
-    add("# TYPE lbtune_llm_waiting gauge")
-    for _, n in ipairs(names) do
-        add(string.format('lbtune_llm_waiting{server="%s"} %g', n, replicas[n].waiting))
-    end
-    add("# HELP lbtune_llm_backlog_seconds Predicted prefill work routed to a server and not yet done (GPU seconds).")
-    add("# TYPE lbtune_llm_backlog_seconds gauge")
-    for _, n in ipairs(names) do
+        if r.t == nil then return -1 end
+        return (t - r.t) / 1000
+    end)
+    per_server("lbtune_llm_kv_usage", "gauge", "%.4f", function(n) return replicas[n].kv end)
+    per_server("lbtune_llm_waiting", "gauge", "%g", function(n) return replicas[n].waiting end)
+    per_server("lbtune_llm_backlog_seconds", "gauge", "%.4f", function(n)
         local r = replicas[n]
-        local b = r.backlog
-        if r.bt ~= nil then b = math.max(0, b - (t - r.bt) / 1000 * time_scale()) end
-        add(string.format('lbtune_llm_backlog_seconds{server="%s"} %.4f', n, b))
-    end
-    add("# TYPE lbtune_llm_ttft_seconds gauge")
-    for _, n in ipairs(names) do
-        add(string.format('lbtune_llm_ttft_seconds{server="%s"} %.4f', n, replicas[n].ttft))
-    end
+        if r.bt == nil then return r.backlog end
+        return math.max(0, r.backlog - (t - r.bt) / 1000 * time_scale())
+    end, "Predicted prefill work routed to a server and not yet done (GPU seconds).")
+    per_server("lbtune_llm_ttft_seconds", "gauge", "%.4f", function(n) return replicas[n].ttft end)
     return table.concat(out, "\n") .. "\n"
 end
 
