@@ -1,4 +1,4 @@
-"""`lbtune cluster up|down|status` — the embedded default target.
+"""`lbtune cluster up|down|status|calibrate` — the embedded default target.
 
 A thin layer over :mod:`lbtune.cluster.api`: parse options, call the library, render
 tables (stdout) and progress (stderr). The library is imported inside the commands so
@@ -199,3 +199,77 @@ def status(
         _status_tables(st, rows)
     if not st.healthy:
         raise typer.Exit(1)
+
+
+@app.command()
+def calibrate(
+    state_dir: StateDirOption = None,
+    replica: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--replica", "-r", metavar="NAME", help="Measure only this replica (repeatable)."
+        ),
+    ] = None,
+    long_tokens: Annotated[
+        int,
+        typer.Option(
+            "--prompt-tokens",
+            min=64,
+            help="The long probe prompt, in tokens (capped at a quarter of the context).",
+        ),
+    ] = 512,
+    repeats: Annotated[
+        int, typer.Option("--repeats", min=1, max=20, help="Requests per measured point.")
+    ] = 3,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print calibration.json's content to stdout only.")
+    ] = False,
+) -> None:
+    """Measure each replica's engine rates (prefill tokens/s, decode step, its growth per
+    running request, per-request overhead) with a few requests sent straight to it, one
+    replica at a time, and write them to calibration.json in the state dir.
+
+    The `llm` scheduler's `mode: predict` uses them for replicas whose GPU and model lbtune
+    has no profile of (a real vLLM, an unknown GPU): a running scheduler takes them at
+    once, without a reload. Run it with no other traffic on the cluster.
+
+    Example: lbtune cluster calibrate --state-dir ./state --replica vllm-0
+    """
+    from lbtune.cluster import api
+    from lbtune.cluster.calibrate import ProbePlan, hand_to_scheduler
+    from lbtune.cluster.calibrate import calibrate as run
+    from lbtune.errors import ClusterError
+    from lbtune.records.statedir import StatePaths, read_endpoints
+
+    paths = StatePaths(api.find_state_dir(state_dir))
+    ep = read_endpoints(paths)
+    if ep is None or not api.status(paths.root).running:
+        raise ClusterError(f"no cluster is running in {paths.root}; run `lbtune cluster up`")
+    plan = ProbePlan(long_tokens=long_tokens, repeats=repeats)
+    cal = run(ep, replica or (), plan, progress=_progress)
+    if hand_to_scheduler(ep):
+        _progress("the running llm scheduler took the rates (no reload)")
+    else:
+        _progress(
+            f"saved; {ep.balancer} runs no llm scheduler: an apply of algorithm llm uses them"
+        )
+    if as_json:
+        typer.echo(cal.model_dump_json(indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"calibration  ({paths.calibration})")
+    cols = ("replica", "model", "prefill tok/s", "decode step", "+ per request", "overhead", "fit")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("replica", "model") else "right")
+    for r in cal.replicas:
+        table.add_row(
+            r.name,
+            r.model,
+            f"{r.prefill_tokens_per_s:,.0f}",
+            f"{1000 * r.step_s:.2f} ms",
+            f"{1000 * r.step_per_seq_s:.3f} ms",
+            f"{1000 * r.overhead_s:.2f} ms",
+            f"±{100 * r.fit_error:.0f} %",
+        )
+    _console().print(table)

@@ -12,6 +12,7 @@ Layout of a state dir (default ``$LBTUNE_STATE_DIR``, else
     agent.yaml           the feedback agent's settings (when the cluster YAML enables it)
     lkg/                 lbtune.apply's last known good per target
     launch.json          what the balancer was launched with (lbtune.cluster.heal)
+    calibration.json     each replica's measured engine rates (lbtune cluster calibrate)
     <component>.pid      one JSON record per started process (sim, prometheus, the
                          balancer's components, agent, keeper)
     logs/<component>.log
@@ -80,6 +81,11 @@ class StatePaths:
     def launch(self) -> Path:
         """What the balancer was launched with (``lbtune.cluster.heal`` relaunches it)."""
         return self.root / "launch.json"
+
+    @property
+    def calibration(self) -> Path:
+        """Each replica's measured engine rates (:mod:`lbtune.records.calibration`)."""
+        return self.root / "calibration.json"
 
     @property
     def sim_spec(self) -> Path:

@@ -15,7 +15,7 @@ from lbtune.cli import app
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("command", ["up", "down", "status"])
+@pytest.mark.parametrize("command", ["up", "down", "status", "calibrate"])
 def test_every_command_has_help(command: str) -> None:
     result = runner.invoke(app, ["cluster", command, "--help"])
     assert result.exit_code == 0
@@ -33,6 +33,15 @@ def test_down_when_nothing_runs(tmp_path: Path) -> None:
     result = runner.invoke(app, ["cluster", "down", "--state-dir", str(tmp_path)])
     assert result.exit_code == 0
     assert "nothing was running" in result.stdout
+
+
+def test_calibrate_when_nothing_runs_is_one_line(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "lbtune", "cluster", "calibrate", "--state-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: no cluster is running in {tmp_path}; run `lbtune cluster up`"
+    )
 
 
 def test_a_config_error_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -110,6 +110,20 @@ def test_status_json_parses(cluster: Endpoints) -> None:
     assert all(r["running"] == 0 and r["healthy"] for r in data["replicas"])
 
 
+def test_calibrate_measures_a_replica_and_says_where_the_rates_go(cluster: Endpoints) -> None:
+    args = ["cluster", "calibrate", "--state-dir", cluster.state_dir, "--replica", "l4-0"]
+    result = CliRunner().invoke(app, [*args, "--repeats", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    (l4,) = doc["replicas"]
+    assert l4["name"] == "l4-0" and l4["model"] == M8 and l4["prefill_tokens_per_s"] > 0
+    assert doc["time_scale"] == cluster.time_scale
+    assert "runs no llm scheduler" in result.stderr  # mini2 balances round robin
+    assert (Path(cluster.state_dir) / "calibration.json").exists()
+    table = CliRunner().invoke(app, [*args, "--repeats", "1"])
+    assert table.exit_code == 0 and "prefill tok/s" in table.stdout and "l4-0" in table.stdout
+
+
 def test_up_again_is_idempotent_and_a_different_config_is_refused(cluster: Endpoints) -> None:
     before = started_pids(Path(cluster.state_dir))
     assert api.up(mini_config(), cluster.state_dir) == cluster

@@ -86,6 +86,53 @@ def vllm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[End
         api.down(state)
 
 
+def _worker_starts(state: Path) -> int:
+    """HAProxy's worker starts so far (a reload forks a new one): its log's lines."""
+    return (state / "logs" / "haproxy.log").read_text(errors="replace").count("New worker")
+
+
+@pytest.mark.integration
+@pytest.mark.vllm
+def test_calibrated_rates_reach_the_llm_scheduler_of_the_vllm_cluster(
+    vllm_cluster: tuple[Endpoints, Path],
+) -> None:
+    """A vLLM replica has no GPU profile: before calibration `mode: predict` has no rates
+    for it (it reads them from its metrics); after, the running HAProxy's map holds the
+    measured ones at once (no reload), and an apply keeps them (its map file has them too).
+    tests/conformance/test_calibrate.py checks that they predict."""
+    from lbtune.apply import apply_params
+    from lbtune.cluster.calibrate import ProbePlan, calibrate, hand_to_scheduler
+    from lbtune.records.calibration import read_calibration
+    from lbtune.targets.base import pool_names
+    from lbtune.targets.haproxy import llm
+    from lbtune.targets.haproxy.target import HaproxyTarget
+
+    ep, state = vllm_cluster
+    target = HaproxyTarget(ep)
+    params = {"algorithm": "llm", "llm.mode": "predict"}
+    apply_params(target, params, via="direct")
+    files = llm.LlmFiles.in_dir(ep.state_dir)
+    key = f"tps.{pool_names(ep.models)[MODEL]}.vllm-0"
+    assert key not in llm.read_live(target.runtime, files)
+    cal = calibrate(ep, plan=ProbePlan(batch=2, repeats=2))
+    assert read_calibration(state) == cal
+    (rates,) = cal.replicas
+    want = {
+        key: f"{rates.prefill_tokens_per_s:.6g}",
+        key.replace("tps.", "step."): f"{rates.step_s:.6g}",
+    }
+    reloads = _worker_starts(state)
+    assert hand_to_scheduler(ep)
+    live = llm.read_live(target.runtime, files)
+    assert {k: live.get(k) for k in want} == want
+    assert _worker_starts(state) == reloads
+    assert all(f"{k} {v}" in files.map.read_text() for k, v in want.items())
+    apply_params(target, {**params, "llm.w_decode": 0.5}, via="direct")
+    assert {k: llm.read_live(target.runtime, files).get(k) for k in want} == want
+    apply_params(target, {"algorithm": "roundrobin"}, via="direct")
+    assert not hand_to_scheduler(ep)  # no llm scheduler: the rates wait in calibration.json
+
+
 @pytest.mark.integration
 @pytest.mark.vllm
 def test_cluster_up_serves_through_haproxy_and_down_stops_vllm(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lbtune.errors import ApplyError
+from lbtune.records.calibration import read_calibration
 from lbtune.sim.costmodel import engine_rates
 from lbtune.sim.profiles import GPU_PROFILES, MODEL_PROFILES
 from lbtune.targets.base import ParamValue, pool_names
@@ -131,23 +132,32 @@ def rate_facts(site: Site) -> dict[str, str]:
     ``long_b``), in GPU seconds: ``tps.b.s`` prompt tokens prefilled a second, ``step.b.s``
     a lone decode step, ``stepk.b.s`` what each further running request adds to it,
     ``ovh.s`` the per-request front-end time; from the simulator's cost model where the
-    GPU and model profiles are known (:func:`lbtune.sim.costmodel.engine_rates`)."""
+    GPU and model profiles are known (:func:`lbtune.sim.costmodel.engine_rates`), else as
+    ``lbtune cluster calibrate`` measured them (``calibration.json`` in the state dir)."""
     out: dict[str, str] = {}
     backends = pool_names(site.models)
+    calibration = read_calibration(site.state_dir)
+    measured = calibration.by_name() if calibration else {}
     for r in site.replicas:
         gpu = GPU_PROFILES.get(r.gpu or "")
-        if gpu is None:
-            continue
-        out[f"ovh.{r.name}"] = repr(gpu.request_overhead_s)
+        if gpu is not None:
+            out[f"ovh.{r.name}"] = repr(gpu.request_overhead_s)
         for model in r.models:
             profile = MODEL_PROFILES.get(model)
-            if profile is None:
+            if gpu is not None and profile is not None:
+                rates = engine_rates(gpu, profile)
+                tps, step, stepk = rates.prefill_tokens_per_s, rates.step_s, rates.step_per_seq_s
+            elif calibration is not None and (m := measured.get(r.name)) and m.model == model:
+                scale = calibration.time_scale  # measured in wall seconds = GPU s / scale
+                out.setdefault(f"ovh.{r.name}", f"{m.overhead_s * scale:.6g}")
+                tps, step = m.prefill_tokens_per_s / scale, m.step_s * scale
+                stepk = m.step_per_seq_s * scale
+            else:
                 continue
-            rates = engine_rates(gpu, profile)
             for be in (backends[model], "long_" + backends[model]):
-                out[f"tps.{be}.{r.name}"] = f"{rates.prefill_tokens_per_s:.6g}"
-                out[f"step.{be}.{r.name}"] = f"{rates.step_s:.6g}"
-                out[f"stepk.{be}.{r.name}"] = f"{rates.step_per_seq_s:.6g}"
+                out[f"tps.{be}.{r.name}"] = f"{tps:.6g}"
+                out[f"step.{be}.{r.name}"] = f"{step:.6g}"
+                out[f"stepk.{be}.{r.name}"] = f"{stepk:.6g}"
     return out
 
 
@@ -175,9 +185,19 @@ def write_files(files: LlmFiles, text: str) -> None:
         os.replace(tmp, path)
 
 
-def set_live(runtime: HaproxyRuntime, files: LlmFiles, params: Mapping[str, ParamValue]) -> None:
-    """``set map`` every ``llm.*`` knob in the running worker."""
-    cmds = [f"set map {files.map} {k} {v}" for k, v in knob_values(params).items()]
+def set_live(
+    runtime: HaproxyRuntime, files: LlmFiles, site: Site, params: Mapping[str, ParamValue]
+) -> None:
+    """Make the running worker's map hold every ``llm.*`` knob of ``params`` and the
+    site's engine rates (:func:`rate_facts`: a calibration since the last reload adds
+    some): ``set map`` where it differs, ``add map`` where it has none."""
+    want = {**knob_values(params), **rate_facts(site)}
+    live = read_live(runtime, files)
+    cmds = [
+        f"{'set' if k in live else 'add'} map {files.map} {k} {v}"
+        for k, v in want.items()
+        if live.get(k) != v
+    ]
     if not cmds:
         return
     replies = runtime.execute(cmds)

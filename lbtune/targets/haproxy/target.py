@@ -201,13 +201,25 @@ class HaproxyTarget(TargetBase):
             self._reload_with(text)
         self._set_runtime(desired, text)
         if llm_files is not None:
-            llm.set_live(self.runtime, llm_files, desired)  # the scheduler's knobs, no reload
+            # the scheduler's knobs and rates, no reload
+            llm.set_live(self.runtime, llm_files, self.site, desired)
         if not plan.reload:
             _write_atomic(self.cfg_path, text)  # weights/maxconn only: no reload needed
         if agent_doc is not None:
             self._write_agent(agent_doc)
         self._write_record(desired, text)
         return plan.done(self.verify(desired, text))
+
+    def take_rates(self) -> bool:
+        """Under ``algorithm: llm``, give the running scheduler the engine rates the state
+        dir now holds (after ``lbtune cluster calibrate``): its map file and its worker's
+        map, no reload. ``False`` when the balancer runs another algorithm."""
+        live = self.read_live()
+        files = llm.prepare(self.site, live, config.long_context_servers(self.site))
+        if files is None:
+            return False
+        llm.set_live(self.runtime, files, self.site, live)
+        return True
 
     def verify(self, desired: ParamSet, text: str) -> ParamSet:
         """Read back (:meth:`read_back`), also each server's weight in every backend it

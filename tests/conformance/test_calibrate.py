@@ -1,0 +1,56 @@
+"""``lbtune cluster calibrate`` on a replica lbtune did not build (the real vLLM CPU server)
+and on the simulator, the same check: the measured rates predict the TTFT of prompts the
+calibration never sent.
+
+The prediction is the ``llm`` scheduler's model of a lone request, ``overhead +
+sqrt(step² + (prompt tokens / prefill rate)²)``; the check compares it with the least of
+four fresh one-token requests at two prompt lengths (one between the probes, one past the
+longest). The bound is a factor of two each way: this machine's two cores are shared with
+the rest of the suite, and the least of four is what a busy host leaves of a replica's
+own time. Default rates (4000 prompt tokens/s, a 30 ms step) miss vLLM's by 5-10×."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+
+from lbtune.cluster.calibrate import ProbePlan, measure_replica
+from lbtune.records.calibration import ReplicaRates
+from lbtune.records.endpoints import ReplicaEndpoint
+from lbtune.scenario import prompts
+from tests.conformance.conftest import VLLM_MAX_NUM_SEQS, Server
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+
+def _predicted(r: ReplicaRates, prompt_tokens: int) -> float:
+    return r.overhead_s + math.sqrt(r.step_s**2 + (prompt_tokens / r.prefill_tokens_per_s) ** 2)
+
+
+def _least_ttft(server: Server, tokens: int, key: int) -> tuple[int, float]:
+    """``(prompt tokens as the server counted them, least time of four)`` of one-token
+    completions on fresh text (a new key each: nothing from the prefix cache)."""
+    best, counted = math.inf, 0
+    for i in range(4):
+        prompt = prompts.synth(7, (key, i), tokens)
+        t0 = time.perf_counter()
+        resp = server.complete(prompt, max_tokens=1)
+        took = time.perf_counter() - t0
+        assert resp.status_code == 200, resp.text
+        counted = json.loads(resp.text)["usage"]["prompt_tokens"]
+        best = min(best, took)
+    return counted, best
+
+
+def test_calibrated_rates_predict_prompts_it_never_sent(server: Server) -> None:
+    rep = ReplicaEndpoint(name=server.kind, url=server.url, models=[server.model])
+    rates = measure_replica(rep, ProbePlan(batch=VLLM_MAX_NUM_SEQS))
+    assert rates.model == server.model and rates.probes >= 23
+    assert rates.fit_error < 0.5, rates
+    for key, tokens in ((1, 150), (2, 2500)):
+        counted, took = _least_ttft(server, tokens, key)
+        ratio = took / _predicted(rates, counted)
+        assert 0.5 <= ratio <= 2.0, (counted, took, rates)
