@@ -64,12 +64,13 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class ProbePlan:
-    """How much a calibration sends to each replica (with the defaults: 23 requests or a
-    few more while the long prompt doubles)."""
+    """How much a calibration sends to each replica (with the defaults: 25 requests, three
+    more each time the long prompt doubles)."""
 
     short_tokens: int = 16
     long_tokens: int = 512
-    """Capped at a quarter of the replica's context length where ``/v1/models`` says it."""
+    """Where ``/v1/models`` gives the context length: doubled while too short to measure,
+    capped at a third of it."""
     decode_tokens: int = 24
     batch: int = 4
     repeats: int = 3
@@ -110,6 +111,7 @@ class _Prober:
         try:
             jobs = [gevent.spawn(c.send, s) for c, s in zip(clients, specs, strict=True)]
             gevent.joinall(jobs, timeout=self.plan.timeout_s + 5)
+            gevent.killall([j for j in jobs if not j.ready()], block=True, timeout=5)
         finally:
             for c in clients:
                 c.close()
