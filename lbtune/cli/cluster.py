@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from lbtune.cli.options import JsonOpt, StateDirOpt
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -203,7 +205,7 @@ def status(
 
 @app.command()
 def calibrate(
-    state_dir: StateDirOption = None,
+    state_dir: StateDirOpt = None,
     replica: Annotated[
         list[str] | None,
         typer.Option(
@@ -221,9 +223,7 @@ def calibrate(
     repeats: Annotated[
         int, typer.Option("--repeats", min=1, max=20, help="Requests per measured point.")
     ] = 3,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print calibration.json's content to stdout only.")
-    ] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Measure each replica's engine rates (prefill tokens/s, decode step, its growth per
     running request, per-request overhead) with a few requests sent straight to it, one
