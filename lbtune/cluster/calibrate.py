@@ -17,10 +17,10 @@ probe, so nothing is served from the prefix cache), each measured point the leas
 3. the **per-request slope**: ``batch`` such requests at once, the same step at that
    batch: ``(step_batch − step) / (batch − 1)``;
 4. the **prefill rate and overhead**: one-token requests of a short, a middle and a long
-   prompt (the long one doubled, up to a third of the context, until its TTFT stands out
-   of the short one's), their TTFTs fitted to the scheduler's own model of a lone
-   request, ``overhead + sqrt(step² + (prompt_tokens / rate)²)`` (least squares over the
-   rate, the overhead their mean residual). A one-token answer's time is its TTFT.
+   prompt (the long one doubled, up to a third of the context, until its TTFT is
+   ``long_over_short`` times the short one's), their TTFTs fitted to the scheduler's own
+   model of a lone request, ``overhead + sqrt(step² + (prompt_tokens / rate)²)`` (least
+   squares over the rate, the overhead their mean residual). A one-token answer's time is its TTFT.
 
 Replicas are measured one after another, ``settle_s`` apart: a CPU vLLM's engine keeps
 polling for about a second after its last request, and on shared cores (the ``vllm-cpu``
@@ -77,6 +77,10 @@ class ProbePlan:
     timeout_s: float = 60.0
     """Per request: a replica that does not finish one in this time is not calibrated."""
     seed: int = 0
+    long_over_short: float = 8.0
+    """The long prompt doubles until its TTFT is this many times the short one's. At
+    1.5× a CPU vLLM stopped at 512 tokens, ~10 ms of prefill, and three calibrations in a
+    row fitted 25k, 61k and 65k tokens/s: a few ms of scheduling noise was most of it."""
     settle_s: float = 2.0
     """Idle time before each replica after the first."""
 
@@ -267,8 +271,8 @@ def _prefill(
 ) -> tuple[float, float, float]:
     """The prefill rate, the overhead and the fit's error from one-token requests of a
     short, a middle and a long prompt (the least TTFT of each). The long prompt doubles
-    (up to ``cap``) while its TTFT is not half again the short one's: a fast engine on a
-    short prompt measures only the noise."""
+    (up to ``cap``) while its TTFT is under ``long_over_short`` times the short one's: a
+    fast engine on a short prompt measures only the noise."""
 
     def least(n: int) -> _Probe:
         return min((p.send(n, 1, stream=False)[0] for _ in range(plan.repeats)), key=_ttft)
@@ -276,7 +280,7 @@ def _prefill(
     short = least(plan.short_tokens)
     n = min(plan.long_tokens, cap)
     long = least(n)
-    while long.ttft_s < 1.5 * short.ttft_s and 2 * n <= cap:
+    while long.ttft_s < plan.long_over_short * short.ttft_s and 2 * n <= cap:
         n *= 2
         long = least(n)
     mid = least((plan.short_tokens + n) // 2)

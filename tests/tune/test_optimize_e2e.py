@@ -193,7 +193,7 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
     # three workers with a busy loop on one core: 6.4 ms), and a TTFT figure is trusted
     # only while that is within 5 % of it, so the confirmation runs stay trusted.
     scenario.write_text(
-        SCENARIO.replace("users: 12", "users: 8").replace(
+        SCENARIO.replace("users: 12", "users: 4").replace(
             "prompt_tokens: {type: lognormal, median: 150, sigma: 0.8, min: 8, max: 2048}",
             "prompt_tokens: {type: lognormal, median: 1500, sigma: 0.5, min: 256, max: 4096}",
         )
