@@ -146,6 +146,16 @@ class ObjectiveSpec:
         return 0.99 if self.attainment is None else self.attainment
 
     @property
+    def reads_ttft(self) -> bool:
+        """Whether a trial's score depends on its TTFTs: a composite with a TTFT weight,
+        the Pareto front (P99 TTFT is one of its axes), capacity with a TTFT bound."""
+        if self.kind == "composite":
+            return self.weights.get("ttft", 0.0) > 0
+        if self.kind == "capacity":
+            return self.slo is not None and self.slo.ttft_s is not None
+        return True
+
+    @property
     def single(self) -> bool:
         """One value per trial (composite or capacity), not a Pareto front."""
         return self.kind != "pareto"

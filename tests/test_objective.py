@@ -26,6 +26,7 @@ from lbtune.objective import (
     values,
 )
 from lbtune.records.jsonform import json_data
+from lbtune.records.slo import Slo
 
 
 def test_composite_default_weights_and_refs() -> None:
@@ -58,6 +59,14 @@ def test_weights_and_slo_overrides() -> None:
         parse_weights("e2e=0,ttft=0,decay=0")
     with pytest.raises(ConfigError, match=r"objective 'best'\. Available: composite, pareto"):
         make_spec("best")
+
+
+def test_a_spec_says_whether_its_score_reads_ttfts() -> None:
+    """What decides whether a trial whose TTFT timing bound is too wide is trusted."""
+    assert make_spec().reads_ttft and make_spec("pareto").reads_ttft
+    assert not make_spec(weights="e2e=1,ttft=0,decay=0").reads_ttft
+    assert ObjectiveSpec(kind="capacity", slo=Slo(ttft_s=1.0)).reads_ttft
+    assert not ObjectiveSpec(kind="capacity", slo=Slo(e2e_s=60.0)).reads_ttft
 
 
 def test_error_rate_constraint() -> None:

@@ -59,6 +59,7 @@ __all__ = [
     "WorkerHealth",
     "assess",
     "health_json",
+    "load_reasons",
     "percentile",
     "timing_bound",
 ]
@@ -142,18 +143,7 @@ def assess(
     idle_share: float | None = None,
 ) -> tuple[bool, list[str]]:
     """(degraded, reasons) by the rules of this module's docstring."""
-    reasons: list[str] = []
-    lp = percentile(lateness, 99)
-    if lp is not None and lp > LATENESS_P99_LIMIT_S:
-        reasons.append(
-            f"open-loop sends late: lateness P99 {lp * 1e3:.1f} ms"
-            f" > {LATENESS_P99_LIMIT_S * 1e3:g} ms"
-        )
-    if idle_share is not None and idle_share > IDLE_SHARE_LIMIT:
-        reasons.append(
-            f"closed-loop users starved: idle {idle_share:.1%} of their time"
-            f" > {IDLE_SHARE_LIMIT:.0%} (offered concurrency that much lower)"
-        )
+    reasons = load_reasons(percentile(lateness, 99), idle_share)
     if bound is not None:
         for name, fig, b in (
             ("P50", bound.ttft_p50_s, bound.bound_p50_s),
@@ -169,6 +159,27 @@ def assess(
                     f" ({BOUND_SHARE_LIMIT:.0%}, at least {BOUND_FLOOR_S * 1e3:g} ms)"
                 )
     return bool(reasons), reasons
+
+
+def load_reasons(
+    lateness_p99_s: float | None, idle_share: float | None, cap_hits: int = 0
+) -> list[str]:
+    """The reasons the load itself was not what was asked (late sends, starved users,
+    the in-flight cap), as against the TTFT timing bound: every figure depends on them."""
+    reasons: list[str] = []
+    if lateness_p99_s is not None and lateness_p99_s > LATENESS_P99_LIMIT_S:
+        reasons.append(
+            f"open-loop sends late: lateness P99 {lateness_p99_s * 1e3:.1f} ms"
+            f" > {LATENESS_P99_LIMIT_S * 1e3:g} ms"
+        )
+    if idle_share is not None and idle_share > IDLE_SHARE_LIMIT:
+        reasons.append(
+            f"closed-loop users starved: idle {idle_share:.1%} of their time"
+            f" > {IDLE_SHARE_LIMIT:.0%} (offered concurrency that much lower)"
+        )
+    if cap_hits:
+        reasons.append(f"max in-flight cap hit {cap_hits} times (open-loop sends delayed)")
+    return reasons
 
 
 def _none_is_empty(value: object) -> object:
@@ -215,6 +226,11 @@ class WorkerHealth:
     """Closed loop: Σ idle / Σ (idle + e2e) over users' consecutive requests."""
     idle_max_s: float | None = None
 
+    @property
+    def load_reasons(self) -> tuple[str, ...]:
+        """:attr:`reasons` less the TTFT timing bound's (:func:`load_reasons`)."""
+        return tuple(load_reasons(self.lateness_p99_s, self.idle_share, self.in_flight_cap_hits))
+
 
 WORKER_HEALTH: TypeAdapter[WorkerHealth] = TypeAdapter(WorkerHealth)
 """A worker's health to and from its report (``dump_python(mode="json")`` keeps NaN, as
@@ -247,6 +263,12 @@ class GeneratorHealth:
     @property
     def reasons(self) -> tuple[str, ...]:
         return tuple(f"{w.worker}: {r}" for w in self.workers for r in w.reasons)
+
+    @property
+    def load_reasons(self) -> tuple[str, ...]:
+        """:attr:`reasons` less the TTFT timing bound's: what makes every figure of the run
+        untrusted, not only its TTFTs."""
+        return tuple(f"{w.worker}: {r}" for w in self.workers for r in w.load_reasons)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -310,7 +332,7 @@ def summarize(
     if late and any(r.startswith("TTFT") for r in reasons):
         reasons.append(_busy_hint(bound.inexact_share, lag_p99))
     if cap_hits:
-        reasons.append(f"max in-flight cap hit {cap_hits} times (open-loop sends delayed)")
+        reasons += load_reasons(None, None, cap_hits)
         degraded = True
     kinds = set(timings)
     return WorkerHealth(

@@ -31,6 +31,7 @@ from lbtune.apply.lease import hold
 from lbtune.cluster import api
 from lbtune.errors import ConfigError
 from lbtune.loadgen.collect import Progress
+from lbtune.loadgen.health import GeneratorHealth
 from lbtune.loadgen.recordio import read_records
 from lbtune.metrics.censor import censored_samples
 from lbtune.objective import Figures, ObjectiveSpec, figures_from_summary
@@ -256,6 +257,15 @@ def _timing(res: StressResult, called: float, returned: float) -> dict[str, floa
     }
 
 
+def _untrusted(health: GeneratorHealth, spec: ObjectiveSpec | None) -> tuple[str, ...]:
+    """Why the generator's figures are not trusted for this study: every reason where its
+    score reads TTFTs, else only the load's (a TTFT bound too wide for 15-ms TTFTs says
+    nothing about an end-to-end score). The run's own health still says it all."""
+    if spec is None or spec.reads_ttft:
+        return health.reasons if health.degraded else ()
+    return health.load_reasons
+
+
 def _measurement(
     res: StressResult, stopped: bool, seconds: float, spec: ObjectiveSpec | None = None
 ) -> Measurement:
@@ -289,7 +299,7 @@ def _measurement(
     return Measurement(
         figures=figures,
         samples=samples,
-        degraded=tuple(summary.generator.reasons) if summary.generator.degraded else (),
+        degraded=_untrusted(res.load.health, spec),
         stopped=stopped,
         seconds=seconds,
         plan=res.plan,

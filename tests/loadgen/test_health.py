@@ -111,6 +111,23 @@ def test_loop_timed_stamps_are_bounded_by_the_loop_lag() -> None:
     assert not w.degraded  # 1 ms of 100 ms
 
 
+def test_load_reasons_leave_out_the_ttft_bound() -> None:
+    """A worker degraded only by its TTFT bound has no load reason; starved users and
+    cap hits are load reasons, each with the text :attr:`reasons` gives them."""
+    ttfts = [(0.015, 0.0)] * 90 + [(0.03, 0.012)] * 10
+    late = summarize("w0", [], [0.04] * 100, [], 0, ttfts=ttfts, timings=["kernel"])
+    assert late.degraded and late.load_reasons == ()
+    starved = summarize(
+        "w1", [], [], [], cap_hits=2, ttfts=ttfts, timings=["kernel"], idle=[(1.0, 4.0)]
+    )
+    assert starved.load_reasons == tuple(
+        r for r in starved.reasons if not r.startswith("TTFT") and "read late" not in r
+    )
+    assert len(starved.load_reasons) == 2 and "starved" in starved.load_reasons[0]
+    g = GeneratorHealth((late, starved))
+    assert g.load_reasons == tuple(f"w1: {r}" for r in starved.load_reasons)
+
+
 def test_small_bounds_below_the_floor_do_not_degrade() -> None:
     """A 0.5 ms bound on a 5 ms TTFT is 10 % but under the 1 ms floor."""
     b = timing_bound([0.005] * 100, [0.0005] * 100)

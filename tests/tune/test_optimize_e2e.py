@@ -188,12 +188,13 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
     from lbtune.tune.options import OptimizeOptions
 
     scenario = tmp_path / "quick.yaml"
-    # Fewer users than the kill/resume test, and long prompts (TTFTs of hundreds of ms,
-    # not tens): the generator's timing bound is a few ms on a busy machine (the suite on
-    # three workers with a busy loop on one core: 6.4 ms), and a TTFT figure is trusted
-    # only while that is within 5 % of it, so the confirmation runs stay trusted.
+    # Fewer users than the kill/resume test, and long prompts (the slowed L4 far behind).
+    # The score reads only P99 E2E: the better configs' TTFTs are ~15 ms, which a busy
+    # machine's generator (a bound of 5-7 ms with the suite's other workers) cannot time
+    # to 5 %; twice in CI every trial but the live config's (~300 ms TTFTs) went untrusted
+    # by that bound, and nothing was confirmed. An E2E score does not read TTFTs.
     scenario.write_text(
-        SCENARIO.replace("users: 12", "users: 4").replace(
+        SCENARIO.replace("users: 12", "users: 8").replace(
             "prompt_tokens: {type: lognormal, median: 150, sigma: 0.8, min: 8, max: 2048}",
             "prompt_tokens: {type: lognormal, median: 1500, sigma: 0.5, min: 256, max: 4096}",
         )
