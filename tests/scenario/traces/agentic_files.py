@@ -156,7 +156,8 @@ def copilot_session(i: int, session: Session) -> dict[str, Any]:
     turns: list[dict[str, Any]] = []
     prev_end, prev_turn = _start(session), None
     for c in session["calls"]:
-        gap_ms = (c["start"] - prev_end) * 1e3
+        # a call that starts as the last one ends can come out -4e-13 s from the sums
+        gap_ms = max(0.0, (c["start"] - prev_end) * 1e3)
         if c.get("turn", 0) != prev_turn:
             turns.append({"user_delay_ms": gap_ms, "llm_calls": [], "tool_batches": []})
         else:
