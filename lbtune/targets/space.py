@@ -247,6 +247,30 @@ class ParameterSpace:
             return None
         return {**self.baseline(), **named}
 
+    def choice_defaults(self) -> list[ParamSet]:
+        """The baseline with each choice of each categorical knob, the knobs its ``when``
+        names set so that it acts (their first listed value): one config per structural
+        choice with every other knob untuned, no two alike."""
+        out: list[ParamSet] = []
+        for name in self._order:
+            spec = self.params[name]
+            if spec.type != "categorical" or spec.fixed or name in self.idle:
+                continue
+            for choice in spec.choices or ():
+                params = self.baseline()
+                self._make_active(name, params)
+                params[name] = _coerce(spec, choice)
+                if self.is_active(name, params) and params not in out:
+                    out.append(params)
+        return out
+
+    def _make_active(self, name: str, params: dict[str, ParamValue]) -> None:
+        for ref, wanted in self.params[name].when.items():
+            self._make_active(ref, params)
+            options = wanted if isinstance(wanted, list) else [wanted]
+            if params.get(ref) not in options:
+                params[ref] = _coerce(self.params[ref], options[0])
+
     def is_active(self, name: str, params: Mapping[str, ParamValue]) -> bool:
         """Whether ``name`` acts under ``params`` (baseline where absent): not idle in this
         cluster, and every ``when`` condition holds on a knob that is active itself."""

@@ -120,6 +120,63 @@ def test_spearman() -> None:
     assert spearman([1], [1]) is None
 
 
+class _AskedBench:
+    """Stands in for the twin: this test is about which configs the screen asks for, not
+    what the twin makes of them (every config scores 1.0)."""
+
+    workers = 1
+
+    def __init__(self, asked: list[ParamSet]) -> None:
+        self.asked = asked
+
+    def __enter__(self) -> _AskedBench:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def run(self, configs: list[ParamSet]) -> list[Predicted]:
+        self.asked += configs
+        fig = Figures(1.0, 0.1, requests_per_s=5.0, completed=100)
+        return [Predicted(dict(p), fig, 1.0) for p in configs]
+
+
+class _AskedScreener(Screener):
+    def __init__(self, spec: object) -> None:
+        super().__init__(None, None, spec)  # type: ignore[arg-type]
+        self.asked: list[ParamSet] = []
+
+    def bench(self, plan: object = None) -> VirtualBench:
+        return _AskedBench(self.asked)  # type: ignore[return-value]
+
+    def twin_params(self, params: ParamSet) -> ParamSet:
+        return params
+
+
+def test_the_screen_starts_with_every_structural_choice_at_its_defaults() -> None:
+    """Each algorithm and each mode of the llm scheduler at its defaults comes first (TPE
+    alone left llm's predict mode unseen in a 100-config screen); a screen too small for
+    them is Optuna's alone."""
+    space, so = _space(), _trials(2.0)
+    defaults = space.choice_defaults()
+    shown = {(p["algorithm"], p["llm.mode"], p["llm.picker"], p["llm.admission"]) for p in defaults}
+    assert {a for a, *_ in shown} == {"roundrobin", "leastconn", "random", "hash", "llm"}
+    assert ("llm", "predict", "max", "route") in shown and len(shown) == len(defaults) == 9
+    for p in defaults:  # untuned but for the choice and what makes it act
+        assert {k for k, v in p.items() if v != space.baseline()[k]} <= {
+            "algorithm",
+            "llm.mode",
+            "llm.picker",
+            "llm.admission",
+        }
+    sc = _AskedScreener(_spec(so))
+    ranked = screen_mod._search(sc, space, 4 * len(defaults), seed=3)
+    assert sc.asked[: len(defaults)] == defaults and len(ranked) == 4 * len(defaults)
+    small = _AskedScreener(_spec(so))
+    screen_mod._search(small, space, 4 * len(defaults) - 1, seed=3)
+    assert small.asked[: len(defaults)] != defaults
+
+
 def test_screening_is_deterministic_and_off_without_a_twin(tmp_path: Path) -> None:
     # Four configs of 2 s trials (8 virtual s each): determinism needs no more, and each
     # virtual second of chat on mini2 costs CPU the rest of the suite shares.
