@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import numpy as np
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -99,6 +101,7 @@ ITL_BUCKETS = (
     2.0,
     5.0,
 )
+_ITL_EDGES = np.asarray(ITL_BUCKETS)
 E2E_BUCKETS = (
     0.05,
     0.1,
@@ -166,11 +169,12 @@ class MetricsRegistry(Collector):
             ttft = r.ttft
             if ttft is not None:
                 self._get("ttft", key, TTFT_BUCKETS).observe(ttft)
-            c = r.chunk_times
-            if len(c) > 1:
-                h = self._get("itl", key, ITL_BUCKETS)
-                for i in range(1, len(c)):
-                    h.observe(c[i] - c[i - 1])
+            if len(r.chunk_times) > 1:  # vectorised: 127 gaps a request, hundreds a second
+                gaps = np.diff(np.asarray(r.chunk_times))
+                slots = np.searchsorted(_ITL_EDGES, gaps)  # side "left": bisect_left's slot
+                self._get("itl", key, ITL_BUCKETS).add(
+                    np.bincount(slots, minlength=len(ITL_BUCKETS) + 1).tolist(), float(gaps.sum())
+                )
 
     def _get(self, name: str, key: tuple[str, str], bounds: Sequence[float]) -> Histogram:
         h = self._hist[name].get(key)

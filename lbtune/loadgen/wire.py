@@ -19,6 +19,7 @@ A JSON string value cannot contain an unescaped ``"``, so the pattern
 from __future__ import annotations
 
 import json
+from itertools import repeat
 
 __all__ = [
     "ChunkedDecoder",
@@ -109,6 +110,34 @@ def _chunk_size(line: bytes) -> int:
         raise ProtocolError(f"bad chunk size {field[:20]!r}") from e
 
 
+def _whole_chunks(data: bytes) -> tuple[bytes, bool] | None:
+    """(payload, done) of ``data`` when it is whole chunks, each size line bare hex and no
+    payload holding a CRLF (a streamed response read chunk-aligned: the usual read);
+    None otherwise (the caller decodes it byte by byte).
+
+    Split on CRLF, such data alternates size lines and payloads and ends with an empty
+    piece; it is taken only when every payload's length is its size line's value, which
+    is exactly when decoding it chunk by chunk gives the same bytes. A zero size is the
+    last chunk: taken only as the data's end (trailers go the long way).
+    """
+    parts = data.split(b"\r\n")
+    if not len(parts) & 1 or parts[-1]:
+        return None
+    sizes = parts[0:-1:2]
+    payloads = parts[1::2]
+    lens = list(map(len, payloads))
+    try:
+        if lens != list(map(int, sizes, repeat(16))):
+            return None
+    except ValueError:  # an extension (``;``) or not hex: the long way says which
+        return None
+    if 0 not in lens:
+        return (payloads[0] if len(payloads) == 1 else b"".join(payloads)), False
+    if lens.index(0) != len(lens) - 1:
+        return None  # bytes after the last chunk
+    return b"".join(payloads[:-1]), True  # "0\r\n\r\n": the last chunk, no trailers
+
+
 class ChunkedDecoder:
     """Incremental ``Transfer-Encoding: chunked`` decoder.
 
@@ -126,6 +155,11 @@ class ChunkedDecoder:
     def feed(self, data: bytes) -> bytes:
         if self.done:  # trailers, or bytes after the body: not payload
             return b""
+        if not self._buf and not self._need:
+            whole = _whole_chunks(data)
+            if whole is not None:
+                payload, self.done = whole
+                return payload
         buf = self._buf + data if self._buf else data
         self._buf = b""
         out: list[bytes] = []
@@ -197,28 +231,30 @@ class SseScanner:
 
     def feed(self, payload: bytes) -> int:
         data = self._carry + payload if self._carry else payload
-        cut = data.rfind(b"\n\n")
-        if cut < 0:
-            # Tolerate CRLF-delimited events as well.
-            cut = data.rfind(b"\r\n\r\n")
+        if data.endswith(b"\n\n"):  # whole events: the usual read
+            region = data
+            self._carry = b""
+        else:
+            cut = data.rfind(b"\n\n")
             if cut < 0:
-                self._carry = data
-                return 0
-        cut += 2
-        region = data[:cut]
-        self._carry = data[cut:]
-        n = (
-            region.count(b'"content":"')
-            - region.count(b'"content":""')
-            + region.count(b'"text":"')
-            - region.count(b'"text":""')
-        )
+                # Tolerate CRLF-delimited events as well.
+                cut = data.rfind(b"\r\n\r\n")
+                if cut < 0:
+                    self._carry = data
+                    return 0
+            cut += 2
+            region = data[:cut]
+            self._carry = data[cut:]
+        count = region.count
+        n = count(b'"content":"') + count(b'"text":"')
+        if b':""' in region:  # empty deltas (the role chunk) are not content
+            n -= count(b'"content":""') + count(b'"text":""')
         if b'": "' in region:  # Python's default separators (rare on the wire)
             n += (
-                region.count(b'"content": "')
-                - region.count(b'"content": ""')
-                + region.count(b'"text": "')
-                - region.count(b'"text": ""')
+                count(b'"content": "')
+                - count(b'"content": ""')
+                + count(b'"text": "')
+                - count(b'"text": ""')
             )
         if _USAGE in region:
             self._parse_usage(region)

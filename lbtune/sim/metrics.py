@@ -159,6 +159,14 @@ class Histogram:
         self.sum += value * n
         self.count += n
 
+    def add(self, counts: Sequence[int], total: float) -> None:
+        """Record observations bucketed already: ``counts[i]`` of them in slot ``i`` (where
+        :meth:`observe` puts a value: the first bound ``>=`` it, the last slot above all),
+        their values summing to ``total``."""
+        self.counts = [a + b for a, b in zip(self.counts, counts, strict=True)]
+        self.sum += total
+        self.count += sum(counts)
+
 
 class EngineView(Protocol):
     """What the exporter reads from the engine (:class:`lbtune.sim.engine.Engine`)."""

@@ -61,3 +61,31 @@ def test_served_over_http() -> None:
             assert "lbtune_requests_total" in resp.read().decode()
     finally:
         srv.close()
+
+
+def test_itl_histogram_is_each_gap_observed() -> None:
+    """The registry buckets a record's gaps in one go; each bucket must hold what observing
+    every gap on its own gives (a gap right on a bound belongs to that bound: ``le``)."""
+    import dataclasses
+    import random
+
+    from lbtune.loadgen.exporter import ITL_BUCKETS
+    from lbtune.sim.metrics import Histogram
+
+    rnd = random.Random(3)
+    gaps = [0.5, 0.75, 1.0, 0.0, *ITL_BUCKETS, 5.0, *(rnd.expovariate(80.0) for _ in range(300))]
+    times = [100.0]
+    for g in gaps:
+        times.append(times[-1] + g)
+    r = dataclasses.replace(rec(0), chunk_times=tuple(times), first_token_at=times[0])
+    reg = MetricsRegistry()
+    reg.observe(r)
+    ref = Histogram(ITL_BUCKETS)
+    for a, b in zip(times, times[1:], strict=False):
+        ref.observe(b - a)
+    m = parse(reg.render())
+    for le, want in ref.buckets():
+        got = at(m, "lbtune_itl_seconds_bucket", replica="h100-0", model="m", le=le)
+        assert got == want, le
+    assert at(m, "lbtune_itl_seconds_count", replica="h100-0", model="m") == len(gaps)
+    assert abs(at(m, "lbtune_itl_seconds_sum", replica="h100-0", model="m") - ref.sum) < 1e-6
