@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from lbtune.cli.options import JsonOpt, OutOpt, ScenarioOpt, SeedOpt, StateDirOpt
+from lbtune.cli.options import (
+    JsonOpt,
+    MaxTwinErrorOpt,
+    OutOpt,
+    ScenarioOpt,
+    SeedOpt,
+    StateDirOpt,
+    TwinProfileOpt,
+)
 
 if TYPE_CHECKING:
     from lbtune.capacity.probes import TwinCase
@@ -18,6 +26,10 @@ if TYPE_CHECKING:
     from lbtune.capacity.search import ProbeResult, Unit
     from lbtune.records.slo import Slo
     from lbtune.run.stress import StressOptions
+    from lbtune.twin.fitted import TwinProfile
+
+    TwinChoice = tuple[bool, str | None, TwinProfile | None]
+    """Whether the twin places the bracket, the cluster it models, a fitted profile."""
 
 __all__ = ["capacity_command", "fraction"]
 
@@ -122,6 +134,8 @@ def capacity_command(
             "by more than 5 %, its whole CI below that.",
         ),
     ] = None,
+    twin_profile: TwinProfileOpt = None,
+    max_twin_error: MaxTwinErrorOpt = 0.25,
     out: OutOpt = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
@@ -181,10 +195,15 @@ def capacity_command(
     opts = CapacityOptions(base, the_slo, out_dir, search, shape=shape)
     check_load(opts)
     use_twin = twin and target is None
+    profile = None
+    if use_twin and twin_profile is not None:  # refused before any load when untrusted
+        from lbtune.twin.fitted import trusted_profile
+
+        profile = trusted_profile(twin_profile, max_twin_error, "search live only: --no-twin")
     if compare is not None:
-        _compare(opts, compare, (use_twin, config), limit, as_json)
+        _compare(opts, compare, (use_twin, config, profile), limit, as_json)
     else:
-        _single(opts, (use_twin, config), (baseline, limit), as_json)
+        _single(opts, (use_twin, config, profile), (baseline, limit), as_json)
 
 
 def _levels(
@@ -238,7 +257,7 @@ def _progress(unit: Unit) -> Callable[[ProbeResult], None]:
 
 def _single(
     opts: CapacityOptions,
-    twin: tuple[bool, str | None],
+    twin: TwinChoice,
     gate_on: tuple[Path | None, float | None],
     as_json: bool,
 ) -> None:
@@ -260,7 +279,7 @@ def _single(
             f"in {unit}; gate against a capacity.json searched {how} --users"
         )
     if twin[0]:
-        opts = replace(opts, twin=_twin_case(opts.stress, twin[1], None))
+        opts = replace(opts, twin=_twin_case(opts.stress, twin, None))
     report = run_capacity(opts, on_probe=_progress(unit), say=_say)
     typer.echo(dumps(report) if as_json else "\n".join(describe(report)))
     if not as_json:
@@ -280,7 +299,7 @@ def _single(
 def _compare(
     opts: CapacityOptions,
     files: tuple[Path, Path],
-    twin: tuple[bool, str | None],
+    twin: TwinChoice,
     limit: float | None,
     as_json: bool,
 ) -> None:
@@ -305,7 +324,7 @@ def _compare(
         label = f"{'AB'[i]}:{path.stem}"
         probes = Probes(opts.stress, opts.shape, unit)
         inner = LiveProbe(probes, opts.slo, opts.out_dir / "AB"[i], _say)
-        case = _twin_case(opts.stress, twin[1], path) if twin[0] else None
+        case = _twin_case(opts.stress, twin, path) if twin[0] else None
         tp = (
             None
             if case is None
@@ -379,14 +398,14 @@ def _slo(base: StressOptions, text: str | None) -> Slo:
     return parse_slo(text, plan_run(base).slo_value(), tpot=True)
 
 
-def _twin_case(base: StressOptions, config: str | None, params: Path | None) -> TwinCase | None:
+def _twin_case(base: StressOptions, twin: TwinChoice, params: Path | None) -> TwinCase | None:
     """The twin of the embedded cluster (:func:`lbtune.capacity.twincase.twin_case`);
     None, said, when it has none."""
     from lbtune.capacity.twincase import twin_case
     from lbtune.errors import ConfigError
 
     try:
-        return twin_case(base.state_dir, config, params)
+        return twin_case(base.state_dir, twin[1], params, twin[2])
     except ConfigError as exc:
         typer.echo(f"note: no twin bracket ({exc})", err=True)
         return None

@@ -19,6 +19,7 @@ from lbtune.cli.options import (
     InventoryOpt,
     JsonOpt,
     JunitOpt,
+    MaxTwinErrorOpt,
     OutOpt,
     ScenarioOpt,
     SeedOpt,
@@ -30,6 +31,7 @@ from lbtune.cli.options import (
     TargetNameOpt,
     TraceFormatOpt,
     TraceOpt,
+    TwinProfileOpt,
     check_outputs,
     scenario_or_trace,
 )
@@ -121,6 +123,8 @@ def optimize_command(
             "(default 100 where the twin models the cluster; 0 = live-only).",
         ),
     ] = None,
+    twin_profile: TwinProfileOpt = None,
+    max_twin_error: MaxTwinErrorOpt = 0.25,
     seed: SeedOpt = None,
     slo: SloOpt = None,
     weights: Annotated[
@@ -195,6 +199,8 @@ def optimize_command(
         screen=screen,
         attainment=share,
         rate=rate,
+        twin_profile=twin_profile,
+        max_twin_error=max_twin_error,
     )
     err = ci_mode.start(ci, junit)
     term = threading.Event()

@@ -191,3 +191,21 @@ def check_outputs(
         check_out_dir(reports, "the reports dir", fresh=False)
     if state_dir is not None:
         check_out_dir(state_dir, "--state-dir", fresh=False, writable=False)
+
+
+TwinProfileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--twin-profile",
+        help="A fitted profile (lbtune twin fit): the twin simulates its replicas from their "
+        "measured rates.",
+    ),
+]
+MaxTwinErrorOpt = Annotated[
+    float,
+    typer.Option(
+        "--max-twin-error",
+        help="Refuse a --twin-profile whose validation missed a figure by more (0.25 = 25 %).",
+        min=0.0,
+    ),
+]

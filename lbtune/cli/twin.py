@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from lbtune.cli.options import JsonOpt, ScenarioOpt, SeedOpt, StateDirOpt
+from lbtune.cli.options import JsonOpt, ScenarioOpt, SeedOpt, StateDirOpt, TwinProfileOpt
 
 if TYPE_CHECKING:
     from lbtune.cluster.twin import TwinCluster
     from lbtune.objective import Figures
     from lbtune.tune.twincheck import CheckResult
+    from lbtune.twin.fitted import Measured, TwinProfile
     from lbtune.twin.result import TwinRun
 
 __all__ = ["app", "overlays"]
@@ -90,6 +91,7 @@ def run_command(
     time_scale: Annotated[
         float | None, typer.Option("--time-scale", help="Override the cluster's time_scale.")
     ] = None,
+    twin_profile: TwinProfileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate one run of SCENARIO against the cluster with a parameter set, in virtual
@@ -104,9 +106,11 @@ def run_command(
     from lbtune.run.plan import plan_run
     from lbtune.run.stress import StressOptions, check_bounds
     from lbtune.tune.virtual import twin_figures
+    from lbtune.twin.fitted import read_profile
     from lbtune.twin.run import simulate
 
-    tc = twin_cluster(config, replicas)
+    profile = read_profile(twin_profile) if twin_profile is not None else None
+    tc = twin_cluster(config, replicas, profile)
     values, notes = twin_params(tc, overlays(tc.balancer, params, set_ or []))
     opts = StressOptions(scenario=scenario, duration_s=duration, users=users, rate=rate, seed=seed)
     check_bounds(opts)
@@ -177,6 +181,7 @@ def check_command(
     seed: SeedOpt = None,
     draw_seed: Annotated[int, typer.Option("--draw-seed", help="Seed of the drawn configs.")] = 0,
     state_dir: StateDirOpt = None,
+    twin_profile: TwinProfileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """How close the twin comes to the running cluster: CONFIGS configs (the live one,
@@ -193,7 +198,10 @@ def check_command(
     from lbtune.tune.twincheck import CheckOptions, check_twin
 
     err = Console(stderr=True)
-    opts = CheckOptions(scenario, configs, duration, seed, draw_seed, state_dir)
+    from lbtune.twin.fitted import read_profile
+
+    profile = read_profile(twin_profile) if twin_profile is not None else None
+    opts = CheckOptions(scenario, configs, duration, seed, draw_seed, state_dir, profile)
     res = check_twin(opts, lambda m: err.print(m, markup=False, highlight=False))
     if as_json:
         typer.echo(json.dumps(_check_json(res), indent=2, allow_nan=False))
@@ -253,4 +261,139 @@ def _check_lines(res: CheckResult) -> list[str]:
     for m, e in res.errors.items():
         lo, hi = res.errors_ci[m]
         lines.append(f"median |error| {m}: {e:.1%} (95 % CI {lo:.1%} … {hi:.1%})")
+    return lines
+
+
+@app.command("fit")
+def fit_command(
+    scenario: ScenarioOpt[str] = "chat",
+    duration: Annotated[
+        float, typer.Option("--duration", "-d", help="Seconds of the live validation run.")
+    ] = 30.0,
+    seed: SeedOpt = None,
+    batch: Annotated[
+        int, typer.Option("--batch", help="Requests at once in the batch decode probes.")
+    ] = 8,
+    runs: Annotated[
+        int, typer.Option("--runs", help="Live validation runs, 1 to 5 (each its own seed).")
+    ] = 2,
+    no_validate: Annotated[
+        bool, typer.Option("--no-validate", help="Fit only: no live validation run.")
+    ] = False,
+    save: Annotated[
+        Path | None,
+        typer.Option(
+            "--save", help="Profile file to write (default: twin-profile.json in the state dir)."
+        ),
+    ] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            "--baseline",
+            help="An earlier profile: name each replica that got slower since, and by how much.",
+        ),
+    ] = None,
+    fail_on_drift: Annotated[
+        str | None,
+        typer.Option(
+            "--fail-on-drift",
+            help="With --baseline: exit 1 when a replica's decode or prefill got slower by "
+            "more than this (e.g. 10%) and beyond the fits' noise.",
+        ),
+    ] = None,
+    state_dir: StateDirOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit the twin to the running cluster's replicas from measurements: per replica,
+    straight at it and one at a time, a calibration twice (decode step, per-request slope,
+    prefill rate, overhead), the decode step at a batch with short and long prompts, and
+    the KV cache's size from its /metrics; then (unless --no-validate) SCENARIO for
+    DURATION s through the balancer, and the fitted twin on the same plan: its error on
+    P99 E2E, P99 TTFT and req/s. Writes the profile (--twin-profile of twin run/check)
+    and calibration.json (the llm scheduler's rates). States its load before it starts.
+
+    Example: lbtune twin fit -s chat -d 30
+    """
+    from rich.console import Console
+
+    from lbtune.cli.capacity import fraction
+    from lbtune.errors import ConfigError
+    from lbtune.tune.twinfit import FitOptions, fit_twin
+    from lbtune.twin.fitted import drift, read_profile
+
+    if fail_on_drift is not None and baseline is None:
+        raise ConfigError("--fail-on-drift needs --baseline PROFILE.json")
+    limit = None if fail_on_drift is None else fraction(fail_on_drift, "--fail-on-drift")
+    before = None if baseline is None else read_profile(baseline)  # before any load
+    err = Console(stderr=True)
+    opts = FitOptions(
+        state_dir=state_dir,
+        out=save,
+        validate=not no_validate,
+        scenario=scenario,
+        duration_s=duration,
+        seed=seed,
+        batch=batch,
+        runs=runs,
+    )
+    profile, path = fit_twin(opts, lambda m: err.print(m, markup=False, highlight=False))
+    moved = [] if before is None else drift(before, profile)
+    if as_json:
+        doc = json.loads(profile.model_dump_json())
+        doc["path"] = str(path)
+        doc["trusted"] = profile.trusted() is None
+        if before is not None:
+            doc["drift"] = [vars(d) | {"slower": d.slower} for d in moved]
+        typer.echo(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        for line in _fit_lines(profile, path):
+            typer.echo(line)
+        for d in moved:
+            typer.echo(
+                f"drift {d.replica}: decode {d.decode:+.0%}, prefill {d.prefill:+.0%}, "
+                f"overhead {d.overhead:+.0%}" + ("" if d.beyond_noise else " (within noise)")
+            )
+    if limit is not None and any(d.beyond_noise and d.slower > limit for d in moved):
+        worst = max(moved, key=lambda d: d.slower)
+        err.print(
+            f"drift: {worst.replica} is {worst.slower:.0%} slower than in {baseline} "
+            f"(more than {limit:.0%})",
+            markup=False,
+        )
+        raise typer.Exit(1)
+
+
+def _fit_lines(profile: TwinProfile, path: Path) -> list[str]:
+    lines = [
+        f"{'replica':<10} {'prefill tok/s':>16} {'decode step':>16} {'+ per request':>16} "
+        f"{'+ per ctx token':>16} {'overhead':>14} {'KV tokens':>10}"
+    ]
+
+    def pm(x: Measured, scale: float, unit: str, fmt: str) -> str:
+        return f"{x.value * scale:{fmt}}{unit} ±{x.rel_uncertainty:.0%}"
+
+    for f in profile.replicas:
+        lines.append(
+            f"{f.name:<10} {pm(f.prefill_tokens_per_s, 1, '', ',.0f'):>16} "
+            f"{pm(f.step_s, 1e3, ' ms', '.2f'):>16} "
+            f"{pm(f.step_per_seq_s, 1e3, ' ms', '.3f'):>16} "
+            f"{pm(f.kv_s_per_token, 1e6, ' us', '.3f'):>16} "
+            f"{pm(f.overhead_s, 1e3, ' ms', '.1f'):>14} "
+            f"{f.kv_tokens if f.kv_tokens is not None else 'unknown':>10}"
+        )
+    v = profile.validation
+    if v is not None:
+        lines.append(
+            f"validation ({v.runs} x {v.scenario}, {v.duration_s:g} s live; the fitted twin "
+            "on the same plans):"
+        )
+        for m, e in v.errors.items():
+            spread = v.live_spread.get(m)
+            noise = "" if spread is None else f" (live runs differed by {spread:.0%})"
+            lines.append(f"  {m}: live {v.live[m]:.3g}, twin {v.twin[m]:.3g}: error {e:.0%}{noise}")
+        why = profile.trusted()
+        lines.append(
+            "trusted for screening" if why is None else f"NOT trusted for screening: {why}"
+        )
+    lines.append(f"profile: {path}")
     return lines

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ from datetime import UTC, datetime
 from itertools import count
 
 import gevent
+from prometheus_client.parser import text_string_to_metric_families
 
 from lbtune.errors import ClusterError, ConfigError
 from lbtune.loadgen.client import StreamClient
@@ -57,7 +59,18 @@ from lbtune.scenario import prompts
 from lbtune.scenario.request import RequestSpec
 from lbtune.targets.haproxy.target import HaproxyTarget
 
-__all__ = ["ProbePlan", "calibrate", "fit_prefill", "hand_to_scheduler", "measure_replica"]
+__all__ = [
+    "ProbePlan",
+    "calibrate",
+    "context_length",
+    "decode_step_at",
+    "fit_prefill",
+    "hand_to_scheduler",
+    "kv_cache_size",
+    "least_ttft",
+    "measure_replica",
+    "parse_cache_info",
+]
 
 Progress = Callable[[str], None]
 
@@ -76,13 +89,19 @@ class ProbePlan:
     repeats: int = 3
     timeout_s: float = 60.0
     """Per request: a replica that does not finish one in this time is not calibrated."""
-    seed: int = 0
+    seed: int | None = None
+    """The probe texts' seed; None: a fresh one per replica measured, so that no probe
+    finds an earlier calibration's prompt in the replica's prefix cache (a second
+    calibration with the same texts measured cache hits: a prefill rate 16× too high)."""
     long_over_short: float = 8.0
     """The long prompt doubles until its TTFT is this many times the short one's. At
     1.5× a CPU vLLM stopped at 512 tokens, ~10 ms of prefill, and three calibrations in a
     row fitted 25k, 61k and 65k tokens/s: a few ms of scheduling noise was most of it."""
     settle_s: float = 2.0
     """Idle time before each replica after the first."""
+    max_prompt_tokens: int | None = None
+    """The longest prompt sent (else a third of the context): ``lbtune twin fit`` keeps a
+    prompt within one step's token budget, where the lone-request model is the engine's."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +110,9 @@ class _Probe:
     ttft_s: float
     step_s: float | None
     """Mean time per output token after the first; ``None`` for a one-token request."""
+    tail_step_s: float | None = None
+    """The same over the second half of the output only: steps when a batch sent at once
+    has finished prefilling (its first steps mix decodes with other requests' chunks)."""
 
 
 class _Prober:
@@ -100,6 +122,7 @@ class _Prober:
         self.rep, self.model, self.plan = rep, model, plan
         self._key = key
         self._index = count()
+        self._seed = plan.seed if plan.seed is not None else secrets.randbits(31)
         self.sent = 0
 
     def send(
@@ -123,7 +146,7 @@ class _Prober:
 
     def _spec(self, prompt_tokens: int, max_tokens: int, stream: bool) -> RequestSpec:
         i = next(self._index)
-        text = prompts.synth(self.plan.seed, (7919, i), prompt_tokens)
+        text = prompts.synth(self._seed, (7919, i), prompt_tokens)
         return RequestSpec(
             index=i,
             api="completions",
@@ -152,7 +175,10 @@ class _Prober:
             )
         out = rec.output_tokens or 0
         step = (rec.chunk_times[-1] - first) / (out - 1) if out > 1 else None
-        return _Probe(int(rec.prompt_tokens or 0), first - rec.sent_at, step)
+        c = rec.chunk_times
+        half = len(c) // 2
+        tail = (c[-1] - c[half]) / (len(c) - 1 - half) if len(c) - 1 - half >= 2 else None
+        return _Probe(int(rec.prompt_tokens or 0), first - rec.sent_at, step, tail)
 
 
 def fit_prefill(probes_: Sequence[tuple[int, float]], step_s: float) -> tuple[float, float, float]:
@@ -200,7 +226,7 @@ def _lone(tokens: int, rate: float, step_s: float) -> float:
     return math.sqrt(step_s**2 + (tokens / rate) ** 2)
 
 
-def _context_length(rep: ReplicaEndpoint, model: str) -> int | None:
+def context_length(rep: ReplicaEndpoint, model: str) -> int | None:
     """``max_model_len`` of ``model`` from the replica's ``/v1/models`` (vLLM's field)."""
     status, body = probes.http_get(rep.url.rstrip("/") + "/v1/models", timeout=5.0)
     if status != 200:
@@ -210,6 +236,29 @@ def _context_length(rep: ReplicaEndpoint, model: str) -> int | None:
             if m.get("id") == model and isinstance(m.get("max_model_len"), int):
                 return int(m["max_model_len"])
     except (ValueError, AttributeError, TypeError):
+        return None
+    return None
+
+
+def kv_cache_size(rep: ReplicaEndpoint) -> tuple[int, int] | None:
+    """``(block_size, num_gpu_blocks)`` of the replica's KV cache from vLLM's
+    ``vllm:cache_config_info`` on its ``/metrics``; None where it exports none."""
+    status, body = probes.http_get(rep.url.rstrip("/") + "/metrics", timeout=5.0)
+    if status != 200:
+        return None
+    return parse_cache_info(body.decode("utf-8", "replace") if isinstance(body, bytes) else body)
+
+
+def parse_cache_info(text: str) -> tuple[int, int] | None:
+    """``(block_size, num_gpu_blocks)`` from an exposition's ``vllm:cache_config_info``."""
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "vllm:cache_config_info":
+                    size, blocks = s.labels.get("block_size"), s.labels.get("num_gpu_blocks")
+                    if size and blocks and size.isdigit() and blocks.isdigit():
+                        return int(size), int(blocks)
+    except ValueError:  # not an exposition
         return None
     return None
 
@@ -225,10 +274,12 @@ def measure_replica(
     if not rep.models:
         raise ClusterError(f"replica {rep.name} serves no model: nothing to calibrate")
     model = rep.models[0]
-    ctx = _context_length(rep, model)
+    ctx = context_length(rep, model)
     # lbtune's token counts run below a real tokenizer's (×1.5 on Llama's): a third of the
     # context leaves room; without a context length the long prompt does not grow
     cap = ctx // 3 if ctx else plan.long_tokens
+    if plan.max_prompt_tokens is not None:
+        cap = min(cap, plan.max_prompt_tokens)
     if min(plan.long_tokens, cap) < 4 * plan.short_tokens:
         raise ConfigError(
             f"replica {rep.name}: its context ({ctx} tokens) is too short to calibrate with "
@@ -251,6 +302,46 @@ def measure_replica(
         probes=p.sent,
         fit_error=err,
     )
+
+
+def decode_step_at(
+    rep: ReplicaEndpoint,
+    batch: int,
+    prompt_tokens: int,
+    plan: ProbePlan = ProbePlan(),
+    *,
+    api_key: str | None = None,
+) -> float:
+    """The decode step of ``batch`` streamed requests of ``prompt_tokens`` sent at once,
+    over the second half of their outputs (when every prompt is prefilled): the median of
+    the requests' steps, the least over ``plan.repeats`` (as :func:`measure_replica`)."""
+    if not rep.models:
+        raise ClusterError(f"replica {rep.name} serves no model: nothing to measure")
+    p = _Prober(rep, rep.models[0], plan, api_key)
+    out = max(plan.decode_tokens, 8)
+
+    def tails(got: list[_Probe]) -> list[float]:
+        return [x.tail_step_s for x in got if x.tail_step_s is not None]
+
+    return min(
+        percentile(tails(p.send(prompt_tokens, out, n=batch)), 50) for _ in range(plan.repeats)
+    )
+
+
+def least_ttft(
+    rep: ReplicaEndpoint,
+    prompt_tokens: int,
+    plan: ProbePlan = ProbePlan(),
+    *,
+    api_key: str | None = None,
+) -> tuple[int, float]:
+    """``(prompt tokens as the replica counted them, TTFT)`` of a lone one-token request
+    on fresh text, the least over ``plan.repeats``."""
+    if not rep.models:
+        raise ClusterError(f"replica {rep.name} serves no model: nothing to measure")
+    p = _Prober(rep, rep.models[0], plan, api_key)
+    best = min((p.send(prompt_tokens, 1, stream=False)[0] for _ in range(plan.repeats)), key=_ttft)
+    return best.prompt_tokens, best.ttft_s
 
 
 def _decode(p: _Prober, plan: ProbePlan) -> tuple[float, float]:

@@ -32,6 +32,7 @@ from lbtune.errors import ConfigError
 from lbtune.records.statedir import StatePaths, read_config_json
 from lbtune.targets.params import ParamSet
 from lbtune.targets.space import ParameterSpace
+from lbtune.twin.fitted import TwinProfile
 from lbtune.twin.options import TwinOptions
 from lbtune.twin.replica import TwinReplica
 from lbtune.twin.routing import Knobs, RoutingModel
@@ -87,26 +88,32 @@ class TwinCluster:
         return self.factory()(params, self.replicas, seed=seed)
 
 
-def twin_cluster(ref: str | Path | None, delta: str | None = None) -> TwinCluster:
+def twin_cluster(
+    ref: str | Path | None, delta: str | None = None, profile: TwinProfile | None = None
+) -> TwinCluster:
     """The replicas of cluster ``ref`` (a preset or a file), named as ``lbtune cluster up``
     names them; ``delta`` changes them: ``+1``/``-1`` (the first replica group),
     ``GROUP+N``/``GROUP-N`` (by its name prefix, e.g. ``l4-1``) or another cluster file
-    whose replicas replace them."""
+    whose replicas replace them. A replica ``profile`` has fitted is simulated from its
+    fit (:mod:`lbtune.twin.fitted`), any other from its GPU profile."""
     cfg, path = load_config(ref)
     source = str(path)
     if delta is not None:
         cfg, source = _changed(cfg, source, delta)
-    return _of_config(cfg, source)
+    return _of_config(cfg, source, profile)
 
 
-def running_twin(state_dir: str | Path | None = None) -> TwinCluster:
+def running_twin(
+    state_dir: str | Path | None = None, profile: TwinProfile | None = None
+) -> TwinCluster:
     """The cluster running in ``state_dir`` (its recorded config): ConfigError when none
-    is recorded there."""
+    is recorded there. ``profile``: as :func:`twin_cluster`."""
     paths = StatePaths(find_state_dir(state_dir))
     data = read_config_json(paths)
     if data is None:
         raise ConfigError(f"twin: no cluster config recorded in {paths.root} (lbtune cluster up)")
-    return _of_config(parse_config(data, str(paths.config)), f"the cluster in {paths.root}")
+    cfg = parse_config(data, str(paths.config))
+    return _of_config(cfg, f"the cluster in {paths.root}", profile)
 
 
 def _changed(cfg: ClusterConfig, source: str, delta: str) -> tuple[ClusterConfig, str]:
@@ -133,18 +140,25 @@ def _changed(cfg: ClusterConfig, source: str, delta: str) -> tuple[ClusterConfig
     return parse_config(data, label), label
 
 
-def _of_config(cfg: ClusterConfig, source: str) -> TwinCluster:
+def _of_config(cfg: ClusterConfig, source: str, profile: TwinProfile | None) -> TwinCluster:
     ports = itertools.count(1)
     resolved = resolve(cfg, pick_port=lambda: next(ports))
-    external = [r.name for r in resolved.replicas if r.external]
-    if not resolved.replicas or external:
-        some = 0 < len(external) < len(resolved.replicas)
-        what = f"{', '.join(external)} are not" if some else "this cluster has none"
+    fits = profile.by_name() if profile is not None else {}
+    unknown = [r.name for r in resolved.replicas if r.external and r.name not in fits]
+    if not resolved.replicas:
+        raise ConfigError(f"{source}: no replicas to simulate")
+    if unknown:
         raise ConfigError(
-            f"{source}: the twin simulates the embedded cluster's simulated replicas; "
-            f"{what} (external or real vLLM servers)"
+            f"{source}: the twin simulates simulated replicas and replicas fitted by "
+            f"`lbtune twin fit`; {', '.join(unknown)} (external or real vLLM) have no fit: "
+            "run `lbtune twin fit` on the running cluster and pass --twin-profile"
         )
-    replicas = [TwinReplica(r.name, r.gpu or "", r.models) for r in resolved.replicas]
+    replicas = [
+        TwinReplica(r.name, "", (fit.model,), fit=fit)
+        if (fit := fits.get(r.name)) is not None
+        else TwinReplica(r.name, r.gpu or "", r.models)
+        for r in resolved.replicas
+    ]
     return TwinCluster(cfg, replicas, source)
 
 

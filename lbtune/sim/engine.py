@@ -21,7 +21,7 @@ A step that completes a request's prefill (or recompute) yields its next token.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from lbtune.errors import ConfigError
@@ -29,6 +29,10 @@ from lbtune.sim import costmodel
 from lbtune.sim.batch import BatchLoad
 from lbtune.sim.kvcache import Block, KVCache, hash_block
 from lbtune.sim.profiles import GpuProfile, ModelProfile
+
+StepCostFn = Callable[[BatchLoad], costmodel.StepCost]
+"""A step's cost from its batch, where it is not the GPU profile's roofline (a replica
+fitted from measurements: :mod:`lbtune.twin.fitted`)."""
 
 
 @dataclass(frozen=True)
@@ -161,10 +165,12 @@ class Engine:
         gpu: GpuProfile,
         models: Sequence[ModelProfile],
         config: EngineConfig = EngineConfig(),
+        step_cost: StepCostFn | None = None,
     ) -> None:
         if not models:
             raise ConfigError("An engine needs at least one model")
         self.gpu = gpu
+        self._step_cost = step_cost
         self.models = tuple(models)
         self.config = config
         self._model_index = {m.name: i for i, m in enumerate(self.models)}
@@ -391,7 +397,11 @@ class Engine:
                     finished.append(r.req.request_id)
         if finished:
             self._free(finished)
-        cost = costmodel.step_cost(self.gpu, load.shares(self.models))
+        cost = (
+            costmodel.step_cost(self.gpu, load.shares(self.models))
+            if self._step_cost is None
+            else self._step_cost(load)
+        )
         return StepResult(
             duration=cost.duration,
             tokens=out,

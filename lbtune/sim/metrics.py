@@ -183,6 +183,10 @@ class EngineView(Protocol):
     def memory_total_bytes(self) -> int: ...
     @property
     def model_stats(self) -> Mapping[str, Any]: ...
+    @property
+    def kv_capacity_blocks(self) -> int: ...
+    @property
+    def config(self) -> Any: ...
 
 
 class LevelClock:
@@ -285,6 +289,17 @@ class ReplicaMetrics:
             gauge = GaugeMetricFamily(name, HELP[name], labels=["model_name"])
             gauge.add_metric(one, value)
             out.append(gauge)
+        cfg = engine.config
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            HELP["vllm:cache_config_info"],
+            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )
+        info.add_metric(
+            [str(cfg.block_size), str(engine.kv_capacity_blocks), str(cfg.enable_prefix_caching)],
+            1.0,
+        )
+        out.append(info)
         stats = [(m, engine.model_stats[m]) for m in self.models]
         for name, attr in (
             ("vllm:prefix_cache_queries_total", "prefix_cache_queries"),
@@ -343,6 +358,7 @@ HELP = {
     "vllm:num_requests_running": "Number of requests in model execution batches.",
     "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
     "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+    "vllm:cache_config_info": "Information of the LLMEngine CacheConfig",
     "vllm:prefix_cache_queries_total": "Prefix cache queries, in queried tokens.",
     "vllm:prefix_cache_hits_total": "Prefix cache hits, in terms of number of cached tokens.",
     "vllm:num_preemptions_total": "Cumulative number of preemption from the engine.",

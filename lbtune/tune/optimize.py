@@ -66,10 +66,20 @@ from lbtune.tune.options import (
     resolve_options,
 )
 from lbtune.tune.screen import ScreenRequest, screen_study
+from lbtune.twin.fitted import TwinProfile, trusted_profile
 
 __all__ = ["record_study", "run_optimize"]
 
 log = logging.getLogger(__name__)
+
+
+def _twin_profile(opts: OptimizeOptions) -> TwinProfile | None:
+    """The fitted profile the screen simulates with, checked before any load: refused
+    (ConfigError) when its validation is off by more than ``max_twin_error`` and the study
+    screens; unused with ``--screen 0``."""
+    if opts.twin_profile is None or opts.screen == 0 or opts.resume:
+        return None
+    return trusted_profile(opts.twin_profile, opts.max_twin_error, "tune live only: --screen 0")
 
 
 def run_optimize(
@@ -90,6 +100,7 @@ def run_optimize(
     if opts.objective == "capacity" and opts.rate is None:
         opts = replace(opts, rate=_capacity_rate(opts, say))
     assert opts.scenario and opts.target and opts.objective and opts.study and opts.budget
+    profile = _twin_profile(opts)
     stop = stop or threading.Event()
     trial_opts = plan_trials(opts)  # the study's run plan: its one read of the scenario
     assert trial_opts.plan is not None
@@ -108,7 +119,7 @@ def run_optimize(
     screener, screen_note = (None, None)
     if not opts.resume:
         req = ScreenRequest(
-            opts.screen, h.state_dir, trial_opts, opts.seed, opts.budget, h.target.name
+            opts.screen, h.state_dir, trial_opts, opts.seed, opts.budget, h.target.name, profile
         )
         screener, screen_note = screen_study(req, space, study, spec, show.phase)
     before = collect(study, spec)

@@ -19,6 +19,7 @@ from lbtune.records.addresses import without_userinfo
 from lbtune.records.slo import Slo, parse_slo
 from lbtune.search.harness import Harness
 from lbtune.search.study import sqlite_dir
+from lbtune.twin.fitted import MAX_ERROR
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -93,6 +94,10 @@ class OptimizeOptions:
     rate: float | None = None
     """``--objective capacity``: the offered rate (req/s) every trial runs at, open loop;
     None: placed by the twin (:func:`lbtune.tune.capacity_study.trial_rate`)."""
+    twin_profile: Path | None = None
+    """A fitted profile (``lbtune twin fit``): the twin simulates its replicas from it."""
+    max_twin_error: float = MAX_ERROR
+    """A profile whose validation missed a figure by more is refused for screening."""
 
 
 @dataclass

@@ -40,6 +40,7 @@ from lbtune.targets.params import ParamSet
 from lbtune.targets.space import ParameterSpace
 from lbtune.tune.options import objective_spec
 from lbtune.tune.virtual import Predicted, VirtualBench
+from lbtune.twin.fitted import TwinProfile
 from lbtune.twin.requests import check_twinnable
 
 __all__ = [
@@ -94,9 +95,11 @@ class ScreenRequest:
     """The live trials' options, their plan made (:func:`lbtune.tune.harness.plan_trials`)."""
     seed: int | None = None
     live_room: int = SCREEN_TOP
+    """Live trials the budget leaves after the references."""
     target: str | None = None
     """The tuned balancer: the twin screens only when the cluster runs that one."""
-    """Live trials the budget leaves after the references."""
+    profile: TwinProfile | None = None
+    """A fitted profile (trusted already): the replicas it fitted are simulated from it."""
 
 
 class Screener:
@@ -242,7 +245,7 @@ def start_screen(
     try:
         assert req.trials.plan is not None
         check_twinnable(req.trials.plan)
-        tc = running_twin(req.state_dir)
+        tc = running_twin(req.state_dir, req.profile)
         if req.target is not None and tc.balancer != req.target:
             raise ConfigError(f"the cluster runs {tc.balancer}, the target is {req.target}")
         assert req.trials.plan is not None

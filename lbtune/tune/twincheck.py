@@ -36,6 +36,7 @@ from lbtune.targets.space import ParameterSpace
 from lbtune.targets.targetbase import TargetBase
 from lbtune.tune.screen import spearman
 from lbtune.tune.virtual import twin_figures
+from lbtune.twin.fitted import TwinProfile
 from lbtune.twin.requests import RequestSource
 from lbtune.twin.result import TwinRun
 from lbtune.twin.run import Reuse, simulate
@@ -57,6 +58,8 @@ class CheckOptions:
     draw_seed: int = 0
     """The random sampler's seed for the drawn configs."""
     state_dir: Path | None = None
+    profile: TwinProfile | None = None
+    """A fitted profile: its replicas are simulated from their fits."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ def check_twin(opts: CheckOptions, say: Callable[[str], None]) -> CheckResult:
     st = api.status(opts.state_dir)
     if not st.running or st.endpoints is None:
         raise ConfigError("twin check: no cluster running (lbtune cluster up)")
-    tc = running_twin(st.endpoints.state_dir)
+    tc = running_twin(st.endpoints.state_dir, opts.profile)
     target = get_target(tc.balancer, st.endpoints)
     live = target.read_live()
     configs = draw_configs(target.space(), live, opts.configs, opts.draw_seed)

@@ -27,6 +27,7 @@ from lbtune.sim.engine import (
 )
 from lbtune.sim.profiles import get_gpu, get_model
 from lbtune.sim.textgen import ApiError
+from lbtune.twin.fitted import ReplicaFit, engine_parts, step_cost
 
 __all__ = ["ReplicaSim", "TwinReplica"]
 
@@ -44,6 +45,8 @@ class TwinReplica:
     max_waiting: int | None = None
     slowdown: float = 1.0
     """Step durations are multiplied by this (the sim's ``POST /admin/slowdown``)."""
+    fit: ReplicaFit | None = None
+    """Simulated from measured rates (:mod:`lbtune.twin.fitted`), not from ``gpu``'s profile."""
 
     def engine_config(self) -> EngineConfig:
         overrides = {
@@ -79,11 +82,17 @@ class ReplicaSim:
     _overhead_s: dict[str, float] = field(init=False)
 
     def __post_init__(self) -> None:
-        gpu = get_gpu(self.spec.gpu)
-        models = [get_model(m) for m in self.spec.models]
-        if not models:
-            raise ConfigError(f"replica {self.spec.name}: serves no model")
-        self.engine = Engine(gpu, models, self.spec.engine_config())
+        fit = self.spec.fit
+        if fit is not None:
+            gpu, model, cfg = engine_parts(fit, self.time_scale)
+            models = [model]
+            self.engine = Engine(gpu, models, cfg, step_cost(fit, self.time_scale))
+        else:
+            gpu = get_gpu(self.spec.gpu)
+            models = [get_model(m) for m in self.spec.models]
+            if not models:
+                raise ConfigError(f"replica {self.spec.name}: serves no model")
+            self.engine = Engine(gpu, models, self.spec.engine_config())
         self._factor = self.spec.slowdown / self.time_scale
         self._overhead_s = {
             m.name: request_overhead_s(gpu, m) / self.time_scale for m in self.engine.models

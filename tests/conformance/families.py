@@ -23,6 +23,10 @@ VLLM_TYPES: dict[str, str] = {
 }
 """Every vLLM family the simulator writes, with its type (a superset of what lbtune reads)."""
 
+INFO_GAUGES: tuple[str, ...] = ("vllm:cache_config_info",)
+"""vLLM's info gauges (value 1, the facts in labels, no ``model_name``): the KV cache's
+``block_size`` and ``num_gpu_blocks``, which ``lbtune twin fit`` reads."""
+
 DCGM_GAUGES: tuple[str, ...] = (
     "DCGM_FI_DEV_GPU_UTIL",
     "DCGM_FI_PROF_SM_ACTIVE",

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import random
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from lbtune.loadgen.exporter import ExporterServer, MetricsRegistry
+from lbtune.loadgen.exporter import ITL_BUCKETS, ExporterServer, MetricsRegistry
+from lbtune.sim.metrics import Histogram
 from tests.records.test_requests import rec
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -66,12 +70,6 @@ def test_served_over_http() -> None:
 def test_itl_histogram_is_each_gap_observed() -> None:
     """The registry buckets a record's gaps in one go; each bucket must hold what observing
     every gap on its own gives (a gap right on a bound belongs to that bound: ``le``)."""
-    import dataclasses
-    import random
-
-    from lbtune.loadgen.exporter import ITL_BUCKETS
-    from lbtune.sim.metrics import Histogram
-
     rnd = random.Random(3)
     gaps = [0.5, 0.75, 1.0, 0.0, *ITL_BUCKETS, 5.0, *(rnd.expovariate(80.0) for _ in range(300))]
     times = [100.0]
@@ -81,7 +79,7 @@ def test_itl_histogram_is_each_gap_observed() -> None:
     reg = MetricsRegistry()
     reg.observe(r)
     ref = Histogram(ITL_BUCKETS)
-    for a, b in zip(times, times[1:], strict=False):
+    for a, b in itertools.pairwise(times):
         ref.observe(b - a)
     m = parse(reg.render())
     for le, want in ref.buckets():

@@ -19,7 +19,7 @@ from lbtune.sim.metrics import (
     GroundTruthLog,
     Histogram,
 )
-from tests.conformance.families import DCGM_GAUGES, VLLM_TYPES
+from tests.conformance.families import DCGM_GAUGES, INFO_GAUGES, VLLM_TYPES
 from tests.sim.conftest import M8, M70, http
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -27,7 +27,11 @@ Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'([a-zA-Z_]\w*)="((?:[^"\\]|\\.)*)"')
 
-EXPECTED_TYPES = {**VLLM_TYPES, **dict.fromkeys(DCGM_GAUGES, "gauge")}
+EXPECTED_TYPES = {
+    **VLLM_TYPES,
+    **dict.fromkeys(INFO_GAUGES, "gauge"),
+    **dict.fromkeys(DCGM_GAUGES, "gauge"),
+}
 ENGINE_GAUGES = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",

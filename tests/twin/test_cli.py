@@ -73,7 +73,7 @@ def test_params_layering_and_the_inactive_agent(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["-c", "mini2", "--set", "algorithm=bogus"], "--set: algorithm: got 'bogus'"),
-        (["-c", "vllm-cpu"], "has none (external or real vLLM servers)"),
+        (["-c", "vllm-cpu"], "vllm-0, vllm-1 (external or real vLLM) have no fit"),
         (["-c", "hetero4", "--replicas", "h100-5"], "--replicas h100-5: group h100 has 2"),
         (["-c", "mini2", "-s", "nope"], "Unknown scenario 'nope'"),
     ],

@@ -68,7 +68,7 @@ def test_external_replicas_are_refused(tmp_path: Path) -> None:
         "external": [{"name": "a", "url": "http://127.0.0.1:9", "models": ["m"]}],
     }
     f.write_text(yaml.safe_dump(doc))
-    with pytest.raises(ConfigError, match="this cluster has none"):
+    with pytest.raises(ConfigError, match=r"; a \(external or real vLLM\) have no fit: run"):
         twin_cluster(f)
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "lua_source",
     "map_text",
     "prepare",
+    "rate_entries",
     "rate_facts",
     "read_live",
     "set_live",
@@ -154,10 +155,20 @@ def rate_facts(site: Site) -> dict[str, str]:
                 stepk = m.step_per_seq_s * scale
             else:
                 continue
-            for be in (backends[model], "long_" + backends[model]):
-                out[f"tps.{be}.{r.name}"] = f"{tps:.6g}"
-                out[f"step.{be}.{r.name}"] = f"{step:.6g}"
-                out[f"stepk.{be}.{r.name}"] = f"{stepk:.6g}"
+            out |= rate_entries(backends[model], r.name, tps, step, stepk)
+    return out
+
+
+def rate_entries(
+    backend: str, server: str, tps: float, step: float, stepk: float
+) -> dict[str, str]:
+    """The map entries of one server's rates for model backend ``backend`` (and its
+    ``long_`` twin): prompt tokens a second, lone decode step, per-request slope."""
+    out: dict[str, str] = {}
+    for be in (backend, "long_" + backend):
+        out[f"tps.{be}.{server}"] = f"{tps:.6g}"
+        out[f"step.{be}.{server}"] = f"{step:.6g}"
+        out[f"stepk.{be}.{server}"] = f"{stepk:.6g}"
     return out
 
 

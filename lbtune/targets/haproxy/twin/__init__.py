@@ -72,6 +72,26 @@ def _site(replicas: Sequence[TwinReplica]) -> Site:
     return Site(state_dir="", host="twin", port=0, stats_port=0, replicas=addrs)
 
 
+def _fitted_rates(site: Site, replicas: Sequence[TwinReplica]) -> dict[str, str]:
+    """``mode predict``'s rates of the replicas simulated from a fit: the fit's own, as
+    ``lbtune twin fit`` hands them to the live scheduler (``calibration.json``)."""
+    backends = pool_names(site.models)
+    out: dict[str, str] = {}
+    for r in replicas:
+        f = r.fit
+        if f is None:
+            continue
+        out[f"ovh.{r.name}"] = f"{f.overhead_s.value:.6g}"
+        out |= lua.rate_entries(
+            backends[f.model],
+            r.name,
+            f.prefill_tokens_per_s.value,
+            f.step_s.value,
+            f.step_per_seq_s.value,
+        )
+    return out
+
+
 class HaproxyModel(RoutingModel):
     """HAProxy with the knobs of one parameter set, over one cluster's replicas."""
 
@@ -102,7 +122,7 @@ class HaproxyModel(RoutingModel):
         self.llm: LlmScheduler | None = None
         if algorithm == lua.ALGORITHM:
             knobs = lua.knob_values(params)
-            facts = lua.facts(site, long_set)
+            facts = {**lua.facts(site, long_set), **_fitted_rates(site, replicas)}
             self.llm = LlmScheduler(knobs, facts, [r.name for r in replicas])
             self.llm.rng.seed(seed)
         self.assigned: dict[int, Backend] = {}

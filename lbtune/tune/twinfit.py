@@ -1,0 +1,319 @@
+"""``lbtune twin fit``: fit each replica of the running cluster from measurements, then
+check the fitted twin against a live run it did not see.
+
+Per replica, straight at its URL, one replica at a time (the rest idle), every request
+bounded by the probe plan's timeout:
+
+1. ``lbtune cluster calibrate``'s measurement twice (:func:`~lbtune.cluster.calibrate.
+   measure_replica`): the lone decode step, the per-request slope, the prefill rate and the
+   front-end overhead; the value is the mean of the two passes, its uncertainty half their
+   spread (or the prefill fit's own error where larger);
+2. the decode step of ``batch`` requests at once with a short prompt (the slope measured at
+   a batch the twin will see, not only at four) and with a long one (what each token of
+   context a decode reads adds: ``kv_s_per_token``);
+3. the KV cache's size from the replica's ``/metrics`` (vLLM's ``cache_config_info``).
+
+The fit also becomes the state dir's ``calibration.json`` (the ``llm`` scheduler's rates,
+the same numbers). Then, unless told not to, **validation**: one live run of a scenario
+through the balancer at its current config, that run's recorded plan simulated by the
+fitted twin, and ``|twin / live − 1|`` of P99 E2E, P99 TTFT and req/s. The profile keeps
+it; :meth:`~lbtune.twin.fitted.TwinProfile.trusted` says whether screening may use it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from lbtune.cluster import api
+from lbtune.cluster.calibrate import (
+    ProbePlan,
+    context_length,
+    decode_step_at,
+    hand_to_scheduler,
+    kv_cache_size,
+    least_ttft,
+    measure_replica,
+)
+from lbtune.cluster.config import parse_config
+from lbtune.cluster.twin import drop_inactive, running_twin
+from lbtune.errors import ConfigError
+from lbtune.objective import Figures
+from lbtune.records.calibration import Calibration, ReplicaRates
+from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
+from lbtune.records.statedir import StatePaths, read_config_json
+from lbtune.run.stress import StressOptions, run_stress
+from lbtune.safety.secrets import api_key_from_env
+from lbtune.scenario.loader import load_scenario
+from lbtune.scenario.runplan import read_run_plan
+from lbtune.targets import get_target
+from lbtune.tune.twincheck import METRICS, live_figures
+from lbtune.tune.virtual import twin_figures
+from lbtune.twin.fitted import Measured, ReplicaFit, TwinProfile, Validation, solve_attention
+from lbtune.twin.requests import RequestSource
+from lbtune.twin.run import Reuse, simulate
+
+__all__ = ["FitOptions", "fit_twin", "load_statement", "validate_profile"]
+
+Say = Callable[[str], None]
+VALIDATION_SAMPLES = 100
+"""A validation run goes on past ``--duration`` until its window holds this many requests
+(a P99 of fewer is their largest one), up to :data:`VALIDATION_MAX_S`."""
+VALIDATION_MAX_S = 90.0
+VLLM_MAX_NUM_SEQS = 256
+"""vLLM's default ``--max-num-seqs``: what an external replica is taken to run."""
+
+
+CHUNK_TOKENS = 2048
+"""The token budget of a step the fit assumes (the simulator's and vLLM's smallest default)."""
+FIT_PLAN = ProbePlan(max_prompt_tokens=CHUNK_TOKENS, decode_tokens=32)
+"""Prompts within one step's token budget (2048: the simulator's and vLLM's smallest
+default), where the lone-request model is the engine's own; longer decodes (32) so the
+batch probes' second half is all decode."""
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    state_dir: Path | None = None
+    out: Path | None = None
+    """Where the profile goes (default: ``twin-profile.json`` in the state dir)."""
+    validate: bool = True
+    scenario: str = "chat"
+    duration_s: float = 30.0
+    seed: int | None = None
+    batch: int = 8
+    """Requests at once for the batch decode probes (capped at the replica's max_num_seqs)."""
+    runs: int = 2
+    """Live validation runs (each its own seed)."""
+    long_tokens: int = 1024
+    """Prompt tokens of the long batch probe (capped at a third of the context)."""
+    plan: ProbePlan = FIT_PLAN
+
+
+def profile_path(state_dir: str | Path) -> Path:
+    return Path(state_dir) / "twin-profile.json"
+
+
+def load_statement(ep: Endpoints, opts: FitOptions) -> str:
+    """What the fit will send, said before it sends anything."""
+    p = opts.plan
+    per = 2 * (25 + 3) + 2 * p.repeats * opts.batch
+    out = (
+        f"twin fit: {len(ep.replicas)} replicas, one at a time, straight at each: about "
+        f"{per} requests each (at most {max(p.batch, opts.batch)} at once, prompts up to a "
+        f"third of the context, {p.timeout_s:g} s timeout each)"
+    )
+    if opts.validate:
+        out += (
+            f"; then {opts.runs} runs of scenario {opts.scenario}, {opts.duration_s:g} s each, "
+            "through the balancer at its current config (validation)"
+        )
+    return out
+
+
+def fit_twin(opts: FitOptions, say: Say) -> tuple[TwinProfile, Path]:
+    """See the module docstring; the profile and where it was written. ConfigError when no
+    cluster runs; ClusterError (naming the replica) when a probe fails: nothing is written."""
+    if opts.batch < 2:
+        raise ConfigError(f"--batch: at least 2, got {opts.batch}")
+    if not 5 <= opts.duration_s <= 300:
+        raise ConfigError(f"--duration: 5 to 300 s, got {opts.duration_s:g}")
+    if not 1 <= opts.runs <= 5:
+        raise ConfigError(f"--runs: 1 to 5, got {opts.runs}")
+    st = api.status(opts.state_dir)
+    if not st.running or st.endpoints is None:
+        raise ConfigError("twin fit: no cluster running (lbtune cluster up)")
+    ep = st.endpoints
+    if opts.validate:
+        _check_scenario(opts.scenario, ep)
+    say(load_statement(ep, opts))
+    seqs = _max_num_seqs(ep.state_dir)
+    key = api_key_from_env()
+    fits: list[ReplicaFit] = []
+    for i, rep in enumerate(ep.replicas):
+        if i:
+            time.sleep(opts.plan.settle_s)
+        fits.append(_fit_replica(rep, opts, seqs, key, say))
+    profile = TwinProfile(
+        measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        cluster=ep.config_name,
+        time_scale=ep.time_scale,
+        replicas=fits,
+    )
+    _calibration(profile).write(ep.state_dir)
+    hand_to_scheduler(ep)
+    if opts.validate:
+        profile = profile.model_copy(
+            update={"validation": validate_profile(profile, opts, ep.state_dir, say)}
+        )
+    out = profile.write(opts.out or profile_path(ep.state_dir))
+    return profile, out
+
+
+def _check_scenario(scenario: str, ep: Endpoints) -> None:
+    """Before any load: the validation scenario asks only for models the fit covers (a
+    replica is fitted for its first model)."""
+    fitted = {r.models[0] for r in ep.replicas if r.models}
+    missing = sorted(set(load_scenario(scenario).models) - fitted)
+    if missing:
+        raise ConfigError(
+            f"--scenario {scenario} uses {', '.join(missing)}, which the fit does not cover "
+            f"(a replica is fitted for its first model: {', '.join(sorted(fitted))}); "
+            "validate with a scenario of those (e.g. chat)"
+        )
+
+
+def _fit_replica(
+    rep: ReplicaEndpoint, opts: FitOptions, seqs: int, key: str | None, say: Say
+) -> ReplicaFit:
+    plan = opts.plan
+    a = measure_replica(rep, plan, api_key=key, progress=say)
+    b = measure_replica(rep, plan, api_key=key)
+    batch = max(2, min(opts.batch, seqs))
+    kv = kv_cache_size(rep)
+    ctx = context_length(rep, a.model)
+    third = ctx // 3 if ctx else opts.long_tokens
+    long = max(plan.short_tokens * 4, min(opts.long_tokens, third))
+    say(f"{rep.name}: decode at batch {batch}, prompts of {plan.short_tokens} and {long} tokens")
+    short_b = decode_step_at(rep, batch, plan.short_tokens, plan, api_key=key)
+    long_b = decode_step_at(rep, batch, long, plan, api_key=key)
+    step = _measured(a.step_s, b.step_s)
+    slope = max(0.0, (short_b - step.value) / (batch - 1))
+    kv_s = max(0.0, (long_b - short_b) / (batch * (long - plan.short_tokens)))
+    prefill_err = max(a.fit_error, b.fit_error)
+    fit = ReplicaFit(
+        name=rep.name,
+        model=a.model,
+        url=rep.url,
+        prefill_tokens_per_s=_measured(a.prefill_tokens_per_s, b.prefill_tokens_per_s, prefill_err),
+        step_s=step,
+        step_per_seq_s=Measured(value=slope, rel_uncertainty=step.rel_uncertainty),
+        kv_s_per_token=Measured(value=kv_s, rel_uncertainty=step.rel_uncertainty),
+        overhead_s=_measured(a.overhead_s, b.overhead_s),
+        chunk_tokens=CHUNK_TOKENS,
+        kv_tokens=kv[0] * kv[1] if kv else None,
+        block_size=kv[0] if kv else 16,
+        max_num_seqs=seqs,
+        max_model_len=ctx,
+    )
+    if third >= 2 * CHUNK_TOKENS:  # room for a prompt of several chunks: attention back
+        n = min(4, third // CHUNK_TOKENS) * CHUNK_TOKENS
+        say(f"{rep.name}: a lone prompt of {n} tokens ({n // CHUNK_TOKENS} chunks)")
+        counted, ttft = least_ttft(rep, n, plan, api_key=key)
+        attn = solve_attention(fit, counted, ttft)
+        fit = fit.model_copy(
+            update={"attn_s_per_pair": Measured(value=attn, rel_uncertainty=prefill_err)}
+        )
+    return fit
+
+
+def _measured(a: float, b: float, floor: float = 0.0) -> Measured:
+    mean = (a + b) / 2
+    spread = abs(a - b) / 2 / mean if mean > 0 else 0.0
+    return Measured(value=mean, rel_uncertainty=max(spread, floor))
+
+
+def _max_num_seqs(state_dir: str) -> int:
+    """What the cluster file says its replicas run (``vllm.max_num_seqs``), else vLLM's
+    default (the simulator's too)."""
+    data = read_config_json(StatePaths(Path(state_dir)))
+    if data is None:
+        return VLLM_MAX_NUM_SEQS
+    cfg = parse_config(data, "the running cluster's config")
+    return cfg.vllm.max_num_seqs if cfg.vllm is not None else VLLM_MAX_NUM_SEQS
+
+
+def _calibration(profile: TwinProfile) -> Calibration:
+    """The fit as the ``llm`` scheduler's rates (``calibration.json``)."""
+    return Calibration(
+        measured_at=profile.measured_at,
+        time_scale=profile.time_scale,
+        replicas=[
+            ReplicaRates(
+                name=f.name,
+                model=f.model,
+                url=f.url,
+                prefill_tokens_per_s=f.prefill_tokens_per_s.value,
+                step_s=f.step_s.value,
+                step_per_seq_s=f.step_per_seq_s.value,
+                overhead_s=f.overhead_s.value,
+                probes=1,
+                fit_error=f.prefill_tokens_per_s.rel_uncertainty,
+            )
+            for f in profile.replicas
+        ],
+    )
+
+
+def validate_profile(
+    profile: TwinProfile, opts: FitOptions, state_dir: str | Path, say: Say
+) -> Validation:
+    """``opts.runs`` live runs of ``opts.scenario`` at the balancer's current config (each
+    its own seed), and the fitted twin on each run's recorded plan: the figures' means,
+    the twin's relative error on them and how far the live runs differed among themselves."""
+    tc = running_twin(state_dir, profile)
+    ep = api.status(state_dir).endpoints
+    if ep is None:
+        raise ConfigError("twin fit: the cluster stopped before its validation")
+    params = drop_inactive(tc, get_target(tc.balancer, ep).read_live())[0]
+    lives: list[Figures] = []
+    twins: list[Figures] = []
+    seed = opts.seed
+    for i in range(opts.runs):
+        say(f"validation run {i + 1}/{opts.runs}: {opts.scenario} for {opts.duration_s:g} s")
+        with tempfile.TemporaryDirectory(prefix="lbtune-twin-fit-") as tmp:
+            run_dir = Path(tmp) / "live"
+            sopts = StressOptions(
+                scenario=opts.scenario,
+                duration_s=opts.duration_s,
+                seed=seed,
+                state_dir=Path(state_dir),
+                out_dir=run_dir,
+                write_report=False,
+                until_samples=VALIDATION_SAMPLES,  # a P99 of 30 requests is their maximum
+                max_duration_s=VALIDATION_MAX_S,
+            )
+            run_stress(sopts, say=lambda m: None)
+            lives.append(live_figures(run_dir)[0])
+            plan = read_run_plan(run_dir)
+        seed = plan.seed + 1
+        src = RequestSource(plan, tc.config.seed)
+        run = simulate(src.plan, tc.replicas, tc.routing(params), tc.options(), Reuse(src, None))
+        twins.append(twin_figures(run)[0])
+    live = {m: _mean([getattr(f, m) for f in lives]) for m in METRICS}
+    twin = {m: _mean([getattr(f, m) for f in twins]) for m in METRICS}
+    errors = {m: abs(t / v - 1) for m in METRICS if (t := twin[m]) is not None and (v := live[m])}
+    spread: dict[str, float] = {}
+    for m in METRICS:
+        vals = [x for f in lives if (x := getattr(f, m))]
+        if len(vals) >= 2:
+            spread[m] = max(vals) / min(vals) - 1
+    return Validation(
+        scenario=opts.scenario,
+        duration_s=opts.duration_s,
+        runs=opts.runs,
+        live=live,
+        twin=twin,
+        errors=errors,
+        live_spread=spread,
+    )
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.fmean(vals) if len(vals) == len(xs) and vals else None
+
+
+def mean_uncertainty(profile: TwinProfile) -> float:
+    """The mean relative uncertainty of the fitted rates (a one-number summary)."""
+    vals = [
+        x.rel_uncertainty
+        for f in profile.replicas
+        for x in (f.prefill_tokens_per_s, f.step_s, f.overhead_s)
+    ]
+    return statistics.fmean(vals) if vals else 0.0
