@@ -180,6 +180,9 @@ def check_command(
     ] = 15.0,
     seed: SeedOpt = None,
     draw_seed: Annotated[int, typer.Option("--draw-seed", help="Seed of the drawn configs.")] = 0,
+    users: Annotated[
+        int | None, typer.Option("--users", "-u", help="Closed-loop users (the scenario's).")
+    ] = None,
     state_dir: StateDirOpt = None,
     twin_profile: TwinProfileOpt = None,
     as_json: JsonOpt = False,
@@ -201,7 +204,7 @@ def check_command(
     from lbtune.twin.fitted import read_profile
 
     profile = read_profile(twin_profile) if twin_profile is not None else None
-    opts = CheckOptions(scenario, configs, duration, seed, draw_seed, state_dir, profile)
+    opts = CheckOptions(scenario, configs, duration, seed, draw_seed, state_dir, profile, users)
     res = check_twin(opts, lambda m: err.print(m, markup=False, highlight=False))
     if as_json:
         typer.echo(json.dumps(_check_json(res), indent=2, allow_nan=False))
@@ -324,7 +327,7 @@ def fit_command(
     if fail_on_drift is not None and baseline is None:
         raise ConfigError("--fail-on-drift needs --baseline PROFILE.json")
     limit = None if fail_on_drift is None else fraction(fail_on_drift, "--fail-on-drift")
-    before = None if baseline is None else read_profile(baseline)  # before any load
+    before = None if baseline is None else read_profile(baseline, "--baseline")  # before load
     err = Console(stderr=True)
     opts = FitOptions(
         state_dir=state_dir,

@@ -60,6 +60,8 @@ class CheckOptions:
     state_dir: Path | None = None
     profile: TwinProfile | None = None
     """A fitted profile: its replicas are simulated from their fits."""
+    users: int | None = None
+    """Closed-loop users (the scenario's load when None)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ def _live(
     sopts = StressOptions(
         scenario=opts.scenario,
         duration_s=opts.duration_s,
+        users=opts.users,
         seed=opts.seed,
         state_dir=Path(state_dir),
         out_dir=out,

@@ -2,7 +2,10 @@
 check the fitted twin against a live run it did not see.
 
 Per replica, straight at its URL, one replica at a time (the rest idle), every request
-bounded by the probe plan's timeout:
+bounded by the probe plan's timeout; all at once where the vLLM preset pins its servers to
+shared CPUs (under load all of them are busy: measured alone, each looked 2-3x faster than
+it serves; charging a step for the group's other busy replicas instead fitted worse,
+docs/twin.md):
 
 1. ``lbtune cluster calibrate``'s measurement twice (:func:`~lbtune.cluster.calibrate.
    measure_replica`): the lone decode step, the per-request slope, the prefill rate and the
@@ -26,9 +29,11 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+
+import gevent
 
 from lbtune.cluster import api
 from lbtune.cluster.calibrate import (
@@ -42,6 +47,7 @@ from lbtune.cluster.calibrate import (
 )
 from lbtune.cluster.config import parse_config
 from lbtune.cluster.twin import drop_inactive, running_twin
+from lbtune.cluster.vllm import ServerSettings
 from lbtune.errors import ConfigError
 from lbtune.objective import Figures
 from lbtune.records.calibration import Calibration, ReplicaRates
@@ -67,8 +73,11 @@ VALIDATION_SAMPLES = 100
 VALIDATION_MAX_S = 90.0
 VLLM_MAX_NUM_SEQS = 256
 """vLLM's default ``--max-num-seqs``: what an external replica is taken to run."""
-
-
+LONG_SHARE = 0.45
+"""The longest lone prompt: this share of the context in lbtune's tokens (a real tokenizer
+counts ~1.5x more: two thirds of the context), at most four chunks."""
+LONG_OVER = 1.3
+"""... sent only when it is this much longer than the calibration's longest prompt."""
 CHUNK_TOKENS = 2048
 """The token budget of a step the fit assumes (the simulator's and vLLM's smallest default)."""
 FIT_PLAN = ProbePlan(max_prompt_tokens=CHUNK_TOKENS, decode_tokens=32)
@@ -99,12 +108,14 @@ def profile_path(state_dir: str | Path) -> Path:
     return Path(state_dir) / "twin-profile.json"
 
 
-def load_statement(ep: Endpoints, opts: FitOptions) -> str:
+def load_statement(ep: Endpoints, opts: FitOptions, together: bool = False) -> str:
     """What the fit will send, said before it sends anything."""
     p = opts.plan
     per = 2 * (25 + 3) + 2 * p.repeats * opts.batch
     out = (
-        f"twin fit: {len(ep.replicas)} replicas, one at a time, straight at each: about "
+        f"twin fit: {len(ep.replicas)} replicas, "
+        f"{'all at once (they share CPUs)' if together else 'one at a time'}, "
+        "straight at each: about "
         f"{per} requests each (at most {max(p.batch, opts.batch)} at once, prompts up to a "
         f"third of the context, {p.timeout_s:g} s timeout each)"
     )
@@ -131,14 +142,23 @@ def fit_twin(opts: FitOptions, say: Say) -> tuple[TwinProfile, Path]:
     ep = st.endpoints
     if opts.validate:
         _check_scenario(opts.scenario, ep)
-    say(load_statement(ep, opts))
-    seqs = _max_num_seqs(ep.state_dir)
+    facts = _replica_facts(ep.state_dir)
+    together = facts.shared_cpus
+    say(load_statement(ep, opts, together))
     key = api_key_from_env()
     fits: list[ReplicaFit] = []
-    for i, rep in enumerate(ep.replicas):
-        if i:
-            time.sleep(opts.plan.settle_s)
-        fits.append(_fit_replica(rep, opts, seqs, key, say))
+    if together:  # under load they are all busy: measured alone, each would look 2x faster
+        jobs = [gevent.spawn(_fit_replica, r, opts, facts, key, say) for r in ep.replicas]
+        try:
+            gevent.joinall(jobs, raise_error=True)  # a replica that fails: one line, naming it
+        finally:
+            gevent.killall([j for j in jobs if not j.ready()])  # and no probe goes on
+        fits = [j.value for j in jobs]
+    else:
+        for i, rep in enumerate(ep.replicas):
+            if i:
+                time.sleep(opts.plan.settle_s)
+            fits.append(_fit_replica(rep, opts, facts, key, say))
     profile = TwinProfile(
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         cluster=ep.config_name,
@@ -169,9 +189,10 @@ def _check_scenario(scenario: str, ep: Endpoints) -> None:
 
 
 def _fit_replica(
-    rep: ReplicaEndpoint, opts: FitOptions, seqs: int, key: str | None, say: Say
+    rep: ReplicaEndpoint, opts: FitOptions, facts: _Facts, key: str | None, say: Say
 ) -> ReplicaFit:
-    plan = opts.plan
+    chunk, seqs = facts.chunk_tokens, facts.max_num_seqs
+    plan = replace(opts.plan, max_prompt_tokens=min(opts.plan.max_prompt_tokens or chunk, chunk))
     a = measure_replica(rep, plan, api_key=key, progress=say)
     b = measure_replica(rep, plan, api_key=key)
     batch = max(2, min(opts.batch, seqs))
@@ -195,16 +216,19 @@ def _fit_replica(
         step_per_seq_s=Measured(value=slope, rel_uncertainty=step.rel_uncertainty),
         kv_s_per_token=Measured(value=kv_s, rel_uncertainty=step.rel_uncertainty),
         overhead_s=_measured(a.overhead_s, b.overhead_s),
-        chunk_tokens=CHUNK_TOKENS,
+        chunk_tokens=chunk,
         kv_tokens=kv[0] * kv[1] if kv else None,
         block_size=kv[0] if kv else 16,
         max_num_seqs=seqs,
         max_model_len=ctx,
     )
-    if third >= 2 * CHUNK_TOKENS:  # room for a prompt of several chunks: attention back
-        n = min(4, third // CHUNK_TOKENS) * CHUNK_TOKENS
-        say(f"{rep.name}: a lone prompt of {n} tokens ({n // CHUNK_TOKENS} chunks)")
+    longest = min(third, plan.max_prompt_tokens or third)  # the calibration's long prompt
+    n = min(4 * chunk, int(ctx * LONG_SHARE)) if ctx else 0
+    if n > LONG_OVER * longest:
+        say(f"{rep.name}: a lone prompt of {n} tokens (attention's square)")
         counted, ttft = least_ttft(rep, n, plan, api_key=key)
+        # the rate's own longest prompt, in the replica's count (its tokenizer's ratio)
+        fit = fit.model_copy(update={"linear_tokens": round(longest * counted / n)})
         attn = solve_attention(fit, counted, ttft)
         fit = fit.model_copy(
             update={"attn_s_per_pair": Measured(value=attn, rel_uncertainty=prefill_err)}
@@ -218,14 +242,28 @@ def _measured(a: float, b: float, floor: float = 0.0) -> Measured:
     return Measured(value=mean, rel_uncertainty=max(spread, floor))
 
 
-def _max_num_seqs(state_dir: str) -> int:
-    """What the cluster file says its replicas run (``vllm.max_num_seqs``), else vLLM's
-    default (the simulator's too)."""
+@dataclass(frozen=True)
+class _Facts:
+    """What the cluster file says of its replicas' engines."""
+
+    max_num_seqs: int = VLLM_MAX_NUM_SEQS
+    chunk_tokens: int = CHUNK_TOKENS
+    shared_cpus: bool = False
+    """The preset pins more servers than CPUs: they share them."""
+
+
+def _replica_facts(state_dir: str) -> _Facts:
+    """The vLLM preset's own flags (``vllm.max_num_seqs``, the token budget lbtune starts
+    its servers with, whether they are pinned to fewer CPUs than there are servers); else
+    vLLM's defaults (the simulator's too)."""
     data = read_config_json(StatePaths(Path(state_dir)))
     if data is None:
-        return VLLM_MAX_NUM_SEQS
-    cfg = parse_config(data, "the running cluster's config")
-    return cfg.vllm.max_num_seqs if cfg.vllm is not None else VLLM_MAX_NUM_SEQS
+        return _Facts()
+    v = parse_config(data, "the running cluster's config").vllm
+    if v is None:
+        return _Facts()
+    chunk = ServerSettings(served_name=v.model).max_num_batched_tokens
+    return _Facts(v.max_num_seqs, chunk, v.count > len(set(v.cpus)))
 
 
 def _calibration(profile: TwinProfile) -> Calibration:
@@ -307,13 +345,3 @@ def validate_profile(
 def _mean(xs: list[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return statistics.fmean(vals) if len(vals) == len(xs) and vals else None
-
-
-def mean_uncertainty(profile: TwinProfile) -> float:
-    """The mean relative uncertainty of the fitted rates (a one-number summary)."""
-    vals = [
-        x.rel_uncertainty
-        for f in profile.replicas
-        for x in (f.prefill_tokens_per_s, f.step_s, f.overhead_s)
-    ]
-    return statistics.fmean(vals) if vals else 0.0

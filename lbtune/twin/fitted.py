@@ -13,7 +13,8 @@ those: a step of ``rows`` requests that prefills ``P`` prompt tokens takes::
     step      = sqrt(weights² + (P / prefill_tokens_per_s)²) + attention
 
 (``K``: the tokens of context its decodes read; ``E``: the (query, key) pairs of its
-chunks against tokens before the chunk, a long prompt's later chunks). It is the
+prefill chunks against earlier tokens, and among a chunk's own beyond those of the longest
+prompt the rate was fitted on: quadratic in a long prompt). It is the
 calibration's own model (a lone request's TTFT is ``overhead + sqrt(step² + (prompt /
 rate)²)``, a batch of ``n`` decodes a token every ``step + slope × (n − 1)``) with
 attention beside it, as the roofline has it (its own kernels, not hidden by the GEMMs),
@@ -91,8 +92,12 @@ class ReplicaFit(BaseModel):
     kv_s_per_token: Measured = Measured(value=0.0, rel_uncertainty=0.0)
     """What each token of context a decode reads adds to a step (long contexts' KV reads)."""
     attn_s_per_pair: Measured = Measured(value=0.0, rel_uncertainty=0.0)
-    """What each (query, earlier key) pair of a prefill chunk adds: a long prompt's later
-    chunks attend to all of its earlier tokens (quadratic in the prompt)."""
+    """What each (query, key) pair of a prefill chunk adds beyond the linear rate: a long
+    prompt's attention grows with its square (a GPU's as its later chunks attend back to
+    the earlier ones, a CPU's also within one chunk)."""
+    linear_tokens: int = Field(default=0, ge=0)
+    """Prompts up to this many tokens were in the prefill rate's own fit: a chunk's pairs
+    among its own tokens count only beyond those of a chunk this long (the rate has them)."""
     chunk_tokens: int = Field(default=2048, ge=1)
     """Prompt tokens a step prefills at most (the engine's token budget, as fitted)."""
     kv_tokens: int | None = Field(default=None, ge=1)
@@ -169,20 +174,20 @@ class TwinProfile(BaseModel):
         return p
 
 
-def read_profile(path: str | Path) -> TwinProfile:
+def read_profile(path: str | Path, flag: str = "--twin-profile") -> TwinProfile:
     """The profile at ``path``; a :class:`ConfigError` naming the file otherwise."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"--twin-profile {p}: no such file (lbtune twin fit writes one)")
+        raise ConfigError(f"{flag} {p}: no such file (lbtune twin fit writes one)")
     try:
         prof = TwinProfile.model_validate_json(read_text(p, max_bytes=MAX_DOCUMENT_BYTES))
     except (ValidationError, ValueError) as exc:
         raise ConfigError(
-            f"--twin-profile {p}: not a twin profile ({exc.__class__.__name__}); "
+            f"{flag} {p}: not a twin profile ({exc.__class__.__name__}); "
             "run `lbtune twin fit` again"
         ) from None
     if prof.version != PROFILE_VERSION:
-        raise ConfigError(f"--twin-profile {p}: version {prof.version}, expected {PROFILE_VERSION}")
+        raise ConfigError(f"{flag} {p}: version {prof.version}, expected {PROFILE_VERSION}")
     return prof
 
 
@@ -205,39 +210,44 @@ def step_cost(fit: ReplicaFit, time_scale: float) -> StepCostFn:
     per_kv = fit.kv_s_per_token.value * time_scale
     per_token = time_scale / fit.prefill_tokens_per_s.value
     per_pair = fit.attn_s_per_pair.value * time_scale
+    in_rate = fit.linear_tokens * (fit.linear_tokens + 1) / 2
 
     def cost(load: BatchLoad) -> StepCost:
         rows = sum(load.rows)
         if rows == 0:
             return StepCost(0.0, 0.0)
-        earlier = sum(load.pairs) - sum(load.decode_pairs) - sum(load.causal_pairs)
+        chunks = sum(load.rows) - load.decode_tokens
+        causal = sum(load.causal_pairs)
+        earlier = sum(load.pairs) - sum(load.decode_pairs) - causal
+        pairs = earlier + max(0.0, causal - chunks * in_rate)
         prefill = load.prefill_tokens * per_token
         # attention reads KV and attends back in kernels of its own: not hidden by the GEMMs
         attention = per_kv * max(0, sum(load.kv_read) - load.prefill_tokens)
-        attention += per_pair * max(0.0, earlier)
+        attention += per_pair * max(0.0, pairs)
         body = math.hypot(step + slope * (rows - 1), prefill)
-        return StepCost(body + attention, prefill + per_pair * max(0.0, earlier))
+        return StepCost(body + attention, prefill + per_pair * max(0.0, pairs))
 
     return cost
 
 
 def lone_ttft(fit: ReplicaFit, prompt_tokens: int, attn_s_per_pair: float | None = None) -> float:
     """A lone request's TTFT (wall seconds) in the fitted model: its chunks of
-    ``chunk_tokens`` one step each, the later ones attending to the earlier tokens."""
+    ``chunk_tokens`` one step each, each attending to itself and the earlier tokens."""
     a = fit.attn_s_per_pair.value if attn_s_per_pair is None else attn_s_per_pair
+    in_rate = fit.linear_tokens * (fit.linear_tokens + 1) / 2
     t, done = fit.overhead_s.value, 0
     while done < prompt_tokens:
         n = min(fit.chunk_tokens, prompt_tokens - done)
-        t += math.hypot(fit.step_s.value, n / fit.prefill_tokens_per_s.value) + a * n * done
+        pairs = n * done + max(0.0, n * (n + 1) / 2 - in_rate)
+        t += math.hypot(fit.step_s.value, n / fit.prefill_tokens_per_s.value) + a * pairs
         done += n
     return t
 
 
 def solve_attention(fit: ReplicaFit, prompt_tokens: int, ttft_s: float) -> float:
     """The ``attn_s_per_pair`` with which :func:`lone_ttft` of ``prompt_tokens`` is
-    ``ttft_s`` (bisection; 0 where the prompt is one chunk or came in faster than the
-    model without attention)."""
-    if prompt_tokens <= fit.chunk_tokens or ttft_s <= lone_ttft(fit, prompt_tokens, 0.0):
+    ``ttft_s`` (bisection; 0 where it came in as fast as the linear model or faster)."""
+    if ttft_s <= lone_ttft(fit, prompt_tokens, 0.0):
         return 0.0
     lo, hi = 0.0, 1e-9
     while lone_ttft(fit, prompt_tokens, hi) < ttft_s and hi < 1.0:

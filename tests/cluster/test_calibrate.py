@@ -14,13 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from lbtune.cluster.calibrate import ProbePlan, calibrate, fit_prefill, measure_replica
+from lbtune.cluster.calibrate import (
+    ProbePlan,
+    calibrate,
+    decode_step_at,
+    fit_prefill,
+    kv_cache_size,
+    least_ttft,
+    measure_replica,
+    parse_cache_info,
+)
 from lbtune.cluster.resolve import free_port
 from lbtune.errors import ClusterError, ConfigError
 from lbtune.process import probes
 from lbtune.records.calibration import Calibration, ReplicaRates, read_calibration
 from lbtune.records.endpoints import Endpoints, ReplicaAddress, ReplicaEndpoint
 from lbtune.sim.costmodel import engine_rates
+from lbtune.sim.engine import Engine
 from lbtune.sim.profiles import GPU_PROFILES, MODEL_PROFILES
 from lbtune.targets.base import pool_names
 from lbtune.targets.haproxy.files import Site
@@ -153,3 +163,46 @@ def test_a_damaged_record_is_one_line_that_says_how_to_redo_it(tmp_path: Path) -
     (tmp_path / "calibration.json").write_text('{"measured_at": 3')
     with pytest.raises(ConfigError, match="lbtune cluster calibrate --state-dir"):
         read_calibration(tmp_path)
+
+
+@pytest.mark.integration
+def test_a_second_measurement_is_not_served_from_the_prefix_cache(
+    l4_replica: ReplicaEndpoint,
+) -> None:
+    """Each measurement's texts are fresh: with the same texts every time, a second
+    calibration's prompts hit the replica's prefix cache (a prefill rate 16x too high)."""
+    plan = ProbePlan(repeats=1)
+    _, first = least_ttft(l4_replica, 1500, plan)
+    _, second = least_ttft(l4_replica, 1500, plan)
+    assert second > 0.7 * first
+    pinned = ProbePlan(repeats=1, seed=11)  # the same texts twice: the cache answers
+    least_ttft(l4_replica, 1500, pinned)
+    assert least_ttft(l4_replica, 1500, pinned)[1] < 0.5 * first
+
+
+@pytest.mark.integration
+def test_the_kv_size_and_the_batch_decode_are_read_from_outside(
+    l4_replica: ReplicaEndpoint,
+) -> None:
+    """vLLM's ``cache_config_info`` as the simulator exports it gives the engine's own KV
+    pool; a batch with long prompts decodes slower than with short ones (the KV reads)."""
+    gpu, m = GPU_PROFILES["l4-24g"], MODEL_PROFILES[M8]
+    assert kv_cache_size(l4_replica) == (16, Engine(gpu, [m]).kv_capacity_blocks)
+    plan = ProbePlan(repeats=1, decode_tokens=16)
+    short = decode_step_at(l4_replica, 4, 16, plan)
+    long = decode_step_at(l4_replica, 4, 2000, plan)
+    assert short * SCALE == pytest.approx(engine_rates(gpu, m).step_s, rel=0.2)
+    assert long > short
+    counted, ttft = least_ttft(l4_replica, 600, plan)
+    assert counted >= 600 and ttft > short
+
+
+def test_cache_info_is_parsed_from_an_exposition_or_said_absent() -> None:
+    text = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="40",cache_dtype="auto"} 1.0\n'
+    )
+    assert parse_cache_info(text) == (16, 40)
+    assert parse_cache_info("# TYPE ps_running gauge\nps_running 0\n") is None
+    assert parse_cache_info("not an exposition {") is None

@@ -89,3 +89,30 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "-c", "mini2", "--twin-profile", "/nonexistent.json"], "no such file"),
+        (["fit", "--fail-on-drift", "10%"], "--fail-on-drift needs --baseline"),
+        (["fit", "--baseline", "/nonexistent.json"], "--baseline /nonexistent.json: no such file"),
+        (["fit", "--state-dir", "{tmp}"], "twin fit: no cluster running"),
+        (["fit", "--state-dir", "{tmp}", "--batch", "1"], "--batch: at least 2"),
+    ],
+)
+def test_fit_bad_input_is_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    """Before any load: no cluster, a missing profile, a gate without a baseline."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    p = subprocess.run(
+        [sys.executable, "-m", "lbtune", "twin", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], p.stderr

@@ -31,6 +31,7 @@ from lbtune.twin.fitted import (
     ReplicaFit,
     TwinProfile,
     Validation,
+    drift,
     engine_parts,
     lone_ttft,
     read_profile,
@@ -80,11 +81,11 @@ def test_step_formula_on_hand_made_batches() -> None:
     assert cost(mixed).duration == pytest.approx(  # KV reads are not hidden by the GEMMs
         2.0 * (math.hypot(0.02 + 0.001, 512 / 10_000) + 1e-6 * 41)
     )
-    later = BatchLoad(1)  # a chunk after 4096 cached tokens attends back to them
+    later = BatchLoad(1)  # a chunk after 4096 cached tokens: to them and to itself
     later.add(0, 4096, 1024, decode=False)
     with_attention = step_cost(fit(attn_s_per_pair=_m(1e-9)), time_scale=1.0)
     assert with_attention(later).duration == pytest.approx(
-        math.hypot(0.02, 1024 / 10_000) + 1e-6 * 4096 + 1e-9 * 1024 * 4096
+        math.hypot(0.02, 1024 / 10_000) + 1e-6 * 4096 + 1e-9 * (1024 * 4096 + 1024 * 1025 / 2)
     )
     assert cost(BatchLoad(1)).duration == 0.0
 
@@ -120,6 +121,7 @@ def _cost_model_fit(name: str, gpu: str, scale: float) -> ReplicaFit:
         overhead_s=_m(r.request_overhead_s / scale),
         kv_s_per_token=_m(kv / scale),
         kv_tokens=None,
+        linear_tokens=2048,  # engine_rates' prefill rate is a 2048-token chunk's
     )
     long = 4 * 2048  # a lone 8192-token prompt: four chunks, the later ones attending back
     ttft = r.request_overhead_s + sum(
@@ -200,3 +202,14 @@ def test_a_fitted_replica_is_simulated_from_its_fit() -> None:
     h100 = next(r for r in tc.replicas if r.name == "h100-0")
     assert h100.fit is None and h100.gpu == "h100-80g"
     assert dataclasses.replace(l4, fit=None) == TwinReplica("l4-0", "", (M8,))
+
+
+def test_drift_names_the_replica_that_got_slower() -> None:
+    old = TwinProfile(measured_at="x", cluster="c", time_scale=1.0, replicas=[fit("a"), fit("b")])
+    slow = fit("a", step_s=_m(0.026), prefill_tokens_per_s=_m(8_000.0))
+    noisy = fit("b", step_s=Measured(value=0.0205, rel_uncertainty=0.05))
+    new = old.model_copy(update={"replicas": [slow, noisy]})
+    by = {d.replica: d for d in drift(old, new)}
+    assert by["a"].decode == pytest.approx(0.3) and by["a"].prefill == pytest.approx(0.25)
+    assert by["a"].slower == pytest.approx(0.3) and by["a"].beyond_noise
+    assert by["b"].decode == pytest.approx(0.025) and not by["b"].beyond_noise
