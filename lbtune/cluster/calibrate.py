@@ -290,7 +290,7 @@ def measure_replica(
     say(f"{rep.name}: warm-up, decode step alone and at batch {plan.batch}")
     p.send(plan.short_tokens, 2)
     step, slope = _decode(p, plan)
-    rate, overhead, err = _prefill(p, plan, cap, step, say)
+    rate, overhead, err, longest = _prefill(p, plan, cap, step, say)
     return ReplicaRates(
         name=rep.name,
         model=model,
@@ -301,6 +301,7 @@ def measure_replica(
         overhead_s=overhead,
         probes=p.sent,
         fit_error=err,
+        longest_prompt_tokens=longest,
     )
 
 
@@ -359,11 +360,12 @@ def _decode(p: _Prober, plan: ProbePlan) -> tuple[float, float]:
 
 def _prefill(
     p: _Prober, plan: ProbePlan, cap: int, step: float, say: Progress
-) -> tuple[float, float, float]:
-    """The prefill rate, the overhead and the fit's error from one-token requests of a
-    short, a middle and a long prompt (the least TTFT of each). The long prompt doubles
-    (up to ``cap``) while its TTFT is under ``long_over_short`` times the short one's: a
-    fast engine on a short prompt measures only the noise."""
+) -> tuple[float, float, float, int]:
+    """The prefill rate, the overhead, the fit's error and the longest prompt (the
+    replica's count) from one-token requests of a short, a middle and a long prompt (the
+    least TTFT of each). The long prompt doubles (up to ``cap``) while its TTFT is under
+    ``long_over_short`` times the short one's: a fast engine on a short prompt measures
+    only the noise."""
 
     def least(n: int) -> _Probe:
         return min((p.send(n, 1, stream=False)[0] for _ in range(plan.repeats)), key=_ttft)
@@ -377,7 +379,10 @@ def _prefill(
     mid = least((plan.short_tokens + n) // 2)
     say(f"{p.rep.name}: prefill of {short.prompt_tokens}, {mid.prompt_tokens} and "
         f"{long.prompt_tokens} prompt tokens (the replica's count)")  # fmt: skip
-    return fit_prefill([(x.prompt_tokens, x.ttft_s) for x in (short, mid, long)], step)
+    rate, overhead, err = fit_prefill(
+        [(x.prompt_tokens, x.ttft_s) for x in (short, mid, long)], step
+    )
+    return rate, overhead, err, long.prompt_tokens
 
 
 def _ttft(x: _Probe) -> float:

@@ -39,6 +39,8 @@ class ReplicaRates(BaseModel):
     """Requests the measurement sent."""
     fit_error: float = Field(ge=0)
     """The largest relative error of the fitted TTFT over the prefill probes."""
+    longest_prompt_tokens: int | None = Field(default=None, ge=1)
+    """The longest prefill probe, in the replica's count (None in earlier records)."""
 
 
 class Calibration(BaseModel):

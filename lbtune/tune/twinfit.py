@@ -227,8 +227,8 @@ def _fit_replica(
     if n > LONG_OVER * longest:
         say(f"{rep.name}: a lone prompt of {n} tokens (attention's square)")
         counted, ttft = least_ttft(rep, n, plan, api_key=key)
-        # the rate's own longest prompt, in the replica's count (its tokenizer's ratio)
-        fit = fit.model_copy(update={"linear_tokens": round(longest * counted / n)})
+        linear = max(a.longest_prompt_tokens or 0, b.longest_prompt_tokens or 0)
+        fit = fit.model_copy(update={"linear_tokens": linear})  # the rate's own prompts
         attn = solve_attention(fit, counted, ttft)
         fit = fit.model_copy(
             update={"attn_s_per_pair": Measured(value=attn, rel_uncertainty=prefill_err)}
