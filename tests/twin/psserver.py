@@ -105,8 +105,8 @@ class PsServer:
         if path == "/health":
             return self._send(w, 200, b"{}")
         if path == "/metrics":
-            text = b"# TYPE ps_running gauge\nps_running %d\n" % self.running
-            return self._send(w, 200, text, b"text/plain; version=0.0.4")
+            expo = b"# TYPE ps_running gauge\nps_running %d\n" % self.running
+            return self._send(w, 200, expo, b"text/plain; version=0.0.4")
         if path == "/v1/models":
             data = {
                 "data": [
@@ -147,8 +147,8 @@ class PsServer:
                 await w.drain()
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": out}
             self._event(w, {"choices": [], "usage": usage})
-            data = b"data: [DONE]\n\n"
-            w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+            done = b"data: [DONE]\n\n"
+            w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
             await w.drain()
         finally:
             self.running -= 1

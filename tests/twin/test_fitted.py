@@ -96,7 +96,7 @@ def test_the_engine_holds_the_fitted_kv_and_limits() -> None:
     eng = Engine(gpu, [model], cfg, step_cost(f, 1.0))
     assert 4096 <= eng.kv_capacity_bytes < 4096 + 2 * 16  # one byte a token
     for i in range(5):
-        eng.add_request(SimRequest(f"q{i}", M8, tuple(range(i * 1000, i * 1000 + 64)), 4))
+        eng.add_request(SimRequest(f"q{i}", M8, list(range(i * 1000, i * 1000 + 64)), 4))
     res = eng.step()
     assert res.batch_size == 3  # max_num_seqs
     assert res.duration == pytest.approx(math.hypot(0.02 + 0.002, 3 * 64 / 10_000))
