@@ -12,10 +12,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import requests
 
+from lbtune.cluster.calibrate import parse_cache_info
 from lbtune.metrics import promql
 from tests.conformance.conftest import Metrics, Server
-from tests.conformance.families import DCGM_GAUGES, VLLM_TYPES
+from tests.conformance.families import DCGM_GAUGES, INFO_GAUGES, VLLM_TYPES
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -49,7 +51,17 @@ def test_lbtune_reads_only_known_families() -> None:
     """The table below covers every vLLM name lbtune's code and dashboards read."""
     read = names_lbtune_reads()
     assert read, "found no vllm: names in lbtune's readers"
-    assert read <= set(VLLM_TYPES), f"read but not checked here: {sorted(read - set(VLLM_TYPES))}"
+    known = set(VLLM_TYPES) | set(INFO_GAUGES)
+    assert read <= known, f"read but not checked here: {sorted(read - known)}"
+
+
+def test_the_kv_cache_size_is_read_from_its_info_gauge(server: Server) -> None:
+    """``lbtune twin fit`` reads the KV size from ``vllm:cache_config_info``: both servers
+    export it with a block size and a block count it parses."""
+    m = server.metrics()
+    assert _has_type(m, "vllm:cache_config_info", "gauge")
+    got = parse_cache_info(requests.get(server.url + "/metrics", timeout=10).text)
+    assert got is not None and got[0] >= 1 and got[1] >= 1, got
 
 
 def test_every_family_with_its_type_and_labels(server: Server) -> None:

@@ -233,8 +233,17 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
                 )
             )
     c = res.confirmation
-    trials = [(t.number, t.role, t.state, t.objective, t.fail_reason) for t in res.trials]
-    assert c is not None and c.comparisons, (None if c is None else c.note, trials)
+    if c is None or not c.comparisons:  # every trial in full (an assert's repr is cut short)
+        pytest.fail(
+            "\n".join(
+                [f"no comparison: {None if c is None else c.note}"]
+                + [
+                    f"{t.number} {t.role} {t.state} {t.objective} {t.fail_reason}"
+                    for t in res.trials
+                ]
+            )
+        )
+    assert c is not None
     comp = shown_comparison(res)
     why = [(r.round, r.arm, r.reason) for r in c.rounds if not r.measured]
     assert comp is not None and comp.rounds and c.baseline_trial == 0, why
@@ -297,5 +306,5 @@ def test_study_before_after_equals_a_same_round_recomputation(tmp_path: Path) ->
     # The live checkpoints (the records' tail while the load ran) reached the study: the
     # live trial has intermediate values (its 5 s window has checkpoints at 2 and 4 s).
     # The pruner's use of them is tested in virtual time (tests/search/test_pruning_twin.py).
-    assert t0 is not None and t0.intermediate, trials
+    assert t0 is not None and t0.intermediate, [(t.number, t.role, t.state) for t in res.trials]
     assert all(0 < v < float("inf") for v in t0.intermediate.values()), t0.intermediate
