@@ -135,14 +135,18 @@ class _Prober:
             StreamClient(self.rep.url, api_key=self._key, timeout_s=self.plan.timeout_s)
             for _ in specs
         ]
+        deadline = time.monotonic() + self.plan.timeout_s + 5
         try:
             jobs = [gevent.spawn(c.send, s) for c, s in zip(clients, specs, strict=True)]
-            gevent.joinall(jobs, timeout=self.plan.timeout_s + 5)
+            # until every probe is done or the deadline: a wait that comes back early (in
+            # CI one did, its probe unfinished and then killed) waits again
+            while not all(j.ready() for j in jobs) and time.monotonic() < deadline:
+                gevent.joinall(jobs, timeout=max(0.0, deadline - time.monotonic()))
             gevent.killall([j for j in jobs if not j.ready()], block=True, timeout=5)
         finally:
             for c in clients:
                 c.close()
-        return [self._probe(j.value if j.successful() else None) for j in jobs]
+        return [self._probe(_record(j)) for j in jobs]
 
     def _spec(self, prompt_tokens: int, max_tokens: int, stream: bool) -> RequestSpec:
         i = next(self._index)
@@ -179,6 +183,13 @@ class _Prober:
         half = len(c) // 2
         tail = (c[-1] - c[half]) / (len(c) - 1 - half) if len(c) - 1 - half >= 2 else None
         return _Probe(int(rec.prompt_tokens or 0), first - rec.sent_at, step, tail)
+
+
+def _record(job: gevent.Greenlet) -> RequestRecord | None:
+    """A probe's record; None when it did not finish (a killed greenlet's value is the
+    GreenletExit that ended it, not a record)."""
+    value = job.value if job.successful() else None
+    return value if isinstance(value, RequestRecord) else None
 
 
 def fit_prefill(probes_: Sequence[tuple[int, float]], step_s: float) -> tuple[float, float, float]:
