@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from lbtune.errors import ClusterError
-from lbtune.sim.metrics import GroundTruthLog
+from lbtune.sim.groundtruth import GroundTruthLog
 from lbtune.sim.server import Replica
 from lbtune.sim.spec import HostSpec
 

@@ -1,4 +1,4 @@
-"""What a simulated replica reports about itself: Prometheus metrics and ground truth.
+"""What a simulated replica reports about itself on ``/metrics``.
 
 Prometheus (``GET /metrics``, text exposition format 0.0.4, written by ``prometheus_client``
 from families computed at scrape time):
@@ -34,19 +34,14 @@ from families computed at scrape time):
 
 No ``replica`` label is written: Prometheus adds its target labels.
 
-Ground truth (:class:`GroundTruthLog`): one JSON object per request, kept in a
-bounded LRU for ``GET /debug/requests/{id}`` and, when a path is given, appended
-to a JSONL file (buffered, flushed every second and on close).
+The per-request ground truth (``GET /debug/requests/{id}``) is :mod:`lbtune.sim.groundtruth`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import time
 from bisect import bisect_left
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate
 from typing import Any, Protocol
@@ -375,88 +370,3 @@ HELP = {
     "DCGM_FI_DEV_FB_FREE": "Framebuffer memory free (in MiB).",
 }
 """Every metric name ``/metrics`` exposes, with its help text."""
-
-
-def new_record(request_id: str, replica: str, api: str, t_arrival: float) -> dict[str, Any]:
-    """A ground-truth record; the server fills it in as the request proceeds.
-
-    ``t_*`` are ``time.time()`` stamps: ``t_arrival`` when the handler started,
-    ``t_headers`` just after the response headers were written, ``t_first_token``
-    just after the first content chunk was written (non-streaming: the body),
-    ``t_last`` just after the last chunk (``data: [DONE]``) was written. ``status``
-    is the HTTP status, or 499 when the client went away; ``output_tokens`` counts
-    tokens produced; ``finish_reason`` is ``stop``, ``length`` or ``abort``.
-    """
-    return {
-        "request_id": request_id,
-        "replica": replica,
-        "api": api,
-        "model": None,
-        "stream": None,
-        "status": None,
-        "prompt_tokens": None,
-        "output_tokens": 0,
-        "finish_reason": None,
-        "t_arrival": t_arrival,
-        "t_headers": None,
-        "t_first_token": None,
-        "t_last": None,
-    }
-
-
-class GroundTruthLog:
-    """Per-request ground truth: an LRU for the debug endpoint and an optional JSONL file."""
-
-    def __init__(self, path: str | None = None, capacity: int = 100_000) -> None:
-        self.path = path
-        self.capacity = capacity
-        self._recent: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._pending: list[str] = []
-        self._file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
-        self._task: asyncio.Task[None] | None = None
-
-    def record(self, rec: dict[str, Any], scrub: Callable[[str], str] | None = None) -> None:
-        """Keep ``rec`` (which must hold ``request_id``) and queue it for the file; ``scrub``
-        masks its request's secrets in every text field first."""
-        if scrub is not None:
-            rec = {k: scrub(v) if isinstance(v, str) else v for k, v in rec.items()}
-        rid = str(rec["request_id"])
-        self._recent[rid] = rec
-        self._recent.move_to_end(rid)
-        while len(self._recent) > self.capacity:
-            self._recent.popitem(last=False)
-        if self._file is not None:
-            self._pending.append(json.dumps(rec, separators=(",", ":")) + "\n")
-
-    def get(self, request_id: str) -> dict[str, Any] | None:
-        return self._recent.get(request_id)
-
-    def flush(self) -> None:
-        if self._file is not None and self._pending:
-            self._file.write("".join(self._pending))
-            self._pending.clear()
-            self._file.flush()
-
-    def start(self, interval: float = 1.0) -> None:
-        """Flush every ``interval`` seconds from the running event loop."""
-        if self._file is not None and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._flusher(interval))
-
-    async def _flusher(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            self.flush()
-
-    async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        self.close()
-
-    def close(self) -> None:
-        self.flush()
-        if self._file is not None:
-            self._file.close()
-            self._file = None

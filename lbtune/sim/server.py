@@ -62,7 +62,8 @@ from lbtune.sim.engine import (
     SimRequest,
     StepResult,
 )
-from lbtune.sim.metrics import GroundTruthLog, ReplicaMetrics, new_record
+from lbtune.sim.groundtruth import GroundTruthLog, new_record
+from lbtune.sim.metrics import ReplicaMetrics
 from lbtune.sim.profiles import get_gpu, get_model
 from lbtune.sim.responses import Stream, stream_response, whole_response
 from lbtune.sim.router_api import add_router_routes

@@ -10,13 +10,13 @@ from typing import Any
 
 import openai
 
+from lbtune.sim.groundtruth import GroundTruthLog
 from lbtune.sim.host import HostThread
 from lbtune.sim.metrics import (
     ITL_BUCKETS,
     REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS,
     BusyClock,
-    GroundTruthLog,
     Histogram,
 )
 from tests.conformance.families import DCGM_GAUGES, INFO_GAUGES, VLLM_TYPES
