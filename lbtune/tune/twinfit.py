@@ -221,6 +221,7 @@ def _fit_replica(
         block_size=kv[0] if kv else 16,
         max_num_seqs=seqs,
         max_model_len=ctx,
+        probes=a.probes + b.probes + 2 * plan.repeats * batch,
     )
     longest = min(third, plan.max_prompt_tokens or third)  # the calibration's long prompt
     n = min(4 * chunk, int(ctx * LONG_SHARE)) if ctx else 0
@@ -231,7 +232,10 @@ def _fit_replica(
         fit = fit.model_copy(update={"linear_tokens": linear})  # the rate's own prompts
         attn = solve_attention(fit, counted, ttft)
         fit = fit.model_copy(
-            update={"attn_s_per_pair": Measured(value=attn, rel_uncertainty=prefill_err)}
+            update={
+                "attn_s_per_pair": Measured(value=attn, rel_uncertainty=prefill_err),
+                "probes": fit.probes + plan.repeats,
+            }
         )
     return fit
 
@@ -280,7 +284,7 @@ def _calibration(profile: TwinProfile) -> Calibration:
                 step_s=f.step_s.value,
                 step_per_seq_s=f.step_per_seq_s.value,
                 overhead_s=f.overhead_s.value,
-                probes=1,
+                probes=f.probes,
                 fit_error=f.prefill_tokens_per_s.rel_uncertainty,
             )
             for f in profile.replicas

@@ -108,6 +108,8 @@ class ReplicaFit(BaseModel):
     """Requests a step may run at once (from the cluster file where it says, else vLLM's
     default)."""
     max_model_len: int | None = Field(default=None, ge=1)
+    probes: int = Field(default=1, ge=1)
+    """Requests the fit sent to this replica."""
 
 
 class Validation(BaseModel):

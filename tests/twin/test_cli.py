@@ -79,8 +79,13 @@ def test_params_layering_and_the_inactive_agent(tmp_path: Path) -> None:
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    _one_line_exit_2(["run", *args], message)
+
+
+def _one_line_exit_2(args: list[str], message: str) -> None:
+    """``lbtune twin ARGS`` exits 2 with one line on stderr that holds ``message``."""
     p = subprocess.run(
-        [sys.executable, "-m", "lbtune", "twin", "run", *args],
+        [sys.executable, "-m", "lbtune", "twin", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -105,14 +110,4 @@ def test_fit_bad_input_is_one_line_and_exit_2(
     args: list[str], message: str, tmp_path: Path
 ) -> None:
     """Before any load: no cluster, a missing profile, a gate without a baseline."""
-    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    p = subprocess.run(
-        [sys.executable, "-m", "lbtune", "twin", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert p.returncode == 2, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], p.stderr
+    _one_line_exit_2([a.replace("{tmp}", str(tmp_path)) for a in args], message)
