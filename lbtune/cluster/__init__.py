@@ -10,6 +10,7 @@ HAProxy by default); its registry entry launches, watches and scrapes it
 * :mod:`lbtune.process.supervisor` — start/stop processes by PID, readiness waits, and the
   :class:`~lbtune.process.supervisor.ClusterSupervisor` a balancer's launch uses.
 * :mod:`lbtune.process.probes` — HTTP, port and Prometheus probes.
+* :mod:`lbtune.process.affinity` — the CPUs the rest runs on beside pinned vLLM servers.
 * :mod:`lbtune.cluster.health` — readiness checks and the status records.
 * :mod:`lbtune.records.statedir` — the state dir layout and the endpoints record.
 * :mod:`lbtune.cluster.agent` — the feedback agent as a cluster component (``agent.enabled``).

@@ -14,7 +14,7 @@ While the agent runs with ``enabled: true`` it owns the per-server weights.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from lbtune.agent.config import write_agent_file
@@ -62,15 +62,15 @@ def command(paths: StatePaths) -> list[str]:
     return [sys.executable, "-m", "lbtune", "agent", "run", "--config", str(paths.agent_config)]
 
 
-def start(paths: StatePaths) -> ProcessRecord:
-    """Start the agent (its PID file is written before this returns)."""
+def start(paths: StatePaths, cpus: Collection[int] | None = None) -> ProcessRecord:
+    """Start the agent, on ``cpus`` when given (its PID file is written before this returns)."""
     env = {
         "LBTUNE_STATE_DIR": str(paths.root),  # its defaults come from this cluster, no scan
         "PYTHONUNBUFFERED": "1",
         "NO_COLOR": "1",
         "COLUMNS": "200",  # its log lines are not wrapped at 80 columns
     }
-    return supervisor.start(AGENT, command(paths), paths, env=env)
+    return supervisor.start(AGENT, command(paths), paths, env=env, cpus=cpus)
 
 
 def wait_ready(ep: Endpoints, watch: Sequence[ProcessRecord]) -> None:

@@ -7,7 +7,9 @@ launch itself (:meth:`~lbtune.targets.targetbase.BalancerBase.launch`: render, v
 under the supervisor, wait healthy), waits until Prometheus scrapes every replica and
 the balancer's jobs, writes ``endpoints.json``, then, when the cluster YAML enables
 it, starts the feedback agent (:mod:`lbtune.cluster.agent`) and, last, the keeper that
-relaunches a dead balancer between commands (:mod:`lbtune.cluster.keeper`). If any step
+relaunches a dead balancer between commands (:mod:`lbtune.cluster.keeper`). When the
+vLLM servers are pinned (``vllm.cpus``), everything else it starts runs on the other CPUs
+(:mod:`lbtune.process.affinity`), and ``endpoints.json`` records theirs. If any step
 fails, everything this ``up`` started is stopped again; ``down`` stops the keeper first,
 then the agent, then every other recorded process in reverse start order. The cluster
 never names a balancer.
@@ -31,7 +33,7 @@ from lbtune.cluster.config import DEFAULT_PRESET, LOOPBACK, ClusterConfig, load_
 from lbtune.cluster.health import ClusterStatus, ComponentStatus, ReplicaStatus
 from lbtune.cluster.resolve import ResolvedCluster, check_ports, free_port, resolve
 from lbtune.errors import BalancerDown, ClusterError
-from lbtune.process import probes, supervisor
+from lbtune.process import affinity, probes, supervisor
 from lbtune.process.supervisor import ClusterSupervisor, ProcessRecord
 from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
 from lbtune.records.statedir import (
@@ -185,6 +187,7 @@ def _endpoints(
         ground_truth_path=str(paths.ground_truth) if cluster.simulated else None,
         agent_config=str(paths.agent_config) if p.agent is not None else None,
         agent_metrics_url=f"http://{LOOPBACK}:{p.agent}/metrics" if p.agent is not None else None,
+        reserved_cpus=cluster.config.reserved_cpus,
     )
 
 
@@ -251,7 +254,7 @@ def _already_up(
         heal.heal_if_dead(paths, say, PROMETHEUS_TIMEOUT, HEAL_WAIT_S)
         problems = _problems(ep, _records(paths))
         if not problems:
-            keeper.ensure_running(paths, say)
+            keeper.ensure_running(paths, say, affinity.complement(ep.reserved_cpus))
     if problems or ep is None:
         raise ClusterError(
             f"Cluster {cfg.name} in {paths.root} is running but unhealthy "
@@ -296,14 +299,15 @@ def _start_all(
     urls = {r.name: r.url for r in cluster.replicas}
     n = len(cluster.replicas)
     sim: list[ProcessRecord] = []
+    others = vllm.other_cpus(cluster.config, functools.partial(_say, progress))
     if cluster.simulated:
         _say(progress, f"starting {n} simulated replicas")
         cmd = [sys.executable, "-m", "lbtune.sim", "--spec", str(paths.sim_spec)]
-        sim.append(supervisor.start(SIM, cmd, paths, env={"PYTHONUNBUFFERED": "1"}))
+        sim.append(supervisor.start(SIM, cmd, paths, {"PYTHONUNBUFFERED": "1"}, others))
         started += sim
     if cluster.config.vllm is not None:
         _say(progress, f"starting {n} vLLM CPU servers (pinned to CPUs {cluster.config.vllm.cpus})")
-        servers = vllm.start_servers(cluster, paths)
+        servers = vllm.start_servers(cluster, paths)  # each pins itself
         sim += servers
         started += servers
     # Prometheus applies its first target set only after ~5 s: start it early so that
@@ -316,7 +320,7 @@ def _start_all(
         f"--web.listen-address={LOOPBACK}:{cluster.ports.prometheus}",
         "--web.enable-lifecycle",
     ]
-    prom = supervisor.start(PROMETHEUS, prom_cmd, paths)
+    prom = supervisor.start(PROMETHEUS, prom_cmd, paths, cpus=others)
     started.append(prom)
     what = "the replicas' /health" if sim else "the external replicas' /health"
     timeout = vllm.STARTUP_TIMEOUT if cluster.config.vllm is not None else SIM_TIMEOUT
@@ -325,7 +329,7 @@ def _start_all(
     mine: list[ProcessRecord] = []
     heal.save_launch(paths, spec)
     try:
-        launched = entry.launch(spec, ClusterSupervisor(paths, mine, watch=[*sim, prom]))
+        launched = entry.launch(spec, ClusterSupervisor(paths, mine, [*sim, prom], others))
     finally:
         started += mine
     ep = _endpoints(cluster, paths, source, entry, spec, launched)
@@ -337,9 +341,9 @@ def _start_all(
     if ep.agent_config is not None:
         _say(progress, "starting the feedback agent")
         agent.write_config(cluster, paths)
-        started.append(agent.start(paths))
+        started.append(agent.start(paths, others))
         agent.wait_ready(ep, list(started))
-    started.append(keeper.start(paths))  # last: nothing to keep before the rest is ready
+    started.append(keeper.start(paths, others))  # last: nothing to keep before the rest is ready
     return ep
 
 

@@ -317,6 +317,11 @@ class ClusterConfig(BaseModel):
             raise ValueError(problem)
         return self
 
+    @property
+    def reserved_cpus(self) -> list[int]:
+        """The CPUs its servers are pinned to (``vllm.cpus``), sorted; empty when none are."""
+        return sorted(set(self.vllm.cpus)) if self.vllm is not None else []
+
 
 def _display(path: Path) -> str:
     try:

@@ -26,7 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 from lbtune import targets
 from lbtune.cluster import health, restore
 from lbtune.errors import ClusterError
-from lbtune.process import supervisor
+from lbtune.process import affinity, supervisor
 from lbtune.process.locks import pid_lock
 from lbtune.process.supervisor import ClusterSupervisor, ProcessRecord
 from lbtune.records.endpoints import Endpoints
@@ -91,8 +91,10 @@ def heal_balancer(
     mine: list[ProcessRecord] = []
     # Watched while the balancer starts: the cluster, not the keeper (which may exit now).
     alive = [r for r in supervisor.records(paths) if r.name != KEEPER and supervisor.alive(r)]
+    # Off the servers' CPUs, as `up` launched it (from the keeper too: it runs on the rest).
+    cpus = affinity.complement(ep.reserved_cpus)
     try:
-        targets.balancer(ep.balancer).launch(spec, ClusterSupervisor(paths, mine, watch=alive))
+        targets.balancer(ep.balancer).launch(spec, ClusterSupervisor(paths, mine, alive, cpus))
     except BaseException:
         for rec in reversed(mine):
             supervisor.stop(rec, paths)

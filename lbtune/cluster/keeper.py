@@ -33,7 +33,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -179,16 +179,20 @@ def command(paths: StatePaths) -> list[str]:
     return [sys.executable, "-m", "lbtune.cluster.keeper", "--state-dir", str(paths.root)]
 
 
-def start(paths: StatePaths) -> ProcessRecord:
-    """Start the keeper of the cluster in ``paths`` (its PID file is written on return)."""
-    return supervisor.start(KEEPER, command(paths), paths, env={"PYTHONUNBUFFERED": "1"})
+def start(paths: StatePaths, cpus: Collection[int] | None = None) -> ProcessRecord:
+    """Start the keeper of the cluster in ``paths``, on ``cpus`` when given (the cluster's
+    CPUs outside its pinned servers'); its PID file is written on return."""
+    return supervisor.start(KEEPER, command(paths), paths, {"PYTHONUNBUFFERED": "1"}, cpus)
 
 
-def ensure_running(paths: StatePaths, say: Callable[[str], None]) -> None:
-    """Start the keeper again when it is not running (it gave up, or was killed)."""
+def ensure_running(
+    paths: StatePaths, say: Callable[[str], None], cpus: Collection[int] | None = None
+) -> None:
+    """Start the keeper again (on ``cpus`` when given) when it is not running (it gave up,
+    or was killed)."""
     own = supervisor.read_record(paths, KEEPER)
     if own is None or not supervisor.alive(own):
-        rec = start(paths)
+        rec = start(paths, cpus)
         say(f"the keeper was not running: started it again (pid {rec.pid}, {rec.log})")
 
 

@@ -18,7 +18,8 @@ server's command line and environment; the cluster starts them under its supervi
   program stays the venv's Python (the supervisor checks it before signalling), and
   its engine process inherits the mask; ``VLLM_CPU_OMP_THREADS_BIND`` binds its OpenMP
   thread to the same CPUs. On 2 cores, unpinned vLLM took ~80 % of the CPU and starved
-  the load generator: the preset puts vLLM on core 1 and leaves core 0 to lbtune.
+  the load generator: the preset puts vLLM on core 1 and leaves core 0 to lbtune, where
+  the cluster's other processes (:func:`other_cpus`) and the load generator run.
 """
 
 from __future__ import annotations
@@ -26,15 +27,16 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib.resources import as_file, files
 from pathlib import Path
 
 import lbtune
+from lbtune.cluster.config import ClusterConfig
 from lbtune.cluster.resolve import ResolvedCluster
 from lbtune.errors import ClusterError, DependencyError
-from lbtune.process import supervisor
+from lbtune.process import affinity, supervisor
 from lbtune.process.supervisor import ProcessRecord
 from lbtune.records.statedir import StatePaths, state_root
 from lbtune.safety.lifeline import die_with_parent
@@ -231,6 +233,26 @@ def check_cpus(cpus: Sequence[int]) -> str | None:
     if missing:
         return f"CPU(s) {missing} are not available here (usable: {sorted(usable)})"
     return None
+
+
+def other_cpus(cfg: ClusterConfig, say: Callable[[str], None]) -> frozenset[int] | None:
+    """Where the cluster's processes other than its pinned servers run: the CPUs this
+    process may use outside the servers' (None: where it runs, when no server is pinned
+    or the servers take every CPU, which is said)."""
+    reserved = cfg.reserved_cpus
+    others = affinity.complement(reserved)
+    if others is not None:
+        say(
+            f"the balancer, Prometheus and the keeper will run on CPUs {sorted(others)}, "
+            f"off the vLLM servers' {reserved}"
+        )
+    elif reserved:
+        say(
+            f"vllm.cpus {reserved} leave no other CPU to lbtune here "
+            f"(usable: {sorted(affinity.usable())}): the balancer, Prometheus and the keeper "
+            "share them unpinned"
+        )
+    return others
 
 
 def start_servers(cluster: ResolvedCluster, paths: StatePaths) -> list[ProcessRecord]:

@@ -15,20 +15,31 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 from typing import IO, Any
 
+from lbtune.loadgen.settings import GeneratorSettings
+from lbtune.process import affinity
 from lbtune.safety.lifeline import die_with_parent
 
 __all__ = ["Child", "start_children"]
 
 
 class Child:
-    """One generator process, started in its own session; its status lines are read by a
-    thread into the run's queue. It dies with this process, ``kill -9`` included
+    """One generator process, started in its own session (on ``cpus`` when given: off a
+    cluster's pinned servers); its status lines are read by a thread into the run's queue.
+    It dies with this process, ``kill -9`` included
     (:func:`lbtune.safety.lifeline.die_with_parent`)."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, lines: queue.Queue[Any]):
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        log_path: Path,
+        lines: queue.Queue[Any],
+        cpus: Collection[int] | None = None,
+    ):
         self.name = name
         self._log = log_path.open("wb")
         self.proc = subprocess.Popen(
@@ -36,7 +47,7 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=self._log,
             start_new_session=True,  # the runner decides when its children stop
-            preexec_fn=die_with_parent(),  # ... and they never outlive it
+            preexec_fn=affinity.pin(cpus, die_with_parent()),  # ... and they never outlive it
         )
         self.log_path = log_path
         self.final: dict[str, Any] | None = None
@@ -88,13 +99,19 @@ class Child:
 
 
 def start_children(
-    role: str, workers: int, expect: int, settings_path: Path, lines: queue.Queue[Any]
+    role: str,
+    workers: int,
+    settings: GeneratorSettings,
+    settings_path: Path,
+    lines: queue.Queue[Any],
 ) -> list[Child]:
     """The generator processes of ``role`` (``local``: one; ``master``: a master and its
     ``workers`` local workers; ``worker``: this machine's ``max(1, workers)`` workers of a
-    remote master, which waits for ``expect``), started with the settings file
-    ``settings_path``, their status lines going to ``lines``, their logs beside it."""
+    remote master, which waits for ``settings.expect_workers``), started on
+    ``settings.cpus`` with ``settings`` (written in ``settings_path``), their status lines
+    going to ``lines``, their logs beside it."""
     rdir = settings_path.parent
+    expect, cpus = settings.expect_workers, settings.cpus
     n_local = workers if role != "local" else 0
     run_id = uuid.uuid4().hex[:8]
     base = [sys.executable, "-m", "lbtune.loadgen.worker", "--config", str(settings_path)]
@@ -102,9 +119,8 @@ def start_children(
     children: list[Child] = []
     if role in ("local", "master"):
         name = "local" if role == "local" else "master"
-        children.append(
-            Child(name, [*base, "--role", role, "--name", name], rdir / f"{name}.log", lines)
-        )
+        argv = [*base, "--role", role, "--name", name]
+        children.append(Child(name, argv, rdir / f"{name}.log", lines, cpus))
     for k in range(n_local if role == "master" else (max(1, workers) if role == "worker" else 0)):
         wname = f"w{k}"
         idx = ["--worker-index", str(k)] if role == "master" else []
@@ -114,6 +130,7 @@ def start_children(
                 [*base, "--role", "worker", "--name", wname, *idx, "--worker-count", str(expect)],
                 rdir / f"{wname}.log",
                 lines,
+                cpus,
             )
         )
     return children

@@ -105,6 +105,10 @@ class LoadConfig:
     """Path of the run's ``run.json`` (:mod:`lbtune.scenario.runplan`): when set, the
     generators take the scenario document and load plan from it and never read the scenario
     file."""
+    cpus: frozenset[int] | None = None
+    """The CPUs the generator processes run on (the embedded cluster's CPUs outside its
+    pinned servers': :attr:`lbtune.run.target.ResolvedTarget.generator_cpus`); None: where
+    this process runs."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,7 @@ def _settings(cfg: LoadConfig, rdir: Path) -> GeneratorSettings:
         master_port=cfg.master_port or (_free_port() if role == "master" else 5557),
         master_bind_host=cfg.master_bind_host,
         expect_workers=cfg.expect_workers or max(1, n_local),
+        cpus=None if cfg.cpus is None else tuple(sorted(cfg.cpus)),
     )
 
 
@@ -224,7 +229,7 @@ def run_load(
         old.unlink()
     path = write_settings(rdir.resolve() / SETTINGS_FILE, settings)
     run = _Supervised(cfg, rdir, source.duration_s, on_progress)
-    run.begin(start_children(_role(cfg), cfg.workers, settings.expect_workers, path, run.lines))
+    run.begin(start_children(_role(cfg), cfg.workers, settings, path, run.lines))
     try:
         run.watch(stop)
     finally:

@@ -12,6 +12,7 @@ by string keys, and an unknown key is an error that names it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -69,6 +70,12 @@ class GeneratorSettings(_Frozen):
     master_port: int = Field(ge=0, le=65535)
     master_bind_host: str = "127.0.0.1"
     expect_workers: int = Field(ge=1, le=10_000)
+    cpus: tuple[Annotated[int, Field(ge=0, le=4095)], ...] | None = Field(
+        default=None,
+        min_length=1,
+        description="The CPUs every generator process is started on (off a cluster's pinned "
+        "servers); None: where the runner runs.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> GeneratorSettings:

@@ -16,12 +16,13 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import psutil
 
 from lbtune.errors import ClusterError
+from lbtune.process import affinity
 from lbtune.records.statedir import StatePaths, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,14 @@ class ProcessRecord:
 
 
 def start(
-    name: str, cmd: Sequence[str], paths: StatePaths, env: dict[str, str] | None = None
+    name: str,
+    cmd: Sequence[str],
+    paths: StatePaths,
+    env: dict[str, str] | None = None,
+    cpus: Collection[int] | None = None,
 ) -> ProcessRecord:
-    """Start ``cmd`` in its own session, output to its log, and write its PID file."""
+    """Start ``cmd`` in its own session, output to its log, and write its PID file; on
+    ``cpus`` when given (:func:`lbtune.process.affinity.pin`), else where this process runs."""
     log_path = paths.log(name)
     with open(log_path, "ab") as out:
         out.write(f"--- lbtune: starting {' '.join(cmd)}\n".encode())
@@ -65,6 +71,7 @@ def start(
                 start_new_session=True,
                 close_fds=True,
                 env=None if env is None else {**os.environ, **env},
+                preexec_fn=affinity.pin(cpus),
             )
         except OSError as exc:
             raise ClusterError(f"Cannot start {name} ({cmd[0]}): {exc}") from None
@@ -76,7 +83,8 @@ def start(
         create_time = 0.0
     record = ProcessRecord(name, proc.pid, create_time, list(cmd), str(log_path))
     write_json_atomic(paths.pid_file(name), record.to_json())
-    log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
+    where = "" if cpus is None else f" on CPUs {sorted(cpus)}"
+    log.info("started %s (pid %d%s), log %s", name, proc.pid, where, log_path)
     return record
 
 
@@ -299,7 +307,8 @@ class ClusterSupervisor:
     """:class:`lbtune.targets.base.Supervisor` over one state dir.
 
     ``started`` collects what it starts (the cluster stops those when ``up`` fails);
-    ``wait_until`` fails early when any process in ``watch`` or ``started`` dies.
+    ``wait_until`` fails early when any process in ``watch`` or ``started`` dies; what it
+    starts runs on ``cpus`` when given (the cluster's CPUs outside its servers' own).
     """
 
     def __init__(
@@ -307,13 +316,15 @@ class ClusterSupervisor:
         paths: StatePaths,
         started: list[ProcessRecord] | None = None,
         watch: Sequence[ProcessRecord] = (),
+        cpus: Collection[int] | None = None,
     ) -> None:
         self.paths = paths
         self.started = started if started is not None else []
         self.watch = list(watch)
+        self.cpus = cpus
 
     def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
-        self.started.append(start(name, argv, self.paths, dict(env) if env else None))
+        self.started.append(start(name, argv, self.paths, dict(env) if env else None, self.cpus))
 
     def wait_until(self, check: Callable[[], str | None], timeout_s: float, what: str) -> None:
         wait_until(check, timeout_s, what, [*self.watch, *self.started])

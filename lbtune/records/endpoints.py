@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,11 @@ class Endpoints(BaseModel):
     (it then owns the per-server weights); ``None`` otherwise."""
     agent_metrics_url: str | None = None
     """The agent's own ``/metrics`` (Prometheus job ``lbtune-agent``) when it runs."""
+    reserved_cpus: list[int] = Field(default_factory=list)
+    """The CPUs the cluster's servers are pinned to (the vLLM preset's ``vllm.cpus``): what
+    else lbtune starts for this cluster, its load generator included, runs on the others
+    (:func:`lbtune.process.affinity.complement`). Empty: nothing is pinned (and in records
+    written before this field)."""
 
     @property
     def models(self) -> list[str]:

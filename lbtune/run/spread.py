@@ -13,9 +13,10 @@ afterwards whether the timing held (it never claims a bound it does not have).
 from __future__ import annotations
 
 import math
-import os
+from collections.abc import Collection
 from dataclasses import dataclass
 
+from lbtune.process import affinity
 from lbtune.scenario.runplan import RunPlan
 
 __all__ = ["STREAMS_PER_PROCESS", "Spread", "peak_streams", "spread", "usable_cores"]
@@ -33,12 +34,11 @@ class Spread:
     note: str | None = None
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
+def usable_cores(cpus: Collection[int] | None = None) -> int:
+    """The CPUs the generator may run on: ``cpus`` when it is pinned there (off a cluster's
+    pinned servers: :attr:`lbtune.run.target.ResolvedTarget.generator_cpus`), else those
+    this process may run on (its affinity, not the machine's count)."""
+    return len(cpus) if cpus else len(affinity.usable())
 
 
 def peak_streams(plan: RunPlan) -> int | None:
@@ -66,8 +66,8 @@ def spread(streams: int | None, cores: int) -> Spread:
     if cores <= 1:
         return Spread(
             0,
-            f"generator: {streams} streams on one process (this machine lets lbtune use one "
-            f"core; one process reads about {STREAMS_PER_PROCESS} on time): the run's "
+            f"generator: {streams} streams on one process (the generator may use one core "
+            f"here; one process reads about {STREAMS_PER_PROCESS} on time): the run's "
             "generator health will say whether its timing held",
         )
     return Spread(

@@ -198,7 +198,7 @@ def run_stress(
     plan = plan.with_target(*target_facts(target))
     out_dir = opts.out_dir or default_out_dir(opts.reports_root, plan.scenario_name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    workers = _workers(opts, plan, say)
+    workers = _workers(opts, plan, target, say)
     cfg = _load_config(opts, plan, target, write_run_plan(out_dir, plan), workers)
     say(describe_estimate(plan, estimate_window_requests(plan, opts.reports_root)))
     until = plan.load.until_samples
@@ -233,11 +233,17 @@ def run_stress(
     return result
 
 
-def _workers(opts: StressOptions, plan: RunPlan, say: Callable[[str], None]) -> int:
-    """``--workers`` as given, else as many as the run's streams need (said when > 0)."""
+def _workers(
+    opts: StressOptions, plan: RunPlan, target: ResolvedTarget, say: Callable[[str], None]
+) -> int:
+    """``--workers`` as given, else as many as the run's streams need on the CPUs the
+    generator may use (said when > 0); where it is pinned, that is said too."""
+    if target.generator_cpus is not None:
+        reserved = target.endpoints.reserved_cpus if target.endpoints is not None else []
+        say(f"generator: on CPUs {sorted(target.generator_cpus)}, off the servers' {reserved}")
     if opts.workers is not None or opts.role != "auto":
         return opts.workers or 0
-    choice = spread(peak_streams(plan), usable_cores())
+    choice = spread(peak_streams(plan), usable_cores(target.generator_cpus))
     if choice.note is not None:
         say(choice.note)
     return choice.workers
@@ -267,6 +273,7 @@ def _load_config(
         request_timeout_s=opts.request_timeout_s,
         allow_remote=opts.allow_remote,
         run_plan=str(plan_path.resolve()),
+        cpus=target.generator_cpus,
     )
 
 

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from lbtune.cluster import api
 from lbtune.errors import ConfigError
 from lbtune.loadgen.preflight import served_models
+from lbtune.process import affinity
 from lbtune.records.addresses import check_url, is_loopback
 from lbtune.records.endpoints import Endpoints
 from lbtune.targets import get_target
@@ -63,6 +64,10 @@ class ResolvedTarget:
     cluster_started: bool
     models: set[str] | None = None
     """The models the target serves (its replicas', or its ``/v1/models``); None: unknown."""
+    generator_cpus: frozenset[int] | None = None
+    """Where the load generator's processes run: for an embedded cluster whose servers are
+    pinned (``Endpoints.reserved_cpus``), the CPUs this process may use outside theirs;
+    None: where this process runs (no pin, or no CPU would be left)."""
 
 
 def check_target_allowed(url: str, allow_remote: bool) -> None:
@@ -120,6 +125,7 @@ def resolve_target(opts: TargetRequest, say: Callable[[str], None]) -> ResolvedT
         endpoints=endpoints,
         cluster_started=started,
         models={m for r in endpoints.replicas for m in r.models},
+        generator_cpus=affinity.complement(endpoints.reserved_cpus),
     )
 
 

@@ -4,6 +4,7 @@ the state root, a checkout's ``.venv-vllm``, package data. No vLLM needed: fake 
 from __future__ import annotations
 
 import json
+import os
 import stat
 from importlib.resources import files
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 import lbtune
 from lbtune.cluster import vllm, vllm_model
+from lbtune.cluster.config import load_config, parse_config
 from lbtune.errors import DependencyError
 
 
@@ -104,3 +106,31 @@ def test_ensure_model_builds_once_from_the_packaged_text(
     (out / "argv").unlink()
     assert vllm.ensure_model(out) == out and not (out / "argv").exists()  # built already
     assert json.loads((out / vllm.DONE_MARKER).read_text()) == {}
+
+
+def test_the_rest_of_the_cluster_runs_off_the_servers_cpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    said: list[str] = []
+    cfg = parse_config({"name": "v", "ports": "auto", "vllm": {"cpus": [1]}}, "test")
+    assert vllm.other_cpus(cfg, said.append) == frozenset({0})
+    assert said == [
+        "the balancer, Prometheus and the keeper will run on CPUs [0], off the vLLM servers' [1]"
+    ]
+
+
+def test_with_no_cpu_left_nothing_is_pinned_and_that_is_said(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    said: list[str] = []
+    cfg = parse_config({"name": "v", "ports": "auto", "vllm": {"cpus": [0]}}, "test")
+    assert vllm.other_cpus(cfg, said.append) is None
+    assert len(said) == 1 and "leave no other CPU" in said[0] and "unpinned" in said[0]
+
+
+def test_a_cluster_without_pinned_servers_pins_nothing_and_says_nothing() -> None:
+    said: list[str] = []
+    assert vllm.other_cpus(load_config("mini2")[0], said.append) is None
+    assert said == []

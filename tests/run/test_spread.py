@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,8 @@ def _records(path: Path) -> list:  # type: ignore[type-arg]
     from lbtune.loadgen.recordio import read_records
 
     return read_records(path)
+
+
+def test_the_cores_counted_are_the_generators_when_it_is_pinned() -> None:
+    assert usable_cores({0, 3}) == 2  # off a cluster's pinned servers (lbtune.run.target)
+    assert usable_cores() == usable_cores(None) == len(os.sched_getaffinity(0))

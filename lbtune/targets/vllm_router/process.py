@@ -30,9 +30,9 @@ from typing import Any
 import psutil
 
 from lbtune.errors import ClusterError, TargetError
-from lbtune.process import probes, supervisor
+from lbtune.process import affinity, probes, supervisor
 from lbtune.process.supervisor import ProcessRecord
-from lbtune.records.statedir import StatePaths, write_json_atomic
+from lbtune.records.statedir import StatePaths, read_endpoints, write_json_atomic
 
 COMPONENT = "router"
 MODULE = "lbtune.targets.vllm_router.process"
@@ -157,8 +157,11 @@ def start(
     timeout: float = ROUTER_TIMEOUT,
     watch: Sequence[ProcessRecord] = (),
 ) -> ProcessRecord:
-    """Start the router, wait for ``/health``, record its parameters; stop it on failure."""
-    record = supervisor.start(COMPONENT, command.argv(), paths, env={"NO_COLOR": "1"})
+    """Start the router, wait for ``/health``, record its parameters; stop it on failure.
+    Like the cluster's launch, it runs off the CPUs the cluster's servers are pinned to."""
+    ep = read_endpoints(paths)
+    cpus = affinity.complement(ep.reserved_cpus) if ep is not None else None
+    record = supervisor.start(COMPONENT, command.argv(), paths, {"NO_COLOR": "1"}, cpus)
     try:
         supervisor.wait_until(
             lambda: health_missing(command.url), timeout, "vllm-router /health", [*watch, record]
