@@ -304,16 +304,26 @@ def fit_command(
             "more than this (e.g. 10%) and beyond the fits' noise.",
         ),
     ] = None,
+    steady: Annotated[
+        bool | None,
+        typer.Option(
+            "--steady/--no-steady",
+            help="Keep each replica busy (closed loop, --batch streams, 12 s) to measure its "
+            "step and front end under load. Default: where the replicas share CPUs (the "
+            "vllm-cpu preset), all at once there.",
+        ),
+    ] = None,
     state_dir: StateDirOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Fit the twin to the running cluster's replicas from measurements: per replica,
     straight at it and one at a time, a calibration twice (decode step, per-request slope,
-    prefill rate, overhead), the decode step at a batch with short and long prompts, and
-    the KV cache's size from its /metrics; then (unless --no-validate) SCENARIO for
-    DURATION s through the balancer, and the fitted twin on the same plan: its error on
-    P99 E2E, P99 TTFT and req/s. Writes the profile (--twin-profile of twin run/check)
-    and calibration.json (the llm scheduler's rates). States its load before it starts.
+    prefill rate, overhead), the decode step at a batch with short and long prompts, the
+    KV cache's size from its /metrics, and (--steady) the replica kept busy; then (unless
+    --no-validate) SCENARIO for DURATION s through the balancer, and the fitted twin on the
+    same plan: its error on P99 E2E, P99 TTFT and req/s. Writes the profile (--twin-profile
+    of twin run/check) and calibration.json (the llm scheduler's rates). States its load
+    before it starts.
 
     Example: lbtune twin fit -s chat -d 30
     """
@@ -338,6 +348,7 @@ def fit_command(
         seed=seed,
         batch=batch,
         runs=runs,
+        steady=steady,
     )
     profile, path = fit_twin(opts, lambda m: err.print(m, markup=False, highlight=False))
     moved = [] if before is None else drift(before, profile)
@@ -369,7 +380,7 @@ def fit_command(
 def _fit_lines(profile: TwinProfile, path: Path) -> list[str]:
     lines = [
         f"{'replica':<10} {'prefill tok/s':>16} {'decode step':>16} {'+ per request':>16} "
-        f"{'+ per ctx token':>16} {'overhead':>14} {'KV tokens':>10}"
+        f"{'+ per ctx token':>16} {'overhead':>14} {'busy overhead':>14} {'KV tokens':>10}"
     ]
 
     def pm(x: Measured, scale: float, unit: str, fmt: str) -> str:
@@ -382,6 +393,7 @@ def _fit_lines(profile: TwinProfile, path: Path) -> list[str]:
             f"{pm(f.step_per_seq_s, 1e3, ' ms', '.3f'):>16} "
             f"{pm(f.kv_s_per_token, 1e6, ' us', '.3f'):>16} "
             f"{pm(f.overhead_s, 1e3, ' ms', '.1f'):>14} "
+            f"{pm(f.busy_overhead_s, 1e3, ' ms', '.1f') if f.busy_overhead_s else '-':>14} "
             f"{f.kv_tokens if f.kv_tokens is not None else 'unknown':>10}"
         )
     v = profile.validation

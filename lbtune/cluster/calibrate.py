@@ -70,6 +70,7 @@ __all__ = [
     "least_ttft",
     "measure_replica",
     "parse_cache_info",
+    "steady_state",
 ]
 
 Progress = Callable[[str], None]
@@ -183,6 +184,80 @@ class _Prober:
         half = len(c) // 2
         tail = (c[-1] - c[half]) / (len(c) - 1 - half) if len(c) - 1 - half >= 2 else None
         return _Probe(int(rec.prompt_tokens or 0), first - rec.sent_at, step, tail)
+
+    def loop(self, prompt_tokens: int, max_tokens: int, until: float) -> list[tuple[float, _Probe]]:
+        """Streamed requests one after another on one connection until ``until``
+        (monotonic; a request under way then finishes, each bounded by the timeout):
+        each one's send time (``time.time()``) and probe."""
+        client = StreamClient(self.rep.url, api_key=self._key, timeout_s=self.plan.timeout_s)
+        out: list[tuple[float, _Probe]] = []
+        try:
+            while time.monotonic() < until:
+                self.sent += 1
+                rec = client.send(self._spec(prompt_tokens, max_tokens, True))
+                out.append((rec.sent_at, self._probe(rec)))  # failed: one line, naming it
+        finally:
+            client.close()
+        return out
+
+
+@dataclass(frozen=True)
+class Steady:
+    """A replica kept at ``streams`` requests in flight (closed loop)."""
+
+    streams: int
+    step_s: float
+    """Mean time per output token after the first (the steps it ran, prefills of the
+    requests arriving beside it included)."""
+    ttft_s: float
+    """Median TTFT of a request arriving while the others run."""
+    prompt_tokens: int
+    """The replica's count of each prompt (the median)."""
+    requests: int
+    """Requests measured (sent after the warm-up)."""
+    sent: int
+
+
+def steady_state(
+    rep: ReplicaEndpoint,
+    streams: int,
+    prompt_tokens: int,
+    plan: ProbePlan = ProbePlan(),
+    *,
+    duration_s: float = 12.0,
+    warmup_s: float = 3.0,
+    api_key: str | None = None,
+) -> Steady:
+    """``streams`` closed-loop streams at ``rep`` for ``duration_s`` (fresh text, outputs
+    of ``2 × plan.decode_tokens``): what a step and a TTFT are while the replica stays
+    busy, as under load. Requests sent in the first ``warmup_s`` are not measured."""
+    if not rep.models:
+        raise ClusterError(f"replica {rep.name} serves no model: nothing to measure")
+    p = _Prober(rep, rep.models[0], plan, api_key)
+    start = time.time()
+    until = time.monotonic() + duration_s
+    jobs = [
+        gevent.spawn(p.loop, prompt_tokens, 2 * plan.decode_tokens, until) for _ in range(streams)
+    ]
+    try:
+        gevent.joinall(jobs, raise_error=True, timeout=duration_s + plan.timeout_s + 5)
+    finally:
+        gevent.killall([j for j in jobs if not j.ready()], block=True, timeout=5)
+    probes_ = [x for j in jobs if j.successful() for t, x in j.value if t >= start + warmup_s]
+    steps = [x.step_s for x in probes_ if x.step_s is not None]
+    if not steps:
+        raise ClusterError(
+            f"calibrating replica {rep.name} ({rep.url}): no request finished in "
+            f"{duration_s:g} s at {streams} streams"
+        )
+    return Steady(
+        streams=streams,
+        step_s=statistics.fmean(steps),
+        ttft_s=percentile([x.ttft_s for x in probes_], 50),
+        prompt_tokens=int(percentile([x.prompt_tokens for x in probes_], 50)),
+        requests=len(probes_),
+        sent=p.sent,
+    )
 
 
 def _record(job: gevent.Greenlet) -> RequestRecord | None:

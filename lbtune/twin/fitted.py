@@ -89,6 +89,10 @@ class ReplicaFit(BaseModel):
     step_s: Measured
     step_per_seq_s: Measured
     overhead_s: Measured
+    busy_overhead_s: Measured | None = None
+    """The front end's time per request while the replica runs others, where it was
+    measured (replicas on shared CPUs: their API servers wait for CPU behind the busy
+    engines, 3-5x the idle overhead on the vLLM CPU preset); None: ``overhead_s``."""
     kv_s_per_token: Measured = Measured(value=0.0, rel_uncertainty=0.0)
     """What each token of context a decode reads adds to a step (long contexts' KV reads)."""
     attn_s_per_pair: Measured = Measured(value=0.0, rel_uncertainty=0.0)

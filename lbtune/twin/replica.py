@@ -131,7 +131,11 @@ class ReplicaSim:
     # -- requests ----------------------------------------------------------------------------
 
     def overhead_s(self, model: str) -> float:
-        """Wall seconds between a request's arrival and its admission to the engine."""
+        """Wall seconds between a request's arrival (counted in ``in_flight``) and its
+        admission to the engine; a fitted replica's busy overhead while others run."""
+        fit = self.spec.fit
+        if fit is not None and fit.busy_overhead_s is not None and self.in_flight > 1:
+            return fit.busy_overhead_s.value
         return self._overhead_s[model]
 
     def admit(self, req: SimRequest) -> ApiError | None:

@@ -110,3 +110,20 @@ def test_a_server_lbtune_did_not_build_is_fitted_and_validated(ps_cluster: Path)
         assert why is None
     else:
         assert why is not None and f"missed {name} by" in why
+
+
+def test_replicas_kept_busy_give_the_step_and_front_end_under_load(ps_cluster: Path) -> None:
+    """``--steady``: each replica kept at 8 streams (closed loop). On 2 slots each stream
+    gets a token every 4 x 4 ms, so a step of 8 is ~16 ms: the slope is fitted to that,
+    and the TTFT left over is the busy front end (never below the idle one)."""
+    said: list[str] = []
+    opts = FitOptions(state_dir=ps_cluster, validate=False, steady=True, steady_s=4.0)
+    profile, _ = fit_twin(opts, said.append)
+    assert any("kept busy for 4 s" in m for m in said[:1]), said[:1]  # said before any load
+    for f in profile.replicas:
+        at_8 = f.step_s.value + 7 * f.step_per_seq_s.value
+        assert at_8 == pytest.approx(0.016, rel=0.35), f
+        assert f.busy_overhead_s is not None
+        assert f.busy_overhead_s.value >= f.overhead_s.value
+    with pytest.raises(ConfigError, match="steady-state probe: 2 to 120 s"):
+        fit_twin(FitOptions(state_dir=ps_cluster, steady=True, steady_s=0.5), said.append)

@@ -39,7 +39,7 @@ from lbtune.twin.fitted import (
     step_cost,
     trusted_profile,
 )
-from lbtune.twin.replica import TwinReplica
+from lbtune.twin.replica import ReplicaSim, TwinReplica
 from lbtune.twin.run import simulate
 
 M8 = "llama-3.1-8b-instruct"
@@ -202,6 +202,19 @@ def test_a_fitted_replica_is_simulated_from_its_fit() -> None:
     h100 = next(r for r in tc.replicas if r.name == "h100-0")
     assert h100.fit is None and h100.gpu == "h100-80g"
     assert dataclasses.replace(l4, fit=None) == TwinReplica("l4-0", "", (M8,))
+
+
+def test_a_busy_replica_charges_its_busy_front_end() -> None:
+    """A request arriving while others run (``in_flight`` counts it) waits the busy
+    overhead where the fit measured one; alone, or without one, the idle overhead."""
+    busy = ReplicaSim(TwinReplica("r", "", (M8,), fit=fit(busy_overhead_s=_m(0.05))), 4.0)
+    idle = ReplicaSim(TwinReplica("r", "", (M8,), fit=fit()), 4.0)
+    for rs in (busy, idle):
+        rs.in_flight = 1
+        assert rs.overhead_s(M8) == pytest.approx(0.005)
+        rs.in_flight = 3
+    assert busy.overhead_s(M8) == pytest.approx(0.05)
+    assert idle.overhead_s(M8) == pytest.approx(0.005)
 
 
 def test_drift_names_the_replica_that_got_slower() -> None:
