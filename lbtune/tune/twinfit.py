@@ -318,6 +318,9 @@ def _with_busy(fit: ReplicaFit, s: Steady) -> ReplicaFit:
         update={
             "step_per_seq_s": Measured(value=slope, rel_uncertainty=fit.step_s.rel_uncertainty),
             "busy_overhead_s": Measured(value=busy, rel_uncertainty=fit.overhead_s.rel_uncertainty),
+            "scrape_s": None
+            if s.scrape_s is None
+            else Measured(value=s.scrape_s, rel_uncertainty=0),
             "probes": fit.probes + s.sent,
         }
     )

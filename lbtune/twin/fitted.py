@@ -93,6 +93,10 @@ class ReplicaFit(BaseModel):
     """The front end's time per request while the replica runs others, where it was
     measured (replicas on shared CPUs: their API servers wait for CPU behind the busy
     engines, 3-5x the idle overhead on the vLLM CPU preset); None: ``overhead_s``."""
+    scrape_s: Measured | None = None
+    """How long its ``/metrics`` took to answer while it was kept busy (``--steady``):
+    what a scheduler scraping it waits (the ``llm`` scheduler's scrape round in the twin);
+    None: not measured."""
     kv_s_per_token: Measured = Measured(value=0.0, rel_uncertainty=0.0)
     """What each token of context a decode reads adds to a step (long contexts' KV reads)."""
     attn_s_per_pair: Measured = Measured(value=0.0, rel_uncertainty=0.0)

@@ -216,6 +216,7 @@ def test_a_replica_kept_busy_shows_its_step_under_load() -> None:
     assert lone.step_s == pytest.approx(0.004, rel=0.3)
     assert busy.ttft_s > lone.ttft_s and busy.prompt_tokens > 32  # the server's count
     assert 6 <= busy.requests < busy.sent
+    assert busy.scrape_s is not None and 0 < busy.scrape_s < 1  # its /metrics, timed meanwhile
     gone = ReplicaEndpoint(name="gone", url=f"http://127.0.0.1:{free_port()}", models=[M8])
     with pytest.raises(ClusterError, match="gone"):
         steady_state(gone, 2, 16, ProbePlan(timeout_s=2.0), duration_s=1.0, warmup_s=0.0)

@@ -125,5 +125,6 @@ def test_replicas_kept_busy_give_the_step_and_front_end_under_load(ps_cluster: P
         assert at_8 == pytest.approx(0.016, rel=0.35), f
         assert f.busy_overhead_s is not None
         assert f.busy_overhead_s.value >= f.overhead_s.value
+        assert f.scrape_s is not None  # its /metrics answers: the llm scheduler's scrape
     with pytest.raises(ConfigError, match="steady-state probe: 2 to 120 s"):
         fit_twin(FitOptions(state_dir=ps_cluster, steady=True, steady_s=0.5), said.append)

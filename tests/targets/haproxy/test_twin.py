@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +12,9 @@ import pytest
 from lbtune.targets.haproxy.twin import HaproxyModel, routing_model
 from lbtune.targets.haproxy.twin.backend import Backend, BackendSettings
 from lbtune.targets.haproxy.twin.lb import Fwlc, Fwrr, Ring, Server, full_hash, sdbm
-from lbtune.targets.haproxy.twin.llm import lua_defaults
+from lbtune.targets.haproxy.twin.llm import SCRAPE_S, lua_defaults
 from lbtune.targets.space import ParameterSpace
+from lbtune.twin.fitted import Measured, ReplicaFit
 from lbtune.twin.options import TwinOptions
 from lbtune.twin.replica import TwinReplica
 from lbtune.twin.routing import ClusterView, Queue, Refuse, Retry, Send
@@ -234,6 +236,28 @@ def test_llm_admission_reject_and_hold() -> None:
     assert held.route(Req(1), 0.0, view2) == Retry(0.125)
     late = held.route(Req(1), 1.0, view2)
     assert isinstance(late, Refuse) and late.status == 429
+
+
+def test_llm_scrape_round_lasts_as_long_as_the_fitted_replicas_answer() -> None:
+    """A replica fitted kept busy (``scrape_s``) makes the scheduler's scrape round that
+    much longer; the others take the default's time."""
+    fit = ReplicaFit(
+        name="h100-0", model=M8, url="http://127.0.0.1:9",
+        prefill_tokens_per_s=Measured(value=10_000.0, rel_uncertainty=0),
+        step_s=Measured(value=0.02, rel_uncertainty=0),
+        step_per_seq_s=Measured(value=0.001, rel_uncertainty=0),
+        overhead_s=Measured(value=0.005, rel_uncertainty=0),
+        scrape_s=Measured(value=0.04, rel_uncertainty=0),
+    )  # fmt: skip
+    plain = [TwinReplica("h100-0", "h100-80g", (M8,)), TwinReplica("h100-1", "h100-80g", (M8,))]
+    slow = [dataclasses.replace(plain[0], fit=fit), plain[1]]
+    periods = []
+    for reps in (plain, slow):
+        llm = routing_model({"algorithm": "llm", "llm.refresh_ms": 100}, reps).llm
+        assert llm is not None
+        periods.append(llm.period_s())
+    assert periods[0] == pytest.approx(0.1 + 2 * SCRAPE_S)
+    assert periods[1] == pytest.approx(0.1 + 0.04 + SCRAPE_S)
 
 
 def test_llm_defaults_are_the_luas_and_the_spaces() -> None:

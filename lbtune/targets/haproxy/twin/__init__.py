@@ -123,7 +123,8 @@ class HaproxyModel(RoutingModel):
         if algorithm == lua.ALGORITHM:
             knobs = lua.knob_values(params)
             facts = {**lua.facts(site, long_set), **_fitted_rates(site, replicas)}
-            self.llm = LlmScheduler(knobs, facts, [r.name for r in replicas])
+            scrape = {r.name: r.fit.scrape_s.value for r in replicas if r.fit and r.fit.scrape_s}
+            self.llm = LlmScheduler(knobs, facts, [r.name for r in replicas], scrape)
             self.llm.rng.seed(seed)
         self.assigned: dict[int, Backend] = {}
 

@@ -105,14 +105,21 @@ class LlmScheduler:
     """The Lua scheduler's state and decisions for one HAProxy (shared by its backends)."""
 
     def __init__(
-        self, knobs: Mapping[str, str | float], facts: Mapping[str, str], names: Sequence[str]
+        self,
+        knobs: Mapping[str, str | float],
+        facts: Mapping[str, str],
+        names: Sequence[str],
+        scrape_s: Mapping[str, float] | None = None,
     ) -> None:
+        """``scrape_s``: how long each replica's ``/metrics`` takes to answer where it was
+        measured (``lbtune twin fit --steady``), else :data:`SCRAPE_S`."""
         base = lua_defaults()
         self.k: dict[str, float | str] = dict(base)
         for key, value in knobs.items():
             self.k[key] = float(value) if isinstance(base.get(key), float) else str(value)
         self.facts = {key: _num(v) for key, v in facts.items()}
         self.names = list(names)
+        self.scrape_s = {n: (scrape_s or {}).get(n, SCRAPE_S) for n in self.names}
         self.state = {n: _Replica() for n in self.names}
         self.pending: dict[int, _Pick] = {}
         self.holds: dict[int, float] = {}
@@ -291,7 +298,7 @@ class LlmScheduler:
     # -- the scrape task ------------------------------------------------------------------
 
     def period_s(self) -> float:
-        return max(10.0, math.floor(self.num("refresh_ms"))) / 1000.0 + SCRAPE_S * len(self.names)
+        return max(10.0, math.floor(self.num("refresh_ms"))) / 1000.0 + sum(self.scrape_s.values())
 
     def scrape(self, now: float, cluster: ClusterView) -> None:
         """One round of the task: every replica's gauges and TTFT, then the pending prune."""
