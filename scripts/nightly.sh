@@ -10,6 +10,10 @@
 #             a significant regression of what tonight leaves live against the last accepted
 #   drift     lbtune history --check-drift: exit 1 when tonight's baseline (the live config,
 #             trial 0) is significantly worse than the last accepted config
+#   refit     lbtune twin fit against the running cluster, --baseline the profile the last
+#             passing refit kept: exit 1 when a replica got slower by more than
+#             LBTUNE_NIGHTLY_FAIL_ON_DRIFT beyond the fits' noise (it is named); a passing
+#             fit is kept as the next night's baseline, a failing one is not
 #   remember  an accepted winner becomes the reference for the next nights; prune old reports
 #   down      stop the cluster
 #   all       every step in that order (down always); exit status: the first failure's
@@ -22,8 +26,15 @@
 #       hetero4-envoy / hetero4-nginx / hetero4-router put another balancer in front: every
 #       step tunes, applies and shows the cluster's own balancer)
 #   LBTUNE_NIGHTLY_FAIL_ON [p99=+10%,ttft=+10%,goodput=-5%,errors=+1%]
+#   LBTUNE_NIGHTLY_FAIL_ON_DRIFT [10%] (off: name the replicas that got slower, never fail,
+#       so tonight's fit becomes the baseline: how to accept a slower replica)
+#   LBTUNE_NIGHTLY_REFIT [validate]: validate (fit, then two live validation runs), fit
+#       (--no-validate: the fit's probes only) or off (no refit)
+#   LBTUNE_NIGHTLY_REFIT_SCENARIO [chat]  LBTUNE_NIGHTLY_REFIT_S [30]: the validation runs'
+#       scenario (models the replicas serve first) and seconds
 #   LBTUNE_NIGHTLY_DIR [nightly]: what one night leaves the next (studies.db, the accepted
-#       study's report, its params); keep it between runs (CI cache, or a plain directory)
+#       study's report, its params, the kept twin profile); keep it between runs (CI cache,
+#       or a plain directory)
 #   LBTUNE_NIGHTLY_REPORT [$LBTUNE_NIGHTLY_DIR/reports/<UTC date-time>]: tonight's report
 #   LBTUNE_STATE_DIR [~/.local/state/lbtune/nightly]: the cluster's state dir
 #   LBTUNE_STAGING_CLUSTER: the *contents* of a cluster YAML whose `external:` replicas are
@@ -39,6 +50,10 @@ read -r -a LB <<<"${LBTUNE_BIN:-.venv/bin/lbtune}"
 SCENARIO=${LBTUNE_NIGHTLY_SCENARIO:-mixed}
 NIGHTLY=${LBTUNE_NIGHTLY_DIR:-nightly}
 FAIL_ON=${LBTUNE_NIGHTLY_FAIL_ON:-p99=+10%,ttft=+10%,goodput=-5%,errors=+1%}
+FAIL_ON_DRIFT=${LBTUNE_NIGHTLY_FAIL_ON_DRIFT:-10%}
+REFIT=${LBTUNE_NIGHTLY_REFIT:-validate}
+REFIT_SCENARIO=${LBTUNE_NIGHTLY_REFIT_SCENARIO:-chat}
+KEPT_PROFILE=$NIGHTLY/twin-profile.json
 export LBTUNE_STATE_DIR=${LBTUNE_STATE_DIR:-$HOME/.local/state/lbtune/nightly}
 # The history goes next to the studies in $NIGHTLY, whatever the caller's environment says.
 unset LBTUNE_HISTORY_DB
@@ -135,6 +150,65 @@ step_drift() {
   return "$rc"
 }
 
+comparable() { # the kept profile's fit time when it is of tonight's cluster; else why not
+  [ -f "$KEPT_PROFILE" ] || { echo "no twin profile kept yet"; return 1; }
+  "${LB[@]}" cluster status --json | python3 -c '
+import json, sys
+ep = json.load(sys.stdin)["endpoints"]
+now = (ep["config_name"], float(ep["time_scale"]))
+try:
+    with open(sys.argv[1]) as f:
+        old = json.load(f)
+    was = (old["cluster"], float(old["time_scale"]))
+except (OSError, ValueError, KeyError, TypeError) as exc:
+    print(f"the kept profile {sys.argv[1]} cannot be read ({type(exc).__name__})")
+    sys.exit(1)
+if was != now:  # wall times at another time scale, or other replicas: not comparable
+    print(f"the kept profile is of {was[0]} at time scale {was[1]:g}, "
+          f"tonight the cluster is {now[0]} at {now[1]:g}")
+    sys.exit(1)
+print(old.get("measured_at", "an earlier night"))
+' "$KEPT_PROFILE"
+}
+
+step_refit() {
+  local rc=0 against args=()
+  case $REFIT in
+    validate) ;;
+    fit) args+=(--no-validate) ;;
+    off) log "LBTUNE_NIGHTLY_REFIT=off: no twin refit"; return 0 ;;
+    *) log "LBTUNE_NIGHTLY_REFIT=$REFIT: expected validate, fit or off"; return 2 ;;
+  esac
+  if ! "${LB[@]}" cluster status >/dev/null 2>&1; then
+    log "no cluster running (the up step failed): skipping refit"
+    return 0
+  fi
+  if against=$(comparable); then
+    args+=(--baseline "$KEPT_PROFILE")
+    [ "$FAIL_ON_DRIFT" = off ] || args+=(--fail-on-drift "$FAIL_ON_DRIFT")
+    against="against the profile fitted $against"
+  else
+    log "refit: no comparison tonight: $against"
+    against="no comparison: $against"
+  fi
+  mkdir -p "$REPORT"
+  # stdout (the fitted rates, a drift line per replica) to a file; progress and the verdict
+  # to the log as they come and to a file for the summary
+  "${LB[@]}" twin fit -s "$REFIT_SCENARIO" -d "${LBTUNE_NIGHTLY_REFIT_S:-30}" \
+    --save "$REPORT/twin-profile.json" "${args[@]}" 2>&1 >"$REPORT/twin-fit.txt" |
+    tee "$REPORT/twin-fit.log" >&2 || rc=$?
+  cat "$REPORT/twin-fit.txt"
+  { echo "### Twin refit ($against)"; echo '```'; cat "$REPORT/twin-fit.txt"
+    sed -nE '/^(drift|error): /,$p' "$REPORT/twin-fit.log"; echo '```'; } | summary
+  if [ "$rc" = 0 ]; then
+    cp "$REPORT/twin-profile.json" "$KEPT_PROFILE.new" && mv "$KEPT_PROFILE.new" "$KEPT_PROFILE"
+    log "refit: tonight's twin profile is the baseline from now on"
+  else
+    log "refit: exit $rc: the kept twin profile stays the baseline"
+  fi
+  return "$rc"
+}
+
 step_remember() {
   have_report remember || return 0
   if python3 - "$REPORT/study.json" <<'EOF'
@@ -167,6 +241,7 @@ step_all() {
     step_tune || rc=$?
     step_gate || { r=$?; [ "$rc" != 0 ] || rc=$r; }
     step_drift || { r=$?; [ "$rc" != 0 ] || rc=$r; }
+    step_refit || { r=$?; [ "$rc" != 0 ] || rc=$r; }
     step_remember || true
   fi
   step_down || true
@@ -174,6 +249,6 @@ step_all() {
 }
 
 case "${1:-}" in
-  up | tune | gate | drift | remember | down | all) "step_$1" ;;
-  *) echo "usage: $0 up|tune|gate|drift|remember|down|all" >&2; exit 2 ;;
+  up | tune | gate | drift | refit | remember | down | all) "step_$1" ;;
+  *) echo "usage: $0 up|tune|gate|drift|refit|remember|down|all" >&2; exit 2 ;;
 esac

@@ -4,11 +4,15 @@ The integration test runs the `run:` steps of `.github/workflows/nightly-tune.ym
 order, as GitHub would (``bash --noprofile --norc -eo pipefail``, the job's ``env:``,
 ``$GITHUB_STEP_SUMMARY``), against the embedded cluster with a tiny budget:
 ``${{ ... }}`` expressions are evaluated with empty secrets and inputs, and the nightly
-knobs are overridden (mini2, 2 trials of 6 s, no confirmation runs; outputs in tmp).
+knobs are overridden (mini2, 2 trials of 6 s, no confirmation runs, a twin refit without
+validation runs; outputs in tmp).
 Skipped, and why: ``uses:`` steps (checkout, cache, artifact upload: GitHub's own
 actions, not shell) and the install step (``scripts/setup.sh``: the test already runs
 inside the venv it made). Any ``LBTUNE_STAGING_*`` in the caller's environment is
 removed, so this never sends load anywhere but to the embedded cluster.
+
+The refit step's choices (which baseline, what is kept, its knobs) are tested without a
+cluster, with ``tests/fake_lbtune.py`` as ``lbtune``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +78,10 @@ def test_workflow_runs_only_on_a_schedule_or_by_hand() -> None:
     assert runs[0] == 'echo "LBTUNE_STATE_DIR=$RUNNER_TEMP/lbtune-state" >> "$GITHUB_ENV"'
     assert runs[1] == "scripts/setup.sh"  # the README's install command
     steps = [r.removeprefix("scripts/nightly.sh ") for r in runs[2:]]
-    assert steps == ["up", "tune", "gate", "drift", "remember", "down"]
+    assert steps == ["up", "tune", "gate", "drift", "refit", "remember", "down"]
+    (refit,) = [s for s in job["steps"] if s.get("run") == "scripts/nightly.sh refit"]
+    assert refit["if"] == "${{ !cancelled() }}"  # runs whether or not the gates failed
+    assert evaluate(job["env"]["LBTUNE_NIGHTLY_FAIL_ON_DRIFT"], {}) == "10%"
     uses = [s["uses"].split("@")[0] for s in job["steps"] if "uses" in s]
     assert "actions/upload-artifact" in uses and "actions/cache/save" in uses
     # Secrets reach the job only as the two staging variables, nowhere else.
@@ -102,6 +110,7 @@ def test_gitlab_job_runs_only_scheduled_and_calls_the_same_script() -> None:
     assert all("schedule" in r["if"] or "LBTUNE_NIGHTLY" in r["if"] for r in job["rules"])
     assert "scripts/setup.sh" in " ".join(job["before_script"])
     assert job["artifacts"]["reports"]["junit"].endswith("junit.xml")
+    assert job["variables"]["LBTUNE_NIGHTLY_FAIL_ON_DRIFT"] == "10%"  # `all` runs the refit
 
 
 def test_nightly_script_refuses_an_unknown_step() -> None:
@@ -131,6 +140,7 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
         LBTUNE_NIGHTLY_CONFIRM_RUNS="0",
         LBTUNE_NIGHTLY_SCREEN="6",  # the knob reaches optimize; 100 would cost minutes
         LBTUNE_NIGHTLY_CLUSTER="mini2",
+        LBTUNE_NIGHTLY_REFIT="fit",  # the fit's probes only: no validation runs
         LBTUNE_NIGHTLY_DIR=str(nightly),
         LBTUNE_NIGHTLY_REPORT=str(report),
         LBTUNE_STATE_DIR=str(state),
@@ -175,7 +185,7 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
                 (report / "study.json").write_text(json.dumps(study))
             script = evaluate(step["run"], {**ctx, **{f"env.{k}": v for k, v in env.items()}})
             ran.append((name, run(script, name)))
-        assert len(ran) == 6 and len(skipped) == 6
+        assert len(ran) == 7 and len(skipped) == 6
         assert "nightly: target: embedded" in ran[0][1].stderr
         assert "the twin screened 6 configs" in ran[1][1].stderr
         ET.parse(report / "junit.xml")  # valid JUnit XML
@@ -188,11 +198,16 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
         assert not api.status(state).running
         assert (nightly / "accepted").read_text().strip() == str(report)
         assert "params:" in (nightly / "accepted-params.yaml").read_text()
+        # The first refit has nothing to compare with: its profile is kept.
+        assert "no comparison tonight: no twin profile kept yet" in ran[4][1].stderr
+        kept = nightly / "twin-profile.json"
+        assert kept.read_text() == (report / "twin-profile.json").read_text()
 
         # The next night: a fresh cluster gets the accepted config back, and the gate
         # compares against the accepted study (here the same measurements: no regression).
         up = run("scripts/nightly.sh up", "up (next night)")
         assert "putting the last accepted config back" in up.stderr
+        _refit_finds_a_slower_replica(run, kept, report)
         if untrusted or _baseline_untrusted(report / "study.json"):
             # The accepted study has no measured baseline (every trial, or only the live
             # config's, was rightly not trusted on a busy machine): the gate says so, exit 2.
@@ -204,6 +219,25 @@ def test_workflow_run_steps_in_order_on_the_embedded_cluster(tmp_path: Path) -> 
         assert "lbtune compare" in (tmp_path / "summary.md").read_text()
     finally:
         api.down(state)
+
+
+def _refit_finds_a_slower_replica(run: Callable[..., Any], kept: Path, report: Path) -> None:
+    """The next night's refit against the kept profile, hand-edited so that l4-0 was ten
+    times faster: every replica gets a drift line, l4-0 is named and the step fails; the
+    edited profile stays the baseline, tonight's fit is in the report."""
+    profile = json.loads(kept.read_text())
+    (l4,) = [r for r in profile["replicas"] if r["name"] == "l4-0"]
+    l4["step_s"] = {"value": l4["step_s"]["value"] / 10, "rel_uncertainty": 0.0}
+    rate = l4["prefill_tokens_per_s"]["value"] * 10
+    l4["prefill_tokens_per_s"] = {"value": rate, "rel_uncertainty": 0.0}
+    kept.write_text(json.dumps(profile))
+    refit = run("scripts/nightly.sh refit", "refit (next night)", expect=1)
+    assert "drift h100-0:" in refit.stdout and "drift l4-0: decode +" in refit.stdout
+    assert "drift: l4-0 is " in refit.stderr and "(more than 10%)" in refit.stderr
+    assert "the kept twin profile stays the baseline" in refit.stderr
+    assert json.loads(kept.read_text()) == profile
+    tonight = json.loads((report / "twin-profile.json").read_text())
+    assert tonight["measured_at"] >= profile["measured_at"] and tonight != profile
 
 
 def _baseline_untrusted(study_json: Path) -> bool:
@@ -229,3 +263,145 @@ def test_only_a_study_the_generator_could_not_measure_is_let_through() -> None:
     assert not untrusted_study(3, one + end.format(f=2))  # one failure had another cause
     assert not untrusted_study(3, one + two + end.format(f=1))  # a trial completed
     assert not untrusted_study(3, one + two + end.format(f=2).replace("nothing applied", ""))
+
+
+# The refit step without a cluster: tests/fake_lbtune.py stands in for lbtune.
+
+FAKE = ROOT / "tests" / "fake_lbtune.py"
+
+
+def _nightly(
+    tmp: Path, step: str, **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
+    """``scripts/nightly.sh STEP`` with the fake lbtune; its result and the fake's calls."""
+    calls = tmp / "calls.jsonl"
+    calls.unlink(missing_ok=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LBTUNE_")}
+    full = base | {
+        "LBTUNE_BIN": f"{sys.executable} {FAKE}",
+        "LBTUNE_NIGHTLY_DIR": str(tmp / "nightly"),
+        "LBTUNE_NIGHTLY_REPORT": str(tmp / "nightly/reports/1"),
+        "LBTUNE_STATE_DIR": str(tmp / "state"),
+        "GITHUB_STEP_SUMMARY": str(tmp / "summary.md"),
+        "FAKE_CALLS": str(calls),
+    }
+    cmd = ["bash", str(ROOT / "scripts/nightly.sh"), step]
+    proc = subprocess.run(cmd, env=full | env, capture_output=True, text=True, timeout=60)
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    return proc, [json.loads(x) for x in lines]
+
+
+def _fits(calls: list[list[str]]) -> list[list[str]]:
+    return [c[2:] for c in calls if c[:2] == ["twin", "fit"]]
+
+
+def test_refit_keeps_a_passing_fit_and_compares_the_next_night_with_it(tmp_path: Path) -> None:
+    kept, tonight = tmp_path / "nightly/twin-profile.json", tmp_path / "nightly/reports/1"
+    first, calls = _nightly(tmp_path, "refit")
+    assert first.returncode == 0, first.stderr
+    (fit,) = _fits(calls)
+    assert fit == ["-s", "chat", "-d", "30", "--save", f"{tonight}/twin-profile.json"]
+    assert "no comparison tonight: no twin profile kept yet" in first.stderr
+    assert kept.read_text() == (tonight / "twin-profile.json").read_text()
+    assert (tonight / "twin-fit.txt").read_text() in first.stdout
+
+    second, calls = _nightly(tmp_path, "refit", FAKE_AT="2026-01-02T02:17:00+00:00")
+    assert second.returncode == 0, second.stderr
+    (fit,) = _fits(calls)
+    assert fit[-4:] == ["--baseline", str(kept), "--fail-on-drift", "10%"]
+    assert "drift h100-0: decode +50%" in second.stdout
+    assert json.loads(kept.read_text())["measured_at"] == "2026-01-02T02:17:00+00:00"
+    summary = (tmp_path / "summary.md").read_text()
+    assert "### Twin refit (no comparison: no twin profile kept yet)" in summary
+    assert "### Twin refit (against the profile fitted 2026-01-01T02:17:00+00:00)" in summary
+
+
+def test_refit_past_the_drift_limit_fails_and_keeps_the_old_baseline(tmp_path: Path) -> None:
+    _nightly(tmp_path, "refit")
+    kept = tmp_path / "nightly/twin-profile.json"
+    before = kept.read_text()
+    proc, calls = _nightly(
+        tmp_path, "refit", FAKE_FIT_RC="1", FAKE_AT="later", LBTUNE_NIGHTLY_FAIL_ON_DRIFT="25%"
+    )
+    assert proc.returncode == 1
+    assert _fits(calls)[0][-2:] == ["--fail-on-drift", "25%"]
+    assert kept.read_text() == before  # a slower replica does not become the new normal
+    assert "the kept twin profile stays the baseline" in proc.stderr
+    summary = (tmp_path / "summary.md").read_text()
+    assert "drift: h100-0 is 50% slower than in B (more than 10%)" in summary
+
+
+@pytest.mark.parametrize(
+    ("env", "args"),
+    [
+        ({"LBTUNE_NIGHTLY_FAIL_ON_DRIFT": "off"}, ["-s", "chat", "-d", "30", "--save", "{save}",
+         "--baseline", "{kept}"]),
+        ({"LBTUNE_NIGHTLY_REFIT": "fit"}, ["-s", "chat", "-d", "30", "--save", "{save}",
+         "--no-validate", "--baseline", "{kept}", "--fail-on-drift", "10%"]),
+        ({"LBTUNE_NIGHTLY_REFIT_SCENARIO": "longctx", "LBTUNE_NIGHTLY_REFIT_S": "60"},
+         ["-s", "longctx", "-d", "60", "--save", "{save}", "--baseline", "{kept}",
+          "--fail-on-drift", "10%"]),
+    ],
+    ids=["drift-off", "no-validate", "scenario"],
+)  # fmt: skip
+def test_refit_knobs_reach_the_fit(tmp_path: Path, env: dict[str, str], args: list[str]) -> None:
+    _nightly(tmp_path, "refit")  # the first night keeps a profile
+    proc, calls = _nightly(tmp_path, "refit", **env)
+    assert proc.returncode == 0, proc.stderr
+    save = tmp_path / "nightly/reports/1/twin-profile.json"
+    kept = tmp_path / "nightly/twin-profile.json"
+    assert _fits(calls) == [[a.format(save=save, kept=kept) for a in args]]
+
+
+@pytest.mark.parametrize(
+    ("env", "kept", "rc", "says"),
+    [
+        ({}, {"cluster": "hetero4", "time_scale": 1.0}, 0,
+         "no comparison tonight: the kept profile is of hetero4 at time scale 1, "
+         "tonight the cluster is mini2 at 4"),
+        ({}, "not json", 0, "no comparison tonight: the kept profile .* cannot be read "
+         "\\(JSONDecodeError\\)"),
+        ({"LBTUNE_NIGHTLY_REFIT": "off"}, None, 0, "LBTUNE_NIGHTLY_REFIT=off: no twin refit"),
+        ({"LBTUNE_NIGHTLY_REFIT": "yes"}, None, 2, "LBTUNE_NIGHTLY_REFIT=yes: expected "
+         "validate, fit or off"),
+        ({"FAKE_DOWN": "1"}, None, 0, "no cluster running \\(the up step failed\\): skipping"),
+    ],
+    ids=["other-cluster", "unreadable", "off", "bad-knob", "no-cluster"],
+)  # fmt: skip
+def test_refit_without_a_comparison(
+    tmp_path: Path, env: dict[str, str], kept: dict[str, object] | str | None, rc: int, says: str
+) -> None:
+    """A kept profile of another cluster (or time scale: wall times are not comparable) or
+    one that cannot be read: the fit runs without it, says why, and its profile is kept.
+    Off, a bad knob, no cluster: no fit at all."""
+    _nightly(tmp_path, "refit")  # the first night keeps a profile
+    profile = tmp_path / "nightly/twin-profile.json"
+    if isinstance(kept, dict):
+        profile.write_text(json.dumps({**json.loads(profile.read_text()), **kept}))
+    elif kept is not None:
+        profile.write_text(kept)
+    proc, calls = _nightly(tmp_path, "refit", FAKE_AT="tonight", **env)
+    assert proc.returncode == rc, proc.stderr
+    assert re.search(says, proc.stderr), proc.stderr
+    if kept is None:
+        assert _fits(calls) == []
+        return
+    (fit,) = _fits(calls)
+    assert "--baseline" not in fit
+    assert json.loads(profile.read_text())["measured_at"] == "tonight"
+
+
+def test_all_runs_the_refit_after_drift_and_before_down(tmp_path: Path) -> None:
+    """GitLab and cron run `scripts/nightly.sh all`: the refit is in it, in its place."""
+    proc, calls = _nightly(tmp_path, "all")
+    assert proc.returncode == 0, proc.stderr
+    commands = [" ".join(c[:2]) for c in calls]
+    assert commands.index("optimize --ci") < commands.index("twin fit")
+    assert commands.index("twin fit") < commands.index("cluster down")
+    # the fake study left no report: gate, drift and remember skip, the refit does not
+    log = proc.stderr
+    assert (
+        log.index("skipping drift")
+        < log.index("no comparison tonight")
+        < log.index("skipping remember")
+    )
