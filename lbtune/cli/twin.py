@@ -308,7 +308,7 @@ def fit_command(
         bool | None,
         typer.Option(
             "--steady/--no-steady",
-            help="Keep each replica busy (closed loop, --batch streams, 12 s) to measure its "
+            help="Keep each replica busy (closed loop, --batch streams, 20 s) to measure its "
             "step and front end under load. Default: where the replicas share CPUs (the "
             "vllm-cpu preset), all at once there.",
         ),
@@ -380,7 +380,8 @@ def fit_command(
 def _fit_lines(profile: TwinProfile, path: Path) -> list[str]:
     lines = [
         f"{'replica':<10} {'prefill tok/s':>16} {'decode step':>16} {'+ per request':>16} "
-        f"{'+ per ctx token':>16} {'overhead':>14} {'busy overhead':>14} {'KV tokens':>10}"
+        f"{'+ per ctx token':>16} {'overhead':>14} {'busy overhead':>14} {'KV tokens':>10} "
+        f"{'tokens':>7}"
     ]
 
     def pm(x: Measured, scale: float, unit: str, fmt: str) -> str:
@@ -394,7 +395,8 @@ def _fit_lines(profile: TwinProfile, path: Path) -> list[str]:
             f"{pm(f.kv_s_per_token, 1e6, ' us', '.3f'):>16} "
             f"{pm(f.overhead_s, 1e3, ' ms', '.1f'):>14} "
             f"{pm(f.busy_overhead_s, 1e3, ' ms', '.1f') if f.busy_overhead_s else '-':>14} "
-            f"{f.kv_tokens if f.kv_tokens is not None else 'unknown':>10}"
+            f"{f.kv_tokens if f.kv_tokens is not None else 'unknown':>10} "
+            f"{f'x{f.prompt_token_ratio:.2f}':>7}"
         )
     v = profile.validation
     if v is not None:

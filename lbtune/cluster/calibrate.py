@@ -213,6 +213,8 @@ class Steady:
     """Median TTFT of a request arriving while the others run."""
     prompt_tokens: int
     """The replica's count of each prompt (the median)."""
+    output_tokens: int
+    """Each request's output."""
     scrape_s: float | None
     """Median time its ``/metrics`` took to answer meanwhile (None: it answered none with
     200): what a scheduler scraping it waits."""
@@ -260,6 +262,7 @@ def steady_state(
         step_s=statistics.fmean(steps),
         ttft_s=percentile([x.ttft_s for x in probes_], 50),
         prompt_tokens=int(percentile([x.prompt_tokens for x in probes_], 50)),
+        output_tokens=2 * plan.decode_tokens,
         scrape_s=None if took is None else percentile(took, 50),
         requests=len(probes_),
         sent=p.sent,

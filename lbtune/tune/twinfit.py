@@ -63,7 +63,14 @@ from lbtune.scenario.runplan import read_run_plan
 from lbtune.targets import get_target
 from lbtune.tune.twincheck import METRICS, live_figures
 from lbtune.tune.virtual import twin_figures
-from lbtune.twin.fitted import Measured, ReplicaFit, TwinProfile, Validation, solve_attention
+from lbtune.twin.fitted import (
+    MAX_TOKEN_RATIO,
+    Measured,
+    ReplicaFit,
+    TwinProfile,
+    Validation,
+    solve_attention,
+)
 from lbtune.twin.requests import RequestSource
 from lbtune.twin.run import Reuse, simulate
 
@@ -81,9 +88,11 @@ LONG_SHARE = 0.45
 counts ~1.5x more: two thirds of the context), at most four chunks."""
 LONG_OVER = 1.3
 """... sent only when it is this much longer than the calibration's longest prompt."""
+RATIO_TOKENS = 512
+"""A prompt of this many lbtune tokens, counted by the replica: its tokenizer's ratio."""
 STEADY_PROMPT_TOKENS = 256
 """Prompts of the steady-state probe (shared CPUs): a chat prompt's size."""
-STEADY_S = 12.0
+STEADY_S = 20.0
 """Seconds of the steady-state probe, the first :data:`STEADY_WARMUP_S` not measured."""
 STEADY_WARMUP_S = 3.0
 CHUNK_TOKENS = 2048
@@ -221,6 +230,8 @@ def _fit_replica(
     b = measure_replica(rep, plan, api_key=key)
     batch = max(2, min(opts.batch, seqs))
     kv = kv_cache_size(rep)
+    counted, _ = least_ttft(rep, RATIO_TOKENS, plan, api_key=key)
+    ratio = min(MAX_TOKEN_RATIO, max(counted, 1) / RATIO_TOKENS)
     ctx = context_length(rep, a.model)
     third = ctx // 3 if ctx else opts.long_tokens
     long = max(plan.short_tokens * 4, min(opts.long_tokens, third))
@@ -245,7 +256,8 @@ def _fit_replica(
         block_size=kv[0] if kv else 16,
         max_num_seqs=seqs,
         max_model_len=ctx,
-        probes=a.probes + b.probes + 2 * plan.repeats * batch,
+        probes=a.probes + b.probes + 2 * plan.repeats * batch + plan.repeats,
+        prompt_token_ratio=ratio,
     )
     longest = min(third, plan.max_prompt_tokens or third)  # the calibration's long prompt
     n = min(4 * chunk, int(ctx * LONG_SHARE)) if ctx else 0
@@ -308,10 +320,13 @@ def _busy(
 def _with_busy(fit: ReplicaFit, s: Steady) -> ReplicaFit:
     """``fit`` with the slope and the busy overhead of its steady state: the slope puts a
     step of ``s.streams`` at the measured one (the prefills of the requests arriving
-    beside them included); the busy overhead is the TTFT left once the step under way and
-    the request's own step are counted."""
+    beside them included), less the KV reads the twin adds on its own (the streams'
+    mean context: prompt and half the output each); the busy overhead is the TTFT left
+    once the step under way and the request's own step are counted."""
     step = fit.step_s.value
-    slope = max(0.0, (s.step_s - step) / (s.streams - 1))
+    context = s.streams * (s.prompt_tokens + s.output_tokens / 2)
+    kv = fit.kv_s_per_token.value * context
+    slope = max(0.0, (s.step_s - step - kv) / (s.streams - 1))
     own = math.hypot(s.step_s, s.prompt_tokens / fit.prefill_tokens_per_s.value)
     busy = max(fit.overhead_s.value, s.ttft_s - s.step_s - own)
     return fit.model_copy(

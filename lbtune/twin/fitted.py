@@ -50,6 +50,7 @@ __all__ = [
     "Validation",
     "drift",
     "engine_parts",
+    "expand_tokens",
     "lone_ttft",
     "read_profile",
     "solve_attention",
@@ -63,6 +64,8 @@ MAX_ERROR = 0.25
 trusted for screening: ``optimize`` and ``capacity`` refuse it (the threshold is also
 ``--max-error``)."""
 FIT_METRICS = ("p99_e2e_s", "p99_ttft_s", "requests_per_s")
+MAX_TOKEN_RATIO = 4.0
+"""The most replica tokens per lbtune token a fit takes (:func:`expand_tokens`)."""
 UNBOUNDED_KV_TOKENS = 1 << 30
 """A replica whose KV size is not exported: taken as never full (said in the profile)."""
 
@@ -118,6 +121,10 @@ class ReplicaFit(BaseModel):
     max_model_len: int | None = Field(default=None, ge=1)
     probes: int = Field(default=1, ge=1)
     """Requests the fit sent to this replica."""
+    prompt_token_ratio: float = Field(default=1.0, gt=0, le=MAX_TOKEN_RATIO)
+    """The replica's count of a prompt per lbtune token (its tokenizer on lbtune's text: 1
+    on lbtune's simulator, ~1.5 on a real Llama's): the rates are per the replica's tokens,
+    and its KV holds them, so the twin counts a prompt as the replica would."""
 
 
 class Validation(BaseModel):
@@ -238,6 +245,21 @@ def step_cost(fit: ReplicaFit, time_scale: float) -> StepCostFn:
         return StepCost(body + attention, prefill + per_pair * max(0.0, pairs))
 
     return cost
+
+
+def expand_tokens(ids: list[int], ratio: float) -> list[int]:
+    """``ids`` as a replica that counts ``ratio`` tokens per lbtune token would hold them:
+    token ``p`` becomes ``floor((p + 1)·ratio) − floor(p·ratio)`` ids of its own, so two
+    prompts sharing ``n`` tokens share the first ``floor(n·ratio)`` (the prefix cache still
+    sees their shared prefix)."""
+    if ratio == 1.0:
+        return ids
+    k = math.ceil(MAX_TOKEN_RATIO)
+    out: list[int] = []
+    for p, t in enumerate(ids):
+        n = math.floor((p + 1) * ratio) - math.floor(p * ratio)
+        out.extend(t * k + j for j in range(n))
+    return out
 
 
 def lone_ttft(fit: ReplicaFit, prompt_tokens: int, attn_s_per_pair: float | None = None) -> float:

@@ -11,6 +11,7 @@ it ends, the twin delivers its tokens at that time (:meth:`finish_step`) and sta
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from lbtune.sim.engine import (
 )
 from lbtune.sim.profiles import get_gpu, get_model
 from lbtune.sim.textgen import ApiError
-from lbtune.twin.fitted import ReplicaFit, engine_parts, step_cost
+from lbtune.twin.fitted import ReplicaFit, engine_parts, expand_tokens, step_cost
 
 __all__ = ["ReplicaSim", "TwinReplica"]
 
@@ -139,7 +140,12 @@ class ReplicaSim:
         return self._overhead_s[model]
 
     def admit(self, req: SimRequest) -> ApiError | None:
-        """Add ``req`` to the engine; the error the server would answer, if any."""
+        """Add ``req`` to the engine; the error the server would answer, if any. A fitted
+        replica holds the prompt as its own tokenizer counts it."""
+        fit = self.spec.fit
+        if fit is not None and fit.prompt_token_ratio != 1.0:
+            ids = expand_tokens(req.prompt_token_ids, fit.prompt_token_ratio)
+            req = dataclasses.replace(req, prompt_token_ids=ids)
         try:
             self.engine.add_request(req)
         except QueueFull:

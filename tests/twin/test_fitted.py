@@ -33,6 +33,7 @@ from lbtune.twin.fitted import (
     Validation,
     drift,
     engine_parts,
+    expand_tokens,
     lone_ttft,
     read_profile,
     solve_attention,
@@ -215,6 +216,23 @@ def test_a_busy_replica_charges_its_busy_front_end() -> None:
         rs.in_flight = 3
     assert busy.overhead_s(M8) == pytest.approx(0.05)
     assert idle.overhead_s(M8) == pytest.approx(0.005)
+
+
+def test_prompts_are_counted_as_the_replicas_tokenizer_counts_them() -> None:
+    """A replica counting 1.5 tokens per lbtune token holds 1.5x the prompt (its KV and its
+    prefill), and two prompts sharing a prefix still share it there."""
+    a, b = list(range(100)), [*range(60), *range(1000, 1040)]
+    ea, eb = expand_tokens(a, 1.5), expand_tokens(b, 1.5)
+    assert len(ea) == 150 and len(eb) == 150 and len(set(ea)) == 150
+    assert ea[:90] == eb[:90] and ea[90] != eb[90]  # floor(60 x 1.5) shared
+    assert expand_tokens(a, 1.0) is a
+    wide = ReplicaSim(TwinReplica("r", "", (M8,), fit=fit(prompt_token_ratio=1.5)), 1.0)
+    plain = ReplicaSim(TwinReplica("r", "", (M8,), fit=fit()), 1.0)
+    for rs in (wide, plain):
+        assert rs.admit(SimRequest("x", M8, a, 4)) is None
+        rs.start_step(0.0)
+    # KV blocks of 16 tokens: 150 tokens take 10, 100 take 7
+    assert wide.engine.kv_usage / plain.engine.kv_usage == pytest.approx(10 / 7)
 
 
 def test_drift_names_the_replica_that_got_slower() -> None:
