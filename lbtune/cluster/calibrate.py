@@ -244,13 +244,14 @@ def steady_state(
     jobs = [
         gevent.spawn(p.loop, prompt_tokens, 2 * plan.decode_tokens, until) for _ in range(streams)
     ]
-    scrapes = gevent.spawn(_scrape_times, rep, start + warmup_s, until)
+    took: list[float] = []
+    scrapes = gevent.spawn(_scrape_times, rep, start + warmup_s, until, took)
     try:
         gevent.joinall(jobs, raise_error=True, timeout=duration_s + plan.timeout_s + 5)
     finally:
         gevent.killall([j for j in [*jobs, scrapes] if not j.ready()], block=True, timeout=5)
-    took = scrapes.value if scrapes.successful() and scrapes.value else None
-    probes_ = [x for j in jobs if j.successful() for t, x in j.value if t >= start + warmup_s]
+    done = [j.value for j in jobs if j.successful() and isinstance(j.value, list)]  # not killed
+    probes_ = [x for got in done for t, x in got if t >= start + warmup_s]
     steps = [x.step_s for x in probes_ if x.step_s is not None]
     if not steps:
         raise ClusterError(
@@ -263,7 +264,7 @@ def steady_state(
         ttft_s=percentile([x.ttft_s for x in probes_], 50),
         prompt_tokens=int(percentile([x.prompt_tokens for x in probes_], 50)),
         output_tokens=2 * plan.decode_tokens,
-        scrape_s=None if took is None else percentile(took, 50),
+        scrape_s=percentile(took, 50) if took else None,
         requests=len(probes_),
         sent=p.sent,
     )
@@ -272,19 +273,18 @@ def steady_state(
 SCRAPE_EVERY_S = 0.25
 
 
-def _scrape_times(rep: ReplicaEndpoint, after: float, until: float) -> list[float]:
-    """How long ``rep``'s ``/metrics`` takes to answer 200, every :data:`SCRAPE_EVERY_S`
-    from ``after`` (``time.time()``) until ``until`` (monotonic)."""
+def _scrape_times(rep: ReplicaEndpoint, after: float, until: float, out: list[float]) -> None:
+    """Into ``out``: how long ``rep``'s ``/metrics`` takes to answer 200, every
+    :data:`SCRAPE_EVERY_S` from ``after`` (``time.time()``) until ``until`` (monotonic); it
+    may be killed at any point (what it timed so far stays)."""
     url = rep.url.rstrip("/") + "/metrics"
     gevent.sleep(max(0.0, after - time.time()))
-    out: list[float] = []
     while time.monotonic() < until:
         t0 = time.monotonic()
         status, _ = probes.http_get(url, timeout=5.0)
         if status == 200:
             out.append(time.monotonic() - t0)
         gevent.sleep(SCRAPE_EVERY_S)
-    return out
 
 
 def _record(job: gevent.Greenlet) -> RequestRecord | None:
