@@ -183,8 +183,10 @@ def test_a_component_that_never_gets_ready_is_stopped_again(
     seen: list[int] = []
     real_start = supervisor.start
 
-    def spy(name: str, cmd: Sequence[str], paths: StatePaths, env: Any = None) -> ProcessRecord:
-        rec = real_start(name, cmd, paths, env)
+    def spy(
+        name: str, cmd: Sequence[str], paths: StatePaths, env: Any = None, cpus: Any = None
+    ) -> ProcessRecord:
+        rec = real_start(name, cmd, paths, env, cpus)
         seen.append(rec.pid)
         return rec
 
