@@ -212,8 +212,9 @@ def test_a_replica_kept_busy_shows_its_step_under_load() -> None:
         lone = steady_state(rep, 1, 64, plan, duration_s=1.5, warmup_s=0.3)
     finally:
         ps.stop()
-    assert busy.step_s == pytest.approx(0.012, rel=0.3)
-    assert lone.step_s == pytest.approx(0.004, rel=0.3)
+    # the server paces its tokens; a busy host only adds time (the test runs beside others)
+    assert 0.9 * 0.012 <= busy.step_s < 0.04
+    assert 0.9 * 0.004 <= lone.step_s < 0.6 * busy.step_s
     assert busy.ttft_s > lone.ttft_s and busy.prompt_tokens > 32  # the server's count
     assert 6 <= busy.requests < busy.sent
     assert busy.scrape_s is not None and 0 < busy.scrape_s < 1  # its /metrics, timed meanwhile

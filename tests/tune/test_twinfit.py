@@ -122,7 +122,7 @@ def test_replicas_kept_busy_give_the_step_and_front_end_under_load(ps_cluster: P
     assert any("kept busy for 4 s" in m for m in said[:1]), said[:1]  # said before any load
     for f in profile.replicas:
         at_8 = f.step_s.value + 7 * f.step_per_seq_s.value
-        assert at_8 == pytest.approx(0.016, rel=0.35), f
+        assert 0.9 * 0.016 <= at_8 < 0.04, f  # paced by the server; a busy host adds time
         assert f.busy_overhead_s is not None
         assert f.busy_overhead_s.value >= f.overhead_s.value
         assert f.scrape_s is not None  # its /metrics answers: the llm scheduler's scrape
