@@ -356,7 +356,14 @@ class Drift:
 
 
 def drift(old: TwinProfile, new: TwinProfile) -> list[Drift]:
-    """Each replica in both profiles, how much slower (or faster) it is now."""
+    """Each replica in both profiles, how much slower (or faster) it is now. Times are wall
+    seconds: fits at different time scales are not compared (a :class:`ConfigError`)."""
+    if old.time_scale != new.time_scale:
+        raise ConfigError(
+            f"--baseline: fitted at time scale {old.time_scale:g}, this cluster runs at "
+            f"{new.time_scale:g} (wall times would differ by that alone); compare fits of "
+            "one time scale"
+        )
     before = old.by_name()
     out: list[Drift] = []
     for f in new.replicas:

@@ -244,3 +244,5 @@ def test_drift_names_the_replica_that_got_slower() -> None:
     assert by["a"].decode == pytest.approx(0.3) and by["a"].prefill == pytest.approx(0.25)
     assert by["a"].slower == pytest.approx(0.3) and by["a"].beyond_noise
     assert by["b"].decode == pytest.approx(0.025) and not by["b"].beyond_noise
+    with pytest.raises(ConfigError, match="time scale 1, this cluster runs at 4"):
+        drift(old, new.model_copy(update={"time_scale": 4.0}))
