@@ -236,8 +236,9 @@ def calibrate(
     Example: lbtune cluster calibrate --state-dir ./state --replica vllm-0
     """
     from lbtune.cluster import api
-    from lbtune.cluster.calibrate import ProbePlan, hand_to_scheduler
     from lbtune.cluster.calibrate import calibrate as run
+    from lbtune.cluster.calibrate import hand_to_scheduler
+    from lbtune.cluster.probing import ProbePlan
     from lbtune.errors import ClusterError
     from lbtune.records.statedir import StatePaths, read_endpoints
 

@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from lbtune.cluster.calibrate import ProbePlan, measure_replica
+from lbtune.cluster.calibrate import measure_replica
+from lbtune.cluster.probing import ProbePlan
 from lbtune.records.calibration import ReplicaRates
 from lbtune.records.endpoints import ReplicaEndpoint
 from lbtune.scenario import prompts

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from lbtune.cluster.calibrate import parse_cache_info
+from lbtune.cluster.probing import parse_cache_info
 from lbtune.metrics import promql
 from tests.conformance.conftest import Metrics, Server
 from tests.conformance.families import DCGM_GAUGES, INFO_GAUGES, VLLM_TYPES

@@ -101,7 +101,8 @@ def test_calibrated_rates_reach_the_llm_scheduler_of_the_vllm_cluster(
     measured ones at once (no reload), and an apply keeps them (its map file has them too).
     tests/conformance/test_calibrate.py checks that they predict."""
     from lbtune.apply import apply_params
-    from lbtune.cluster.calibrate import ProbePlan, calibrate, hand_to_scheduler
+    from lbtune.cluster.calibrate import calibrate, hand_to_scheduler
+    from lbtune.cluster.probing import ProbePlan
     from lbtune.records.calibration import read_calibration
     from lbtune.targets.base import pool_names
     from lbtune.targets.haproxy import llm

@@ -1,0 +1,105 @@
+"""A replica kept busy: closed-loop streams at it, and what a step, a request's TTFT and
+its ``/metrics`` cost while its engine runs (lone and synchronized-batch probes miss the
+time a busy host's front end waits for CPU; ``lbtune twin fit --steady``)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import gevent
+
+from lbtune.cluster.probing import DEFAULT_PLAN, ProbePlan, Prober
+from lbtune.errors import ClusterError
+from lbtune.process import probes
+from lbtune.records.endpoints import ReplicaEndpoint
+from lbtune.records.quantiles import percentile
+
+__all__ = ["SCRAPE_EVERY_S", "Steady", "steady_state"]
+
+
+@dataclass(frozen=True)
+class Steady:
+    """A replica kept at ``streams`` requests in flight (closed loop)."""
+
+    streams: int
+    step_s: float
+    """Mean time per output token after the first (the steps it ran, prefills of the
+    requests arriving beside it included)."""
+    ttft_s: float
+    """Median TTFT of a request arriving while the others run."""
+    prompt_tokens: int
+    """The replica's count of each prompt (the median)."""
+    output_tokens: int
+    """Each request's output."""
+    scrape_s: float | None
+    """Median time its ``/metrics`` took to answer meanwhile (None: it answered none with
+    200): what a scheduler scraping it waits."""
+    requests: int
+    """Requests measured (sent after the warm-up)."""
+    sent: int
+
+
+def steady_state(
+    rep: ReplicaEndpoint,
+    streams: int,
+    prompt_tokens: int,
+    plan: ProbePlan = DEFAULT_PLAN,
+    *,
+    duration_s: float = 12.0,
+    warmup_s: float = 3.0,
+    api_key: str | None = None,
+) -> Steady:
+    """``streams`` closed-loop streams at ``rep`` for ``duration_s`` (fresh text, outputs
+    of ``2 × plan.decode_tokens``): what a step and a TTFT are while the replica stays
+    busy, as under load. Requests sent in the first ``warmup_s`` are not measured."""
+    if not rep.models:
+        raise ClusterError(f"replica {rep.name} serves no model: nothing to measure")
+    p = Prober(rep, rep.models[0], plan, api_key)
+    start = time.time()
+    until = time.monotonic() + duration_s
+    jobs = [
+        gevent.spawn(p.loop, prompt_tokens, 2 * plan.decode_tokens, until) for _ in range(streams)
+    ]
+    took: list[float] = []
+    scrapes = gevent.spawn(_scrape_times, rep, start + warmup_s, until, took)
+    try:
+        gevent.joinall(jobs, raise_error=True, timeout=duration_s + plan.timeout_s + 5)
+    finally:
+        gevent.killall([j for j in [*jobs, scrapes] if not j.ready()], block=True, timeout=5)
+    done = [j.value for j in jobs if j.successful() and isinstance(j.value, list)]  # not killed
+    probes_ = [x for got in done for t, x in got if t >= start + warmup_s]
+    steps = [x.step_s for x in probes_ if x.step_s is not None]
+    if not steps:
+        raise ClusterError(
+            f"calibrating replica {rep.name} ({rep.url}): no request finished in "
+            f"{duration_s:g} s at {streams} streams"
+        )
+    return Steady(
+        streams=streams,
+        step_s=statistics.fmean(steps),
+        ttft_s=percentile([x.ttft_s for x in probes_], 50),
+        prompt_tokens=int(percentile([x.prompt_tokens for x in probes_], 50)),
+        output_tokens=2 * plan.decode_tokens,
+        scrape_s=percentile(took, 50) if took else None,
+        requests=len(probes_),
+        sent=p.sent,
+    )
+
+
+SCRAPE_EVERY_S = 0.25
+
+
+def _scrape_times(rep: ReplicaEndpoint, after: float, until: float, out: list[float]) -> None:
+    """Into ``out``: how long ``rep``'s ``/metrics`` takes to answer 200, every
+    :data:`SCRAPE_EVERY_S` from ``after`` (``time.time()``) until ``until`` (monotonic); it
+    may be killed at any point (what it timed so far stays)."""
+    url = rep.url.rstrip("/") + "/metrics"
+    gevent.sleep(max(0.0, after - time.time()))
+    while time.monotonic() < until:
+        t0 = time.monotonic()
+        status, _ = probes.http_get(url, timeout=5.0)
+        if status == 200:
+            out.append(time.monotonic() - t0)
+        gevent.sleep(SCRAPE_EVERY_S)
