@@ -14,20 +14,19 @@ docs/twin.md):
 2. the decode step of ``batch`` requests at once with a short prompt (the slope measured at
    a batch the twin will see, not only at four) and with a long one (what each token of
    context a decode reads adds: ``kv_s_per_token``);
-3. the KV cache's size from the replica's ``/metrics`` (vLLM's ``cache_config_info``).
+3. the KV cache's size from the replica's ``/metrics`` (vLLM's ``cache_config_info``) and
+   its tokenizer's count of lbtune's prompt text (``prompt_token_ratio``);
+4. with ``--steady`` (the default where the replicas share CPUs), every replica kept busy
+   (:mod:`lbtune.tune.twinbusy`): the slope, the busy overhead and the scrape time under load.
 
 The fit also becomes the state dir's ``calibration.json`` (the ``llm`` scheduler's rates,
-the same numbers). Then, unless told not to, **validation**: one live run of a scenario
-through the balancer at its current config, that run's recorded plan simulated by the
-fitted twin, and ``|twin / live − 1|`` of P99 E2E, P99 TTFT and req/s. The profile keeps
-it; :meth:`~lbtune.twin.fitted.TwinProfile.trusted` says whether screening may use it.
+the same numbers). Then, unless told not to, **validation** (:mod:`lbtune.tune.
+twinvalidate`): live runs of a scenario through the balancer at its current config against
+the fitted twin on each run's recorded plan.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -37,50 +36,34 @@ from pathlib import Path
 import gevent
 
 from lbtune.cluster import api
-from lbtune.cluster.calibrate import (
+from lbtune.cluster.calibrate import hand_to_scheduler, measure_replica
+from lbtune.cluster.config import parse_config
+from lbtune.cluster.probing import (
     ProbePlan,
-    Steady,
     context_length,
     decode_step_at,
-    hand_to_scheduler,
     kv_cache_size,
     least_ttft,
-    measure_replica,
-    steady_state,
 )
-from lbtune.cluster.config import parse_config
-from lbtune.cluster.twin import drop_inactive, running_twin
 from lbtune.cluster.vllm import ServerSettings
 from lbtune.errors import ConfigError
-from lbtune.objective import Figures
 from lbtune.records.calibration import Calibration, ReplicaRates
 from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
 from lbtune.records.statedir import StatePaths, read_config_json
-from lbtune.run.stress import StressOptions, run_stress
 from lbtune.safety.secrets import api_key_from_env
-from lbtune.scenario.loader import load_scenario
-from lbtune.scenario.runplan import read_run_plan
-from lbtune.targets import get_target
-from lbtune.tune.twincheck import METRICS, live_figures
-from lbtune.tune.virtual import twin_figures
+from lbtune.tune.twinbusy import STEADY_S, BusyPlan, keep_busy
+from lbtune.tune.twinvalidate import ValidationPlan, check_scenario, validate_profile
 from lbtune.twin.fitted import (
     MAX_TOKEN_RATIO,
     Measured,
     ReplicaFit,
     TwinProfile,
-    Validation,
     solve_attention,
 )
-from lbtune.twin.requests import RequestSource
-from lbtune.twin.run import Reuse, simulate
 
-__all__ = ["FitOptions", "fit_twin", "load_statement", "validate_profile"]
+__all__ = ["FitOptions", "fit_twin", "load_statement"]
 
 Say = Callable[[str], None]
-VALIDATION_SAMPLES = 100
-"""A validation run goes on past ``--duration`` until its window holds this many requests
-(a P99 of fewer is their largest one), up to :data:`VALIDATION_MAX_S`."""
-VALIDATION_MAX_S = 90.0
 VLLM_MAX_NUM_SEQS = 256
 """vLLM's default ``--max-num-seqs``: what an external replica is taken to run."""
 LONG_SHARE = 0.45
@@ -90,11 +73,6 @@ LONG_OVER = 1.3
 """... sent only when it is this much longer than the calibration's longest prompt."""
 RATIO_TOKENS = 512
 """A prompt of this many lbtune tokens, counted by the replica: its tokenizer's ratio."""
-STEADY_PROMPT_TOKENS = 256
-"""Prompts of the steady-state probe (shared CPUs): a chat prompt's size."""
-STEADY_S = 20.0
-"""Seconds of the steady-state probe, the first :data:`STEADY_WARMUP_S` not measured."""
-STEADY_WARMUP_S = 3.0
 CHUNK_TOKENS = 2048
 """The token budget of a step the fit assumes (the simulator's and vLLM's smallest default)."""
 FIT_PLAN = ProbePlan(max_prompt_tokens=CHUNK_TOKENS, decode_tokens=32)
@@ -123,6 +101,10 @@ class FitOptions:
     """Keep the replicas busy (closed loop) to measure a step and the front end under
     load; None: where the replicas share CPUs (all at once there)."""
     steady_s: float = STEADY_S
+
+    @property
+    def validation(self) -> ValidationPlan:
+        return ValidationPlan(self.scenario, self.duration_s, self.runs, self.seed)
 
 
 def profile_path(state_dir: str | Path) -> Path:
@@ -171,7 +153,7 @@ def fit_twin(opts: FitOptions, say: Say) -> tuple[TwinProfile, Path]:
         raise ConfigError("twin fit: no cluster running (lbtune cluster up)")
     ep = st.endpoints
     if opts.validate:
-        _check_scenario(opts.scenario, ep)
+        check_scenario(opts.scenario, ep)
     facts = _replica_facts(ep.state_dir)
     together = facts.shared_cpus
     steady = together if opts.steady is None else opts.steady
@@ -191,7 +173,8 @@ def fit_twin(opts: FitOptions, say: Say) -> tuple[TwinProfile, Path]:
                 time.sleep(opts.plan.settle_s)
             fits.append(_fit_replica(rep, opts, facts, key, say))
     if steady:
-        fits = _busy(ep, fits, opts, together, key, say)
+        busy = BusyPlan(opts.batch, opts.steady_s, opts.plan, together)
+        fits = keep_busy(ep, fits, busy, key, say)
     profile = TwinProfile(
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         cluster=ep.config_name,
@@ -202,23 +185,10 @@ def fit_twin(opts: FitOptions, say: Say) -> tuple[TwinProfile, Path]:
     hand_to_scheduler(ep)
     if opts.validate:
         profile = profile.model_copy(
-            update={"validation": validate_profile(profile, opts, ep.state_dir, say)}
+            update={"validation": validate_profile(profile, opts.validation, ep.state_dir, say)}
         )
     out = profile.write(opts.out or profile_path(ep.state_dir))
     return profile, out
-
-
-def _check_scenario(scenario: str, ep: Endpoints) -> None:
-    """Before any load: the validation scenario asks only for models the fit covers (a
-    replica is fitted for its first model)."""
-    fitted = {r.models[0] for r in ep.replicas if r.models}
-    missing = sorted(set(load_scenario(scenario).models) - fitted)
-    if missing:
-        raise ConfigError(
-            f"--scenario {scenario} uses {', '.join(missing)}, which the fit does not cover "
-            f"(a replica is fitted for its first model: {', '.join(sorted(fitted))}); "
-            "validate with a scenario of those (e.g. chat)"
-        )
 
 
 def _fit_replica(
@@ -276,71 +246,6 @@ def _fit_replica(
     return fit
 
 
-def _busy(
-    ep: Endpoints,
-    fits: list[ReplicaFit],
-    opts: FitOptions,
-    together: bool,
-    key: str | None,
-    say: Say,
-) -> list[ReplicaFit]:
-    """The replicas kept busy (closed loop, ``batch`` streams each; all at once where they
-    share CPUs): what a step and the front end cost while the engines run, as under load.
-    Lone and synchronized-batch probes missed it on the vLLM CPU preset: a step of 8 took
-    8.8 ms kept busy against 7.6 fitted, and a request's TTFT 44 ms against ~21 (its API
-    server waits for CPU behind the engines)."""
-    streams = {f.name: max(2, min(opts.batch, f.max_num_seqs)) for f in fits}
-    warmup = min(STEADY_WARMUP_S, opts.steady_s / 4)
-
-    def one(rep: ReplicaEndpoint) -> Steady:
-        say(
-            f"{rep.name}: kept busy, {streams[rep.name]} streams of "
-            f"{STEADY_PROMPT_TOKENS}-token prompts for {opts.steady_s:g} s"
-        )
-        return steady_state(
-            rep,
-            streams[rep.name],
-            STEADY_PROMPT_TOKENS,
-            opts.plan,
-            duration_s=opts.steady_s,
-            warmup_s=warmup,
-            api_key=key,
-        )
-
-    if not together:
-        return [_with_busy(f, one(rep)) for f, rep in zip(fits, ep.replicas, strict=True)]
-    jobs = [gevent.spawn(one, rep) for rep in ep.replicas]
-    try:
-        gevent.joinall(jobs, raise_error=True)
-    finally:
-        gevent.killall([j for j in jobs if not j.ready()])
-    return [_with_busy(f, j.value) for f, j in zip(fits, jobs, strict=True)]
-
-
-def _with_busy(fit: ReplicaFit, s: Steady) -> ReplicaFit:
-    """``fit`` with the slope and the busy overhead of its steady state: the slope puts a
-    step of ``s.streams`` at the measured one (the prefills of the requests arriving
-    beside them included), less the KV reads the twin adds on its own (the streams'
-    mean context: prompt and half the output each); the busy overhead is the TTFT left
-    once the step under way and the request's own step are counted."""
-    step = fit.step_s.value
-    context = s.streams * (s.prompt_tokens + s.output_tokens / 2)
-    kv = fit.kv_s_per_token.value * context
-    slope = max(0.0, (s.step_s - step - kv) / (s.streams - 1))
-    own = math.hypot(s.step_s, s.prompt_tokens / fit.prefill_tokens_per_s.value)
-    busy = max(fit.overhead_s.value, s.ttft_s - s.step_s - own)
-    return fit.model_copy(
-        update={
-            "step_per_seq_s": Measured(value=slope, rel_uncertainty=fit.step_s.rel_uncertainty),
-            "busy_overhead_s": Measured(value=busy, rel_uncertainty=fit.overhead_s.rel_uncertainty),
-            "scrape_s": None
-            if s.scrape_s is None
-            else Measured(value=s.scrape_s, rel_uncertainty=0),
-            "probes": fit.probes + s.sent,
-        }
-    )
-
-
 def _measured(a: float, b: float, floor: float = 0.0) -> Measured:
     mean = (a + b) / 2
     spread = abs(a - b) / 2 / mean if mean > 0 else 0.0
@@ -391,62 +296,3 @@ def _calibration(profile: TwinProfile) -> Calibration:
             for f in profile.replicas
         ],
     )
-
-
-def validate_profile(
-    profile: TwinProfile, opts: FitOptions, state_dir: str | Path, say: Say
-) -> Validation:
-    """``opts.runs`` live runs of ``opts.scenario`` at the balancer's current config (each
-    its own seed), and the fitted twin on each run's recorded plan: the figures' means,
-    the twin's relative error on them and how far the live runs differed among themselves."""
-    tc = running_twin(state_dir, profile)
-    ep = api.status(state_dir).endpoints
-    if ep is None:
-        raise ConfigError("twin fit: the cluster stopped before its validation")
-    params = drop_inactive(tc, get_target(tc.balancer, ep).read_live())[0]
-    lives: list[Figures] = []
-    twins: list[Figures] = []
-    seed = opts.seed
-    for i in range(opts.runs):
-        say(f"validation run {i + 1}/{opts.runs}: {opts.scenario} for {opts.duration_s:g} s")
-        with tempfile.TemporaryDirectory(prefix="lbtune-twin-fit-") as tmp:
-            run_dir = Path(tmp) / "live"
-            sopts = StressOptions(
-                scenario=opts.scenario,
-                duration_s=opts.duration_s,
-                seed=seed,
-                state_dir=Path(state_dir),
-                out_dir=run_dir,
-                write_report=False,
-                until_samples=VALIDATION_SAMPLES,  # a P99 of 30 requests is their maximum
-                max_duration_s=VALIDATION_MAX_S,
-            )
-            run_stress(sopts, say=lambda m: None)
-            lives.append(live_figures(run_dir)[0])
-            plan = read_run_plan(run_dir)
-        seed = plan.seed + 1
-        src = RequestSource(plan, tc.config.seed)
-        run = simulate(src.plan, tc.replicas, tc.routing(params), tc.options(), Reuse(src, None))
-        twins.append(twin_figures(run)[0])
-    live = {m: _mean([getattr(f, m) for f in lives]) for m in METRICS}
-    twin = {m: _mean([getattr(f, m) for f in twins]) for m in METRICS}
-    errors = {m: abs(t / v - 1) for m in METRICS if (t := twin[m]) is not None and (v := live[m])}
-    spread: dict[str, float] = {}
-    for m in METRICS:
-        vals = [x for f in lives if (x := getattr(f, m))]
-        if len(vals) >= 2:
-            spread[m] = max(vals) / min(vals) - 1
-    return Validation(
-        scenario=opts.scenario,
-        duration_s=opts.duration_s,
-        runs=opts.runs,
-        live=live,
-        twin=twin,
-        errors=errors,
-        live_spread=spread,
-    )
-
-
-def _mean(xs: list[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None]
-    return statistics.fmean(vals) if len(vals) == len(xs) and vals else None
