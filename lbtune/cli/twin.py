@@ -183,6 +183,15 @@ def check_command(
     users: Annotated[
         int | None, typer.Option("--users", "-u", help="Closed-loop users (the scenario's).")
     ] = None,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            "--rounds",
+            help="Measure every config this many times, 1 to 4, in interleaved rounds "
+            "(every other one reversed, each on its own seed): a drifting cluster shifts "
+            "every config alike.",
+        ),
+    ] = 1,
     state_dir: StateDirOpt = None,
     twin_profile: TwinProfileOpt = None,
     as_json: JsonOpt = False,
@@ -192,9 +201,10 @@ def check_command(
     measured live for DURATION s, then simulated on the same recorded plan; the rank
     correlation of the composite scores and the median error of P99 E2E, P99 TTFT and
     req/s, with 95 % bootstrap intervals over the configs. Changes the live balancer while
-    it runs (the live config is put back at the end); about CONFIGS x (DURATION + 5) s.
+    it runs (the live config is put back at the end); about ROUNDS x CONFIGS x
+    (DURATION + 5) s.
 
-    Example: lbtune twin check -s mixed -n 6 -d 15
+    Example: lbtune twin check -s mixed -n 6 -d 15 --rounds 2
     """
     from rich.console import Console
 
@@ -204,7 +214,9 @@ def check_command(
     from lbtune.twin.fitted import read_profile
 
     profile = read_profile(twin_profile) if twin_profile is not None else None
-    opts = CheckOptions(scenario, configs, duration, seed, draw_seed, state_dir, profile, users)
+    opts = CheckOptions(
+        scenario, configs, duration, seed, draw_seed, state_dir, profile, users, rounds
+    )
     res = check_twin(opts, lambda m: err.print(m, markup=False, highlight=False))
     if as_json:
         typer.echo(json.dumps(_check_json(res), indent=2, allow_nan=False))
@@ -222,6 +234,7 @@ def _check_json(res: CheckResult) -> dict[str, Any]:
         "balancer": res.balancer,
         "scenario": res.scenario,
         "duration_s": res.duration_s,
+        "rounds": res.rounds,
         "spearman": res.spearman,
         "spearman_ci95": res.spearman_ci,
         "median_rel_error": res.errors,
@@ -243,7 +256,9 @@ def _check_json(res: CheckResult) -> dict[str, Any]:
 def _check_lines(res: CheckResult) -> list[str]:
     lines = [
         f"{res.cluster} ({res.balancer}), {res.scenario}, {len(res.rows)} configs of "
-        f"{res.duration_s:g} s; live vs twin:",
+        f"{res.duration_s:g} s"
+        + (f" x {res.rounds} interleaved rounds (their means)" if res.rounds > 1 else "")
+        + "; live vs twin:",
         f"{'config':>6} {'algorithm':<11} {'score':>15} {'P99 E2E s':>15} "
         f"{'P99 TTFT s':>15} {'req/s':>15}",
     ]

@@ -5,18 +5,26 @@ space has them, then draws of Optuna's random sampler — are each applied to th
 balancer (its direct path) and measured live by ``run_stress`` on the same scenario and
 seed, one after another; each live run's recorded plan is then simulated with the same
 params, the twin's engines carried from run to run as the live replicas keep their
-prefix caches. Both sides are scored the way a study scores a trial
-(:func:`lbtune.tune.virtual.twin_figures`). The result: Spearman's rank correlation of the
-composite scores and the median |relative error| of P99 E2E, P99 TTFT and req/s, each
-with a 95 % bootstrap interval over the configs. The live config is put back at the end,
-also on an error. Bounded: at most :data:`MAX_CONFIGS` configs of :data:`MAX_DURATION_S`.
+prefix caches. With ``rounds`` > 1 the configs are measured again in interleaved rounds,
+every other one in reverse order (ABBA: a live cluster that drifts by a steady amount
+over the check shifts every config's mean alike) and each round on its own seed; a
+config's figures and scores are then its rounds' means, live and twin alike. On the vLLM
+CPU preset round robin served 8.9 req/s in one check and 11.7 in another 25 minutes
+later: configs measured once, one after another, were ranked partly by the clock. Both
+sides are scored the way a study scores a trial
+(:func:`lbtune.tune.virtual.twin_figures`). The result: Spearman's rank correlation of
+the composite scores and the median |relative error| of P99 E2E, P99 TTFT and req/s,
+each with a 95 % bootstrap interval over the configs. The live config is put back at the
+end, also on an error. Bounded: at most :data:`MAX_CONFIGS` configs of
+:data:`MAX_DURATION_S`.
 """
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,11 +49,21 @@ from lbtune.twin.requests import RequestSource
 from lbtune.twin.result import TwinRun
 from lbtune.twin.run import Reuse, simulate
 
-__all__ = ["METRICS", "CheckOptions", "CheckResult", "CheckRow", "check_twin", "draw_configs"]
+__all__ = [
+    "METRICS",
+    "CheckOptions",
+    "CheckResult",
+    "CheckRow",
+    "check_twin",
+    "config_means",
+    "draw_configs",
+    "round_order",
+]
 
 METRICS = ("p99_e2e_s", "p99_ttft_s", "requests_per_s")
 MAX_CONFIGS = 20
 MAX_DURATION_S = 60.0
+MAX_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -62,6 +80,8 @@ class CheckOptions:
     """A fitted profile: its replicas are simulated from their fits."""
     users: int | None = None
     """Closed-loop users (the scenario's load when None)."""
+    rounds: int = 1
+    """Times each config is measured (interleaved rounds, module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +106,16 @@ class CheckResult:
     errors: dict[str, float]
     """Median |twin / live − 1| per metric."""
     errors_ci: dict[str, tuple[float, float]]
+    rounds: int = 1
+
+
+def round_order(configs: int, rounds: int) -> list[tuple[int, int]]:
+    """``(round, config)`` in the order they are measured: forward, then backward, ..."""
+    out: list[tuple[int, int]] = []
+    for r in range(rounds):
+        order = range(configs) if r % 2 == 0 else range(configs - 1, -1, -1)
+        out += [(r, c) for c in order]
+    return out
 
 
 def draw_configs(space: ParameterSpace, live: ParamSet, n: int, seed: int) -> list[ParamSet]:
@@ -110,6 +140,8 @@ def check_twin(opts: CheckOptions, say: Callable[[str], None]) -> CheckResult:
         raise ConfigError(f"--configs: 3 to {MAX_CONFIGS}, got {opts.configs}")
     if not 5 <= opts.duration_s <= MAX_DURATION_S:
         raise ConfigError(f"--duration: 5 to {MAX_DURATION_S:g} s, got {opts.duration_s:g}")
+    if not 1 <= opts.rounds <= MAX_ROUNDS:
+        raise ConfigError(f"--rounds: 1 to {MAX_ROUNDS}, got {opts.rounds}")
     st = api.status(opts.state_dir)
     if not st.running or st.endpoints is None:
         raise ConfigError("twin check: no cluster running (lbtune cluster up)")
@@ -119,34 +151,54 @@ def check_twin(opts: CheckOptions, say: Callable[[str], None]) -> CheckResult:
     configs = draw_configs(target.space(), live, opts.configs, opts.draw_seed)
     for p in configs:
         tc.routing(drop_inactive(tc, p)[0])  # no model: one line, before any load
-    rows: list[CheckRow] = []
+    order = round_order(len(configs), opts.rounds)
     with tempfile.TemporaryDirectory(prefix="lbtune-twin-check-") as tmp:
+        runs: list[LiveRun] = []
+        seed = opts.seed
         try:
-            runs = []
-            for i, p in enumerate(configs):
-                runs.append(_live(opts, st.endpoints.state_dir, p, Path(tmp) / f"c{i}", target))
-                say(f"config {i} ({p.get('algorithm')}) measured live")
+            for r, i in order:
+                p = configs[i]
+                if r and seed is None:  # the scenario's seed, as the first round ran it
+                    seed = read_run_plan(runs[0].run_dir).seed
+                at = None if seed is None else seed + r
+                out = Path(tmp) / f"r{r}-c{i}"
+                _live(opts, st.endpoints.state_dir, p, out, target, at)
+                runs.append(LiveRun(i, out))
+                rnd = f" round {r + 1}/{opts.rounds}" if opts.rounds > 1 else ""
+                say(f"config {i} ({p.get('algorithm')}){rnd} measured live")
         finally:
             target.apply(live)
         rows = _replay(tc, configs, runs, say)
-    return _result(tc, opts, rows)
+    return _result(tc, opts, config_means(rows))
+
+
+@dataclass(frozen=True)
+class LiveRun:
+    """One live run of a check: which config, where its records are."""
+
+    config: int
+    run_dir: Path
 
 
 def _live(
-    opts: CheckOptions, state_dir: str, params: ParamSet, out: Path, target: TargetBase
-) -> Path:
+    opts: CheckOptions,
+    state_dir: str,
+    params: ParamSet,
+    out: Path,
+    target: TargetBase,
+    seed: int | None,
+) -> None:
     target.apply(params)
     sopts = StressOptions(
         scenario=opts.scenario,
         duration_s=opts.duration_s,
         users=opts.users,
-        seed=opts.seed,
+        seed=seed,
         state_dir=Path(state_dir),
         out_dir=out,
         write_report=False,
     )
     run_stress(sopts, say=lambda m: None)
-    return out
 
 
 def live_figures(run_dir: Path) -> tuple[Figures, float]:
@@ -161,13 +213,18 @@ def live_figures(run_dir: Path) -> tuple[Figures, float]:
 
 
 def _replay(
-    tc: TwinCluster, configs: Sequence[ParamSet], runs: Sequence[Path], say: Callable[[str], None]
+    tc: TwinCluster,
+    configs: Sequence[ParamSet],
+    runs: Sequence[LiveRun],
+    say: Callable[[str], None],
 ) -> list[CheckRow]:
-    """Each live run's plan and config simulated, the engines carried in the live order."""
+    """Each live run's plan and config simulated, the engines carried in the live order:
+    one row per run."""
     rows: list[CheckRow] = []
     src: RequestSource | None = None
     engines = None
-    for i, (params, run_dir) in enumerate(zip(configs, runs, strict=True)):
+    for m in runs:
+        i, run_dir, params = m.config, m.run_dir, configs[m.config]
         plan = read_run_plan(run_dir)
         if src is None or src.plan.load != plan.load or src.plan.seed != plan.seed:
             src = RequestSource(plan, tc.config.seed)
@@ -180,6 +237,37 @@ def _replay(
         algo = params.get("algorithm")
         say(f"config {i} ({algo}): score live {live_score:.3f}, twin {twin_score:.3f}")
     return rows
+
+
+def config_means(rows: Sequence[CheckRow]) -> list[CheckRow]:
+    """One row per config, in config order: its runs' mean scores and figures (of
+    :data:`METRICS`; the rest are its first run's)."""
+    out = []
+    for c in sorted({r.config for r in rows}):
+        mine = [r for r in rows if r.config == c]
+        out.append(
+            CheckRow(
+                c,
+                mine[0].params,
+                _mean_figures([r.live for r in mine]),
+                _mean_figures([r.twin for r in mine]),
+                statistics.fmean(r.live_score for r in mine),
+                statistics.fmean(r.twin_score for r in mine),
+            )
+        )
+    return out
+
+
+def _mean_figures(figs: Sequence[Figures]) -> Figures:
+    def mean(name: str) -> float:
+        return statistics.fmean(getattr(f, name) for f in figs)
+
+    return replace(
+        figs[0],
+        p99_e2e_s=mean("p99_e2e_s"),
+        p99_ttft_s=mean("p99_ttft_s"),
+        requests_per_s=mean("requests_per_s"),
+    )
 
 
 def _rel_errors(rows: Sequence[CheckRow], metric: str) -> list[float]:
@@ -217,4 +305,5 @@ def _result(tc: TwinCluster, opts: CheckOptions, rows: list[CheckRow]) -> CheckR
         spearman_ci=(percentile(ok, 2.5), percentile(ok, 97.5)) if ok else None,
         errors=errors,
         errors_ci=errors_ci,
+        rounds=opts.rounds,
     )
