@@ -42,6 +42,7 @@ from datetime import UTC, datetime
 
 from lbtune.cluster.probing import DEFAULT_PLAN, Probe, ProbePlan, Prober, context_length
 from lbtune.errors import ClusterError, ConfigError
+from lbtune.process import affinity
 from lbtune.records.calibration import Calibration, ReplicaRates, read_calibration
 from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
 from lbtune.records.quantiles import percentile
@@ -195,10 +196,11 @@ def calibrate(
     chosen = [known[n] for n in names] if names else list(ep.replicas)
     key = api_key_from_env()
     measured: dict[str, ReplicaRates] = {}
-    for i, r in enumerate(chosen):
-        if i:
-            time.sleep(plan.settle_s)
-        measured[r.name] = measure_replica(r, plan, api_key=key, progress=progress)
+    with affinity.kept_off(ep.reserved_cpus):  # the probes are sent from this process
+        for i, r in enumerate(chosen):
+            if i:
+                time.sleep(plan.settle_s)
+            measured[r.name] = measure_replica(r, plan, api_key=key, progress=progress)
     before = read_calibration(ep.state_dir)
     kept = [r for r in (before.replicas if before else []) if r.name not in measured]
     if before is not None and before.time_scale != ep.time_scale:

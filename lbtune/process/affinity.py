@@ -12,14 +12,19 @@ The pin is ``sched_setaffinity`` between fork and exec (:func:`pin`, a ``preexec
 the program starts on those CPUs and every thread and process it makes inherits them (a
 pin after the start would miss the threads a Go or C program has already made: it moves
 one thread, not a process).
+
+lbtune's own process (the runner's record tail, ``twin fit``'s probes) moves itself off
+the reserved CPUs while it loads the cluster (:func:`kept_off`): every thread it has then,
+and so every thread it starts meanwhile; afterwards its threads go back.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 
-__all__ = ["complement", "pin", "usable"]
+__all__ = ["complement", "kept_off", "pin", "usable"]
 
 
 def usable() -> frozenset[int]:
@@ -37,6 +42,35 @@ def complement(reserved: Collection[int]) -> frozenset[int] | None:
     if not reserved or not hasattr(os, "sched_setaffinity"):
         return None
     return usable() - frozenset(reserved) or None
+
+
+@contextmanager
+def kept_off(reserved: Collection[int]) -> Iterator[frozenset[int] | None]:
+    """This process, every thread of it, off ``reserved`` (on :func:`complement`) for the
+    duration; the CPUs it runs on meanwhile, ``None`` when it was left as it is. Its threads
+    are put back on the CPUs it had before at the end."""
+    cpus = complement(reserved)
+    if cpus is None:
+        yield None
+        return
+    before = usable()
+    _move_all(cpus)
+    try:
+        yield cpus
+    finally:
+        _move_all(before)
+
+
+def _move_all(cpus: frozenset[int]) -> None:
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except (ProcessLookupError, PermissionError):  # a thread that ended meanwhile
+            continue
 
 
 def pin(

@@ -38,6 +38,7 @@ from lbtune.loadgen.preflight import check_models
 from lbtune.loadgen.recordio import read_records
 from lbtune.loadgen.runner import LoadConfig, LoadResult, Progress, run_load
 from lbtune.metrics.summary import RunSummary
+from lbtune.process import affinity
 from lbtune.records.requests import RequestRecord
 from lbtune.report import ReportPaths, write_report
 from lbtune.run.plan import plan_run
@@ -210,7 +211,12 @@ def run_stress(
     say(f"load: {plan.scenario_name} against {target.url} {bound} ({plan.load.mode} loop)")
     inner = StopEither(stop)
     counter = None if until is None else WindowCounter(plan, until, inner)
-    with load_claim(target.endpoints), ReplicaWatch(target.endpoints) as watch:
+    reserved = target.endpoints.reserved_cpus if target.endpoints else ()
+    with (
+        load_claim(target.endpoints),
+        ReplicaWatch(target.endpoints) as watch,
+        affinity.kept_off(reserved),  # this process's record tail too, not only the workers
+    ):
         load = run_load(cfg, on_progress=chain(counter, on_progress), stop=inner)
     reached_at = None if counter is None else counter.reached_at
     if reached_at is not None and not (stop is not None and stop.is_set()):

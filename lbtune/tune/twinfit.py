@@ -47,6 +47,7 @@ from lbtune.cluster.probing import (
 )
 from lbtune.cluster.vllm import ServerSettings
 from lbtune.errors import ConfigError
+from lbtune.process import affinity
 from lbtune.records.calibration import Calibration, ReplicaRates
 from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
 from lbtune.records.statedir import StatePaths, read_config_json
@@ -155,26 +156,9 @@ def fit_twin(opts: FitOptions, say: Say) -> tuple[TwinProfile, Path]:
     if opts.validate:
         check_scenario(opts.scenario, ep)
     facts = _replica_facts(ep.state_dir)
-    together = facts.shared_cpus
-    steady = together if opts.steady is None else opts.steady
-    say(load_statement(ep, opts, together, steady))
-    key = api_key_from_env()
-    fits: list[ReplicaFit] = []
-    if together:  # under load they are all busy: measured alone, each would look 2x faster
-        jobs = [gevent.spawn(_fit_replica, r, opts, facts, key, say) for r in ep.replicas]
-        try:
-            gevent.joinall(jobs, raise_error=True)  # a replica that fails: one line, naming it
-        finally:
-            gevent.killall([j for j in jobs if not j.ready()])  # and no probe goes on
-        fits = [j.value for j in jobs]
-    else:
-        for i, rep in enumerate(ep.replicas):
-            if i:
-                time.sleep(opts.plan.settle_s)
-            fits.append(_fit_replica(rep, opts, facts, key, say))
-    if steady:
-        busy = BusyPlan(opts.batch, opts.steady_s, opts.plan, together)
-        fits = keep_busy(ep, fits, busy, key, say)
+    say(load_statement(ep, opts, facts.shared_cpus, _steady(opts, facts)))
+    with affinity.kept_off(ep.reserved_cpus):  # the probes are sent from this process
+        fits = _fit_all(ep, opts, facts, api_key_from_env(), say)
     profile = TwinProfile(
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         cluster=ep.config_name,
@@ -189,6 +173,36 @@ def fit_twin(opts: FitOptions, say: Say) -> tuple[TwinProfile, Path]:
         )
     out = profile.write(opts.out or profile_path(ep.state_dir))
     return profile, out
+
+
+def _steady(opts: FitOptions, facts: _Facts) -> bool:
+    """Keep the replicas busy: as asked, else where they share CPUs."""
+    return facts.shared_cpus if opts.steady is None else opts.steady
+
+
+def _fit_all(
+    ep: Endpoints, opts: FitOptions, facts: _Facts, key: str | None, say: Say
+) -> list[ReplicaFit]:
+    """Every replica's fit: one at a time, or all at once where they share CPUs."""
+    together = facts.shared_cpus
+    fits: list[ReplicaFit] = []
+    if together:  # under load they are all busy: measured alone, each would look 2x faster
+        jobs = [gevent.spawn(_fit_replica, r, opts, facts, key, say) for r in ep.replicas]
+        try:
+            gevent.joinall(jobs, raise_error=True)  # a replica that fails: one line, naming it
+        finally:
+            gevent.killall([j for j in jobs if not j.ready()])  # and no probe goes on
+        fits = [j.value for j in jobs]
+    else:
+        for i, rep in enumerate(ep.replicas):
+            if i:
+                time.sleep(opts.plan.settle_s)
+            fits.append(_fit_replica(rep, opts, facts, key, say))
+    if _steady(opts, facts):
+        fits = keep_busy(
+            ep, fits, BusyPlan(opts.batch, opts.steady_s, opts.plan, together), key, say
+        )
+    return fits
 
 
 def _fit_replica(

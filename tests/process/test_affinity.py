@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,3 +94,48 @@ def test_what_a_pinned_process_starts_stays_on_its_cpus(tmp_path: Path) -> None:
     finally:
         supervisor.stop(rec, paths, timeout=5)
     assert seen == [one]
+
+
+KEPT_OFF = """
+import os, sys, threading
+from lbtune.process import affinity
+ready, done = threading.Event(), threading.Event()
+def work():
+    ready.set()
+    done.wait(10)
+t = threading.Thread(target=work)
+t.start()
+ready.wait(10)
+with affinity.kept_off({int(sys.argv[1])}) as moved:
+    later = threading.Thread(target=lambda: print(sorted(os.sched_getaffinity(0)), flush=True))
+    later.start(); later.join()
+    before = os.sched_getaffinity(t.native_id)
+    print(sorted(moved or ()), sorted(os.sched_getaffinity(0)), sorted(before))
+print(sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(t.native_id)))
+done.set(); t.join()
+"""
+
+
+@needs_two_cpus
+def test_lbtune_keeps_itself_off_the_reserved_cpus_every_thread_of_it() -> None:
+    """In a child (this test process stays where it is): a thread started before, the
+    main thread and a thread started meanwhile all leave the reserved CPU, and the threads
+    go back afterwards."""
+    reserved = max(affinity.usable())
+    out = subprocess.run(
+        [sys.executable, "-c", KEPT_OFF, str(reserved)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.splitlines()
+    rest, every = sorted(affinity.usable() - {reserved}), sorted(affinity.usable())
+    assert out[0] == str(rest)  # started meanwhile
+    assert out[1] == f"{rest} {rest} {rest}"  # yielded, main thread, started before
+    assert out[2] == f"{every} {every}"  # put back
+
+
+def test_nothing_reserved_leaves_the_process_as_it_is() -> None:
+    before = affinity.usable()
+    with affinity.kept_off(()) as moved:
+        assert moved is None and affinity.usable() == before
