@@ -4,7 +4,9 @@ Exit codes (documented in the README): 0 ok; 1 a regression, an SLO breach or an
 untrusted measurement (``--strict``); 2 bad input or an unreachable target or
 Prometheus; 3 an infrastructure failure (the embedded cluster, a missing
 program, a failed apply, a run that measured nothing); 130 interrupted (Ctrl-C);
-143 terminated (SIGTERM, ``stress``: the partial report is written as on Ctrl-C).
+143 terminated (SIGTERM: ``stress`` and ``optimize`` stop as on Ctrl-C and write their
+partial report; any other command unwinds as on an error, so a balancer config it changed
+is put back and what it started is stopped).
 
 Every subclass of :class:`LbtuneError` is shown by the CLI as one line on stderr,
 without a traceback, and the process exits with ``exit_code``. Anything else that
@@ -17,6 +19,9 @@ import re
 import types
 import typing
 from typing import Any
+
+TERMINATED_EXIT = 128 + 15
+"""Exit status of a command ended by SIGTERM (what a shell reports for a process it killed)."""
 
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 import typer
@@ -26,7 +28,7 @@ from lbtune.cli import optimize as _optimize
 from lbtune.cli import scenarios as _scenarios
 from lbtune.cli import stress as _stress
 from lbtune.cli import twin as _twin
-from lbtune.errors import LbtuneError, printable
+from lbtune.errors import TERMINATED_EXIT, LbtuneError, printable
 from lbtune.safety.secrets import ScrubFilter, scrub
 
 
@@ -105,6 +107,15 @@ def _configure_logging(level: int) -> None:
     logging.basicConfig(level=level, handlers=[handler], format="%(message)s", force=True)
 
 
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM (what CI runners, systemd and ``kill`` send) unwinds the command as an error
+    would: every ``finally`` runs, so a balancer config it changed is put back (``twin
+    check``, a capacity ``--compare``) and what it started is stopped; exit 143. ``stress``
+    and ``optimize`` take SIGTERM over while they run (a graceful stop, a partial report)."""
+    sys.stderr.write("terminated (SIGTERM)\n")
+    raise SystemExit(TERMINATED_EXIT)
+
+
 def main() -> None:
     """Console-script entry point: user-fixable errors become one line and exit 2/3.
 
@@ -113,6 +124,8 @@ def main() -> None:
     """
     if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
         os.environ["COLUMNS"] = str(PIPED_COLUMNS)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         app()
     except LbtuneError as exc:

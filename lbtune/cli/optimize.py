@@ -35,7 +35,8 @@ from lbtune.cli.options import (
     check_outputs,
     scenario_or_trace,
 )
-from lbtune.cli.study_view import TERMINATED_EXIT, print_result, run_study, tell
+from lbtune.cli.study_view import print_result, run_study, tell
+from lbtune.errors import TERMINATED_EXIT
 
 if TYPE_CHECKING:
     pass

@@ -26,6 +26,7 @@ from lbtune.cli.options import (
     check_outputs,
     scenario_or_trace,
 )
+from lbtune.errors import TERMINATED_EXIT
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -265,10 +266,6 @@ def _tell(summary: RunSummary, report_dir: str | None, junit: Path | None, err: 
         write_junit(junit, [stress_suite(summary, report_dir)])
         err.print(f"junit: {junit}", markup=False)
     ci_mode.append_step_summary(ci_mode.stress_markdown(summary, report_dir))
-
-
-TERMINATED_EXIT = 128 + 15
-"""Exit status of a stress ended by SIGTERM (what a shell reports for a process it killed)."""
 
 
 class _OnStop:

@@ -19,11 +19,7 @@ if TYPE_CHECKING:
     from lbtune.search.result import StudyResult
     from lbtune.tune.options import OptimizeOptions, StudyProgress
 
-__all__ = ["TERMINATED_EXIT", "format_progress", "print_result", "run_study", "tell"]
-
-
-TERMINATED_EXIT = 128 + 15
-"""Exit status of a study ended by SIGTERM (what a shell reports for a process it killed)."""
+__all__ = ["format_progress", "print_result", "run_study", "tell"]
 
 
 def run_study(opts: OptimizeOptions, ci: bool, err: Console, term: threading.Event) -> StudyResult:

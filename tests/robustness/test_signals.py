@@ -127,3 +127,39 @@ def test_generator_exits_when_its_parent_is_already_gone(tmp_path: Path) -> None
     )
     assert p.returncode == 3, p.stderr
     assert "parent" in p.stdout
+
+
+def test_sigterm_mid_twin_check_puts_the_live_config_back(tmp_path: Path) -> None:
+    """`twin check` applies configs to the live balancer; SIGTERM (a CI runner's cancel)
+    used to end it on the spot, the balancer left on a drawn config. Now it unwinds as an
+    error would: the live config back, exit 143, one line."""
+    from lbtune.targets import get_target
+    from tests.conftest import running_cluster
+
+    state = tmp_path / "state"
+    with running_cluster(state, time_scale=8.0) as ep:
+        target = get_target("haproxy", ep)
+        before = target.read_live()
+        proc = subprocess.Popen(
+            [*LBTUNE, "twin", "check", "-s", "chat", "-n", "3", "-d", "20"],
+            env={**os.environ, "LBTUNE_STATE_DIR": str(state)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60  # the second config (least-conn) goes live
+            while time.monotonic() < deadline and proc.poll() is None:
+                if target.read_live() != before:
+                    break
+                time.sleep(0.2)
+            assert proc.poll() is None, proc.communicate()
+            assert target.read_live() != before
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 143, err
+        assert "terminated (SIGTERM)" in err and "Traceback" not in err
+        assert target.read_live() == before
