@@ -392,6 +392,27 @@ def fit_command(
         raise typer.Exit(1)
 
 
+def _engine_lines(profile: TwinProfile) -> list[str]:
+    """What each replica's own histograms said while kept busy, beside the client."""
+    views = [(f.name, f.engine_view) for f in profile.replicas if f.engine_view is not None]
+    if not views:
+        return []
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.1f} ms"
+
+    lines = ["kept busy, by the replica's own histograms (means) against the client's:"]
+    for name, e in views:
+        tokens = "-" if e.iteration_tokens is None else f"{e.iteration_tokens:.0f}"
+        lines.append(
+            f"  {name}: TTFT {ms(e.ttft_s)} (client {ms(e.client_ttft_s)}: front end "
+            f"{ms(max(0.0, e.client_ttft_s - e.ttft_s))}), queue {ms(e.queue_s)}, prefill "
+            f"{ms(e.prefill_s)}, decode {ms(e.decode_s)}, token interval {ms(e.itl_s)}, "
+            f"{tokens} tokens a step; {e.requests} requests"
+        )
+    return lines
+
+
 def _fit_lines(profile: TwinProfile, path: Path) -> list[str]:
     lines = [
         f"{'replica':<10} {'prefill tok/s':>16} {'decode step':>16} {'+ per request':>16} "
@@ -413,6 +434,7 @@ def _fit_lines(profile: TwinProfile, path: Path) -> list[str]:
             f"{f.kv_tokens if f.kv_tokens is not None else 'unknown':>10} "
             f"{f'x{f.prompt_token_ratio:.2f}':>7}"
         )
+    lines += _engine_lines(profile)
     v = profile.validation
     if v is not None:
         lines.append(

@@ -37,6 +37,7 @@ __all__ = [
     "Prober",
     "context_length",
     "decode_step_at",
+    "histogram_totals",
     "kv_cache_size",
     "least_ttft",
     "parse_cache_info",
@@ -222,6 +223,38 @@ def parse_cache_info(text: str) -> tuple[int, int] | None:
     except ValueError:  # not an exposition
         return None
     return None
+
+
+ENGINE_HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "iteration_tokens": "vllm:iteration_tokens_total",
+}
+"""vLLM's histograms :func:`histogram_totals` reads, by a short name."""
+
+
+def histogram_totals(text: str) -> dict[str, tuple[float, float]]:
+    """``(sum, count)`` of each of :data:`ENGINE_HISTOGRAMS` an exposition holds, over all
+    its label sets (one model per replica); those it lacks are left out."""
+    wanted = {v: k for k, v in ENGINE_HISTOGRAMS.items()}
+    out: dict[str, list[float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            short = wanted.get(family.name)
+            if short is None:
+                continue
+            acc = out.setdefault(short, [0.0, 0.0])
+            for s in family.samples:
+                if s.name.endswith("_sum"):
+                    acc[0] += s.value
+                elif s.name.endswith("_count"):
+                    acc[1] += s.value
+    except ValueError:  # not an exposition
+        return {}
+    return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 def decode_step_at(

@@ -101,5 +101,6 @@ def with_busy(fit: ReplicaFit, s: Steady) -> ReplicaFit:
             if s.scrape_s is None
             else Measured(value=s.scrape_s, rel_uncertainty=0),
             "probes": fit.probes + s.sent,
+            "engine_view": s.engine,
         }
     )

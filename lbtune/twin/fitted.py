@@ -44,6 +44,7 @@ __all__ = [
     "FIT_METRICS",
     "MAX_ERROR",
     "Drift",
+    "EngineView",
     "Measured",
     "ReplicaFit",
     "TwinProfile",
@@ -78,6 +79,35 @@ class Measured(BaseModel):
     value: float = Field(ge=0)
     rel_uncertainty: float = Field(ge=0)
     """Relative: half the spread of the repeated measurements (or the fit's own error)."""
+
+
+class EngineView(BaseModel):
+    """What a replica's own histograms said while the fit kept it busy (vLLM's
+    ``time_to_first_token``, ``request_queue_time``, ``request_prefill_time``,
+    ``request_decode_time``, ``inter_token_latency`` and ``iteration_tokens_total``: the
+    means of their sums and counts over the measured part, as a Prometheus scrape of it
+    would read them), beside what the client measured meanwhile. Reported, not fitted: the
+    twin's rates come from the client's view, which is what a balancer's users see."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests: int = Field(ge=1)
+    """Requests the replica counted in its TTFT histogram meanwhile."""
+    ttft_s: float = Field(ge=0)
+    """Mean TTFT by the replica's clock (arrival at its engine to first token)."""
+    queue_s: float | None = Field(default=None, ge=0)
+    """Mean time waiting to be scheduled (None: not exported)."""
+    prefill_s: float | None = Field(default=None, ge=0)
+    """Mean time from first scheduled to first token."""
+    decode_s: float | None = Field(default=None, ge=0)
+    """Mean time from first token to the last."""
+    itl_s: float | None = Field(default=None, ge=0)
+    """Mean time between output tokens."""
+    iteration_tokens: float | None = Field(default=None, ge=0)
+    """Mean tokens per engine step (prefill and decode together)."""
+    client_ttft_s: float = Field(ge=0)
+    """The client's mean TTFT over the same part: what it has beyond :attr:`ttft_s` is the
+    front end's (HTTP, tokenising, the API server waiting for CPU)."""
 
 
 class ReplicaFit(BaseModel):
@@ -125,6 +155,9 @@ class ReplicaFit(BaseModel):
     """The replica's count of a prompt per lbtune token (its tokenizer on lbtune's text: 1
     on lbtune's simulator, ~1.5 on a real Llama's): the rates are per the replica's tokens,
     and its KV holds them, so the twin counts a prompt as the replica would."""
+    engine_view: EngineView | None = None
+    """The replica's histograms while kept busy (``--steady``); None: not measured, or it
+    exports none."""
 
 
 class Validation(BaseModel):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +19,14 @@ import requests
 
 from lbtune.cluster import api
 from lbtune.cluster.config import load_config
-from lbtune.records.endpoints import Endpoints
+from lbtune.cluster.resolve import free_port
+from lbtune.process import probes
+from lbtune.records.endpoints import Endpoints, ReplicaEndpoint
 
 M8 = "llama-3.1-8b-instruct"
 M70 = "llama-3.1-70b-instruct-awq"
+SIM_SCALE = 4.0
+"""The time scale of :func:`l4_replica`."""
 
 needs_binaries = pytest.mark.skipif(
     shutil.which("haproxy") is None or shutil.which("prometheus") is None,
@@ -100,3 +106,27 @@ def stream_ttft(base: str, model: str, max_tokens: int = 24) -> tuple[float, flo
     total = time.perf_counter() - t0
     assert first is not None, "no content chunk"
     return first, total, chunks
+
+
+@pytest.fixture(scope="module")
+def l4_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaEndpoint]:
+    """One simulated L4 (time scale :data:`SIM_SCALE`) in its own process, as a real
+    replica would be."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("sim") / "sim.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lbtune.sim", "--replica", f"l4-0:{port}:l4-24g:{M8}",
+             "--time-scale", str(SIM_SCALE)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while not probes.healthy(url) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert probes.healthy(url), log.read_text()
+        yield ReplicaEndpoint(name="l4-0", url=url, models=[M8], gpu="l4-24g")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -6,10 +6,6 @@ tests/conformance/test_calibrate.py and tests/conformance/test_vllm_cluster.py."
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +19,6 @@ from lbtune.cluster.probing import (
 )
 from lbtune.cluster.resolve import free_port
 from lbtune.errors import ClusterError, ConfigError
-from lbtune.process import probes
 from lbtune.records.calibration import Calibration, ReplicaRates, read_calibration
 from lbtune.records.endpoints import Endpoints, ReplicaAddress, ReplicaEndpoint
 from lbtune.sim.costmodel import engine_rates
@@ -32,9 +27,8 @@ from lbtune.sim.profiles import GPU_PROFILES, MODEL_PROFILES
 from lbtune.targets.base import pool_names
 from lbtune.targets.haproxy.files import Site
 from lbtune.targets.haproxy.llm import rate_facts
-
-M8 = "llama-3.1-8b-instruct"
-SCALE = 4.0
+from tests.cluster.conftest import M8
+from tests.cluster.conftest import SIM_SCALE as SCALE
 
 
 def test_the_fit_recovers_a_replica_of_the_schedulers_model() -> None:
@@ -49,29 +43,6 @@ def test_the_fit_recovers_a_replica_of_the_schedulers_model() -> None:
     assert fit_prefill(skewed, step)[2] > 0.02
     with pytest.raises(ValueError, match="two prompt lengths"):
         fit_prefill([(100, 0.1), (100, 0.11)], step)
-
-
-@pytest.fixture(scope="module")
-def l4_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaEndpoint]:
-    """One simulated L4 (time scale 4) in its own process, as a real replica would be."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("sim") / "sim.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lbtune.sim", "--replica", f"l4-0:{port}:l4-24g:{M8}",
-             "--time-scale", str(SCALE)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while not probes.healthy(url) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert probes.healthy(url), log.read_text()
-        yield ReplicaEndpoint(name="l4-0", url=url, models=[M8], gpu="l4-24g")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.mark.integration

@@ -9,9 +9,8 @@ from lbtune.cluster.resolve import free_port
 from lbtune.cluster.steady import steady_state
 from lbtune.errors import ClusterError
 from lbtune.records.endpoints import ReplicaEndpoint
+from tests.cluster.conftest import M8
 from tests.twin.psserver import PsServer
-
-M8 = "llama-3.1-8b-instruct"
 
 
 @pytest.mark.integration
@@ -33,6 +32,24 @@ def test_a_replica_kept_busy_shows_its_step_under_load() -> None:
     assert busy.ttft_s > lone.ttft_s and busy.prompt_tokens > 32  # the server's count
     assert 6 <= busy.requests < busy.sent
     assert busy.scrape_s is not None and 0 < busy.scrape_s < 1  # its /metrics, timed meanwhile
+    assert busy.engine is None  # it exports no vLLM histograms
     gone = ReplicaEndpoint(name="gone", url=f"http://127.0.0.1:{free_port()}", models=[M8])
     with pytest.raises(ClusterError, match="gone"):
         steady_state(gone, 2, 16, ProbePlan(timeout_s=2.0), duration_s=1.0, warmup_s=0.0)
+
+
+@pytest.mark.integration
+def test_a_replica_with_vllms_histograms_shows_its_engine_side(
+    l4_replica: ReplicaEndpoint,
+) -> None:
+    """The simulator exports vLLM's TTFT, queue and token-interval histograms: kept busy,
+    their means over the measured part come with the client's view. The engine's TTFT is
+    within the client's (the client adds HTTP and the front end), and its token interval
+    is the step the client measured, in wall time."""
+    plan = ProbePlan(decode_tokens=16, timeout_s=20.0)
+    busy = steady_state(l4_replica, 4, 64, plan, duration_s=3.0, warmup_s=0.5)
+    e = busy.engine
+    assert e is not None and e.requests >= 4
+    assert 0 < e.ttft_s <= e.client_ttft_s
+    assert e.queue_s is not None and e.queue_s <= e.ttft_s
+    assert e.itl_s is not None and e.itl_s == pytest.approx(busy.step_s, rel=0.5)
