@@ -23,6 +23,14 @@ VLLM_TYPES: dict[str, str] = {
 }
 """Every vLLM family the simulator writes, with its type (a superset of what lbtune reads)."""
 
+VLLM_ONLY: dict[str, str] = {
+    "vllm:request_prefill_time_seconds": "histogram",
+    "vllm:request_decode_time_seconds": "histogram",
+    "vllm:iteration_tokens_total": "histogram",
+}
+"""vLLM families the simulator does not write, which ``lbtune twin fit`` reads where a
+replica exports them (its engine's view while kept busy): real vLLM must, with their type."""
+
 INFO_GAUGES: tuple[str, ...] = ("vllm:cache_config_info",)
 """vLLM's info gauges (value 1, the facts in labels, no ``model_name``): the KV cache's
 ``block_size`` and ``num_gpu_blocks``, which ``lbtune twin fit`` reads."""

@@ -17,7 +17,7 @@ import requests
 from lbtune.cluster.probing import parse_cache_info
 from lbtune.metrics import promql
 from tests.conformance.conftest import Metrics, Server
-from tests.conformance.families import DCGM_GAUGES, INFO_GAUGES, VLLM_TYPES
+from tests.conformance.families import DCGM_GAUGES, INFO_GAUGES, VLLM_ONLY, VLLM_TYPES
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -51,8 +51,19 @@ def test_lbtune_reads_only_known_families() -> None:
     """The table below covers every vLLM name lbtune's code and dashboards read."""
     read = names_lbtune_reads()
     assert read, "found no vllm: names in lbtune's readers"
-    known = set(VLLM_TYPES) | set(INFO_GAUGES)
+    known = set(VLLM_TYPES) | set(INFO_GAUGES) | set(VLLM_ONLY)
     assert read <= known, f"read but not checked here: {sorted(read - known)}"
+
+
+def test_the_engine_histograms_twin_fit_reads_are_vllms_own(server: Server) -> None:
+    """``twin fit`` reads prefill, decode and tokens-per-step histograms where a replica
+    exports them: real vLLM does, with samples once it served a request; the simulator does
+    not (the fit then keeps the rest of the engine's view: tests/cluster/test_steady.py)."""
+    server.complete(max_tokens=2, ignore_eos=True)
+    m = server.metrics()
+    for name, kind in VLLM_ONLY.items():
+        has = _has_type(m, name, kind) and bool(m.series(f"{name}_count"))
+        assert has == (server.kind == "vllm"), name
 
 
 def test_the_kv_cache_size_is_read_from_its_info_gauge(server: Server) -> None:
