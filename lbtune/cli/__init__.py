@@ -124,11 +124,14 @@ def main() -> None:
     """
     if not sys.stdout.isatty() and "COLUMNS" not in os.environ:
         os.environ["COLUMNS"] = str(PIPED_COLUMNS)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminated)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         app()
     except LbtuneError as exc:
         # One line: a name's ANSI escape or newline is shown escaped; no secret is shown.
         typer.echo(f"error: {printable(scrub(str(exc)))}", err=True)
         sys.exit(exc.exit_code)
+    finally:
+        if main_thread and before is not None:  # an in-process caller gets its own back
+            signal.signal(signal.SIGTERM, before)
