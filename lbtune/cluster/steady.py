@@ -146,7 +146,9 @@ def _scrape_times(rep: ReplicaEndpoint, after: float, until: float, out: _Scrape
     gevent.sleep(max(0.0, after - time.time()))
     while time.monotonic() < until:
         t0 = time.monotonic()
-        status, body = probes.http_get(url, timeout=5.0)
+        # urllib's sockets are the standard library's (this process is not monkey-patched):
+        # in the hub's thread pool, a slow /metrics does not stall the streams' greenlets
+        status, body = gevent.get_hub().threadpool.apply(probes.http_get, (url, 5.0))
         if status == 200:
             out.took.append(time.monotonic() - t0)
             text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body

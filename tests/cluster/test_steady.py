@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
+import time
+
+import gevent
 import pytest
 
 from lbtune.cluster.probing import ProbePlan
 from lbtune.cluster.resolve import free_port
-from lbtune.cluster.steady import steady_state
+from lbtune.cluster.steady import _scrape_times, _Scrapes, steady_state
 from lbtune.errors import ClusterError
 from lbtune.records.endpoints import ReplicaEndpoint
 from tests.cluster.conftest import M8
@@ -54,3 +59,43 @@ def test_a_replica_with_vllms_histograms_shows_its_engine_side(
     assert 0 < e.ttft_s <= e.client_ttft_s
     assert e.queue_s is not None and e.queue_s <= e.ttft_s
     assert e.itl_s is not None and e.itl_s == pytest.approx(busy.step_s, rel=0.5)
+
+
+class _SlowMetrics(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        time.sleep(1.0)  # a /metrics that takes a second to answer
+        body = b"# TYPE x gauge\nx 1\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_slow_metrics_scrape_does_not_stall_the_streams() -> None:
+    """The scrape that times /metrics runs beside the streams' greenlets (the driver is not
+    monkey-patched: a urllib call in a greenlet would hold the hub until it answered). A
+    greenlet ticking every 10 ms keeps ticking while a scrape waits a second."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowMetrics)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    rep = ReplicaEndpoint(name="slow", url=f"http://127.0.0.1:{srv.server_address[1]}", models=[M8])
+    ticks = 0
+
+    def tick() -> None:
+        nonlocal ticks
+        while True:
+            gevent.sleep(0.01)
+            ticks += 1
+
+    seen = _Scrapes()
+    ticker = gevent.spawn(tick)
+    try:
+        _scrape_times(rep, time.time(), time.monotonic() + 1.2, seen)
+    finally:
+        ticker.kill()
+        srv.shutdown()
+        srv.server_close()
+    assert seen.took and min(seen.took) >= 0.9  # it did wait for the slow answer
+    assert ticks >= 60  # ~120 in its 1.25 s; blocked by the scrape, 25 (the one 0.25-s pause)
