@@ -13,6 +13,7 @@ prompt (:func:`least_ttft`), and what the replica says of itself (its context le
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import time
 from dataclasses import dataclass
@@ -97,6 +98,7 @@ class Prober:
         self.rep, self.model, self.plan = rep, model, plan
         self._key = key
         self._index = count()
+        self._loops = count()
         self._seed = plan.seed if plan.seed is not None else secrets.randbits(31)
         self.sent = 0
 
@@ -165,16 +167,25 @@ class Prober:
         tail = (c[-1] - c[half]) / (len(c) - 1 - half) if len(c) - 1 - half >= 2 else None
         return Probe(int(rec.prompt_tokens or 0), first - rec.sent_at, step, tail)
 
-    def loop(self, prompt_tokens: int, max_tokens: int, until: float) -> list[tuple[float, Probe]]:
+    def loop(
+        self, prompt_tokens: int, max_tokens: int, until: float, spread: float = 0.0
+    ) -> list[tuple[float, Probe]]:
         """Streamed requests one after another on one connection until ``until``
         (monotonic; a request under way then finishes, each bounded by the timeout):
-        each one's send time (``time.time()``) and probe."""
+        each one's send time (``time.time()``) and probe. ``spread``: each request's
+        output is drawn uniformly within ``max_tokens × (1 ± spread)`` (the mean kept), so
+        that loops run side by side drift apart; with equal outputs they stay in lockstep
+        and every prompt arrives with all the others."""
         client = StreamClient(self.rep.url, api_key=self._key, timeout_s=self.plan.timeout_s)
+        rng = random.Random(f"{self._seed}/{next(self._loops)}")
         out: list[tuple[float, Probe]] = []
         try:
             while time.monotonic() < until:
                 self.sent += 1
-                rec = client.send(self._spec(prompt_tokens, max_tokens, True))
+                n = max_tokens
+                if spread > 0:
+                    n = max(1, round(max_tokens * rng.uniform(1 - spread, 1 + spread)))
+                rec = client.send(self._spec(prompt_tokens, n, True))
                 out.append((rec.sent_at, self._probe(rec)))  # failed: one line, naming it
         finally:
             client.close()
