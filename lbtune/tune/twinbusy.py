@@ -83,15 +83,20 @@ def keep_busy(
 
 def with_busy(fit: ReplicaFit, s: Steady) -> ReplicaFit:
     """``fit`` with the slope and the busy overhead of its steady state: the slope puts a
-    step of ``s.streams`` at the measured one (the prefills of the requests arriving
-    beside them included), less the KV reads the twin adds on its own (the streams'
-    mean context: prompt and half the output each); the busy overhead is the TTFT left
-    once the step under way and the request's own step are counted."""
+    step of ``s.streams`` at the measured one, less the KV reads the twin adds on its own
+    (the streams' mean context: prompt and half the output each) and less the other
+    streams' prefills, which the twin's engine runs in their own steps: while one request
+    decodes its ``output_tokens``, each of the ``streams - 1`` others (drifting apart,
+    :data:`~lbtune.cluster.steady.OUTPUT_SPREAD`) prefills once, ``prompt / rate`` each,
+    spread over its tokens. The busy overhead is the TTFT left once the step under way and
+    the request's own step are counted."""
     step = fit.step_s.value
     context = s.streams * (s.prompt_tokens + s.output_tokens / 2)
     kv = fit.kv_s_per_token.value * context
-    slope = max(0.0, (s.step_s - step - kv) / (s.streams - 1))
-    own = math.hypot(s.step_s, s.prompt_tokens / fit.prefill_tokens_per_s.value)
+    prefill = s.prompt_tokens / fit.prefill_tokens_per_s.value
+    others = (s.streams - 1) * prefill / max(1, s.output_tokens - 1)
+    slope = max(0.0, (s.step_s - step - kv - others) / (s.streams - 1))
+    own = math.hypot(s.step_s, prefill)
     busy = max(fit.overhead_s.value, s.ttft_s - s.step_s - own)
     return fit.model_copy(
         update={

@@ -43,15 +43,18 @@ def _steady(step_s: float, ttft_s: float, scrape_s: float | None = 0.03) -> Stea
 
 
 def test_the_slope_puts_the_step_of_the_streams_at_the_measured_one() -> None:
-    """The step at 8 streams, less the lone step and the KV reads the twin adds itself
-    (8 x (256 + 32) tokens of context), spread over the 7 other streams."""
+    """The time a token at 8 streams, less the lone step, the KV reads the twin adds itself
+    (8 x (256 + 32) tokens of context) and the 7 other streams' prefills during a request's
+    64 tokens (256 tokens at 10 000 a second each: the twin runs them in steps of their
+    own), spread over the 7 other streams."""
     s = _steady(step_s=0.011, ttft_s=0.05)
     got = with_busy(FIT, s)
     kv = 1e-7 * 8 * (256 + 64 / 2)
-    assert got.step_per_seq_s.value == pytest.approx((0.011 - 0.004 - kv) / 7)
+    others = 7 * (256 / 10_000.0) / 63
+    assert got.step_per_seq_s.value == pytest.approx((0.011 - 0.004 - kv - others) / 7)
     assert got.step_per_seq_s.rel_uncertainty == FIT.step_s.rel_uncertainty
-    # the twin's own step at 8 streams is then the one measured
-    twin_step = FIT.step_s.value + 7 * got.step_per_seq_s.value + kv
+    # the twin's own time a token at 8 streams is then the one measured
+    twin_step = FIT.step_s.value + 7 * got.step_per_seq_s.value + kv + others
     assert twin_step == pytest.approx(0.011)
     assert got.probes == FIT.probes + s.sent
 
