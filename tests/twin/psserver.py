@@ -15,6 +15,7 @@ Run in a thread: :class:`PsServer` ``.start()`` gives its URL, ``.stop()`` ends 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from dataclasses import dataclass, field
@@ -65,9 +66,17 @@ class PsServer:
 
     def stop(self) -> None:
         loop = self._loop
-        if loop is not None:
-            for t in asyncio.all_tasks(loop) if not loop.is_closed() else ():
-                loop.call_soon_threadsafe(t.cancel)
+        if loop is not None and not loop.is_closed():
+
+            def cancel_all() -> None:  # in the loop's own thread: its task set holds still
+                for t in asyncio.all_tasks(loop):
+                    t.cancel()
+
+            # One call: cancelling the server's task ends the loop, which closes it, so a
+            # second call_soon_threadsafe from here raised "Event loop is closed" (seen under
+            # load). Closed already: it has stopped.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(cancel_all)
         if self._thread is not None:
             self._thread.join(timeout=10)
 
